@@ -1,0 +1,4 @@
+"""Allow `python -m ckptrace`."""
+from ckptrace.cli import main
+
+main()
