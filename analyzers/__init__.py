@@ -1,0 +1,1 @@
+"""Pure functions from trace events (typed DataFrames) to breakdowns, summaries and comparisons."""

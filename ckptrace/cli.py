@@ -1,0 +1,83 @@
+"""The `ckptrace` command: one group, a subcommand per job, errors printed once as one line."""
+from __future__ import annotations
+
+import importlib
+import sys
+
+import click
+
+from ckptrace import __version__
+from ckptrace.errors import CkptraceError
+
+# name -> module under ckptrace.commands defining a click command called `command`.
+# Imported lazily so `analyze` works on a machine without bcc.
+COMMANDS = {
+    "doctor": "Check that this machine can record: privileges, bpf(), tracefs, uprobes, bcc.",
+    "symbols": "Resolve every probe point in a binary or a live process.",
+    "record": "Record checkpoint, iteration, fault and mmap events into a trace file.",
+    "analyze": "Per-checkpoint and per-iteration breakdown of one trace.",
+    "compare": "Compare baseline and candidate legs (A/B/A) with drift-aware verdicts.",
+    "dashboard": "Write a self-contained HTML report of one or more traces.",
+    "demo": "Record the sample pool-off, pool-on, pool-off; analyze, compare, write a dashboard.",
+    "drive": "Send a bounded load of distinct prompts to a llama-server and report TTFT.",
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return list(COMMANDS)
+
+    def get_command(self, ctx, name):
+        if name not in COMMANDS:
+            return None
+        try:
+            module = importlib.import_module(f"ckptrace.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name and e.name.startswith("ckptrace.commands"):
+                return None
+            raise
+        return module.command
+
+    def format_commands(self, ctx, formatter):
+        # Short help from the table above, without importing every command module.
+        rows = [(n, COMMANDS[n]) for n in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100},
+             epilog="""\b
+Examples:
+  ckptrace doctor
+  ckptrace record -o off.parquet --label pool-off -- ckpt-workload --pool off
+  ckptrace record --pid $(pidof llama-server) -o live.parquet --duration 60
+  ckptrace analyze off.parquet
+  ckptrace compare off1.parquet on.parquet off2.parquet
+  ckptrace dashboard off1.parquet on.parquet off2.parquet -o report.html
+  ckptrace demo
+""")
+@click.version_option(__version__, prog_name="ckptrace")
+def cli():
+    """Trace where llama-server's prefill time goes when it saves context checkpoints.
+
+    Data flows probes -> trace -> analyzers -> dashboards. Only `doctor`, `record` and
+    `symbols --pid` need root and eBPF; the rest work on any machine with the trace files.
+    """
+
+
+def main(argv=None):
+    try:
+        cli.main(args=argv, prog_name="ckptrace", standalone_mode=False)
+    except CkptraceError as e:
+        click.echo(f"ckptrace: error: {e}", err=True)
+        sys.exit(e.exit_code)
+    except click.exceptions.Abort:
+        click.echo("ckptrace: interrupted", err=True)
+        sys.exit(130)
+    except click.ClickException as e:
+        e.show()
+        sys.exit(e.exit_code)
+    except click.exceptions.Exit as e:
+        sys.exit(e.exit_code)
+    except BrokenPipeError:
+        sys.exit(141)

@@ -1,0 +1,1 @@
+"""Subcommands of the ckptrace CLI, one module each."""

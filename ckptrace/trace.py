@@ -1,0 +1,158 @@
+"""The trace file: one Parquet table of events plus a JSON metadata block, versioned.
+
+Plain pandas reads it without ckptrace: `pd.read_parquet(path)` gives the events and
+`.attrs["ckptrace"]` the metadata (pandas >= 2.1 restores attrs from Parquet). The same JSON
+is also stored under the schema key `ckptrace` for pyarrow and other readers.
+"""
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from ckptrace.errors import TraceFormatError
+
+FORMAT = "ckptrace-trace"
+VERSION = 1
+# Oldest reader that can read what this version writes. Bump VERSION for additions; bump this
+# only for changes an old reader would misread. Never reuse a removed column name.
+MIN_READER_VERSION = 1
+META_KEY = "ckptrace"
+
+# What a row is. Spans have start_ns < end_ns; mmap/munmap/mremap are syscalls (enter..exit).
+KINDS = ["checkpoint", "fill", "copy", "iteration", "decode", "mmap", "munmap", "mremap"]
+# What the thread was doing when the event happened (the innermost open span).
+PHASES = ["none", "iteration", "checkpoint", "fill", "copy"]
+
+# Column -> dtype. Units are in the names; 0 means "none" for ids.
+COLUMNS: dict[str, object] = {
+    "kind": pd.CategoricalDtype(KINDS),
+    "tid": np.dtype("int32"),
+    "start_ns": np.dtype("int64"),  # CLOCK_MONOTONIC (bpf_ktime_get_ns)
+    "end_ns": np.dtype("int64"),
+    "ckpt": np.dtype("int64"),  # checkpoint id the row belongs to (its own id for a checkpoint)
+    "iter": np.dtype("int64"),  # iteration id (update_slots call) the row belongs to
+    "bytes": np.dtype("int64"),  # checkpoint/copy: state bytes copied; fill: bytes appended; mmap*: length
+    "addr": np.dtype("uint64"),  # copy: destination; mmap/mremap: returned address; munmap: address
+    "faults": np.dtype("int64"),  # the thread's min_flt + maj_flt delta over the span
+    "fault_timed": np.dtype("int64"),  # faults whose service time was measured (sampled)
+    "fault_timed_ns": np.dtype("int64"),  # summed service time of those faults
+    "tokens": np.dtype("int32"),  # decode/iteration: batch tokens
+    "prompt_tokens": np.dtype("int32"),  # decode/iteration: tokens that request no logits (prompt)
+    "phase": pd.CategoricalDtype(PHASES),
+    "draft": np.dtype("bool"),  # checkpoint from update_dft rather than update_tgt
+}
+
+
+@dataclass
+class Trace:
+    events: pd.DataFrame
+    meta: dict
+    path: str | None = None
+
+    @property
+    def label(self) -> str:
+        return str(self.meta.get("label") or Path(self.path or "trace").stem)
+
+
+def empty_events() -> pd.DataFrame:
+    return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in COLUMNS.items()})
+
+
+def normalize_events(df: pd.DataFrame) -> pd.DataFrame:
+    """Missing columns get their 'none' value; every column gets its declared dtype."""
+    out = {}
+    n = len(df)
+    for col, dtype in COLUMNS.items():
+        if col in df.columns:
+            s = df[col]
+        elif col == "phase":
+            s = pd.Series(["none"] * n)
+        elif col == "draft":
+            s = pd.Series(np.zeros(n, dtype=bool))
+        else:
+            s = pd.Series(np.zeros(n, dtype="int64"))
+        out[col] = pd.Series(s.to_numpy() if not isinstance(dtype, pd.CategoricalDtype) else s,
+                             index=range(n)).astype(dtype)
+    return pd.DataFrame(out)
+
+
+def write_trace(path: str | os.PathLike, events: pd.DataFrame, meta: dict) -> None:
+    """Write atomically: a reader never sees a half-written trace."""
+    events = normalize_events(events)
+    meta = {**meta, "format": FORMAT, "version": VERSION, "min_reader_version": MIN_READER_VERSION}
+    table = pa.Table.from_pandas(events, preserve_index=False)
+    blob = json.dumps(meta, default=str)
+    md = dict(table.schema.metadata or {})
+    md[META_KEY.encode()] = blob.encode()
+    # pandas restores DataFrame.attrs from this key, so plain read_parquet sees the metadata.
+    md[b"PANDAS_ATTRS"] = json.dumps({META_KEY: json.loads(blob)}).encode()
+    table = table.replace_schema_metadata(md)
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    pq.write_table(table, tmp, compression="zstd")
+    os.replace(tmp, path)
+
+
+def read_meta(path: str | os.PathLike) -> dict:
+    """Metadata only, with the same checks as read_trace."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceFormatError(f"{path}: no such file")
+    if path.is_dir():
+        raise TraceFormatError(f"{path}: is a directory, not a trace file")
+    try:
+        schema = pq.read_schema(path)
+    except (pa.ArrowException, OSError) as e:
+        raise TraceFormatError(
+            f"{path}: not a ckptrace trace (not a readable Parquet file: {_first_line(e)})"
+        ) from None
+    raw = (schema.metadata or {}).get(META_KEY.encode())
+    if raw is None:
+        raise TraceFormatError(f"{path}: a Parquet file, but not a ckptrace trace (no '{META_KEY}' metadata)")
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        raise TraceFormatError(f"{path}: ckptrace metadata is not valid JSON") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise TraceFormatError(f"{path}: not a ckptrace trace (format is {meta.get('format')!r})")
+    version = meta.get("version")
+    min_reader = meta.get("min_reader_version", version)
+    if not isinstance(version, int) or not isinstance(min_reader, int):
+        raise TraceFormatError(f"{path}: trace has no usable format version")
+    if min_reader > VERSION:
+        raise TraceFormatError(
+            f"{path}: trace format version {version} needs a reader of version >= {min_reader}; "
+            f"this ckptrace reads up to {VERSION}: upgrade ckptrace"
+        )
+    missing = [c for c in COLUMNS if c not in schema.names]
+    if missing:
+        raise TraceFormatError(f"{path}: trace lacks columns {', '.join(missing)}")
+    return meta
+
+
+def read_trace(path: str | os.PathLike) -> Trace:
+    meta = read_meta(path)
+    try:
+        table = pq.read_table(path, columns=list(COLUMNS))
+    except (pa.ArrowException, OSError) as e:
+        raise TraceFormatError(f"{path}: trace is damaged ({_first_line(e)})") from None
+    df = table.to_pandas()
+    try:
+        df = normalize_events(df)
+    except (ValueError, TypeError) as e:
+        raise TraceFormatError(f"{path}: a column has the wrong type ({_first_line(e)})") from None
+    if df["kind"].isna().any():
+        raise TraceFormatError(f"{path}: trace has event kinds this version does not know")
+    return Trace(events=df, meta=meta, path=str(path))
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__

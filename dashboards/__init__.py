@@ -1,0 +1,1 @@
+"""Renderers: analyzer frames in, one self-contained HTML file out."""
