@@ -1,0 +1,546 @@
+"""Find every probe point (object, vaddr, file offset, build-id) in a binary or a live process."""
+from __future__ import annotations
+
+import difflib
+import os
+import platform
+import shutil
+import subprocess
+from collections import deque
+from dataclasses import asdict, dataclass, field
+
+import cxxfilt
+import numpy as np
+from elftools.common.exceptions import ELFError
+from elftools.elf.elffile import ELFFile
+
+from ckptrace.errors import NotPermitted, SymbolError, TargetError
+
+__all__ = ["POINTS", "ProbePoint", "ObjectInfo", "ProbePlan", "resolve_binary", "resolve_pid",
+           "format_plan"]
+
+
+@dataclass(frozen=True)
+class Point:
+    name: str
+    qualified: str  # demangled name before the parameter list
+    required: bool
+    needle: bytes  # substring of the raw (mangled) name, to skip demangling everything else
+    hints: tuple[str, ...]  # parts of the name used to find candidates when it is missing
+
+
+POINTS = (
+    Point("update_tgt", "common_prompt_checkpoint::update_tgt", True, b"update_tgt",
+          ("checkpoint", "update_tgt")),
+    Point("update_dft", "common_prompt_checkpoint::update_dft", False, b"update_dft",
+          ("checkpoint", "update_dft")),
+    Point("resize_grow",
+          "std::vector<unsigned char, std::allocator<unsigned char> >::_M_default_append", True,
+          b"_M_default_append", ("_M_default_append",)),
+    Point("state_copy", "llama_state_seq_get_data_ext", True, b"llama_state_seq_get_data_ext",
+          ("get_data", "state_seq")),
+    Point("update_slots", "server_context_impl::update_slots", False, b"update_slots",
+          ("update_slots",)),
+    Point("llama_decode", "llama_decode", False, b"llama_decode", ("llama_decode",)),
+)
+ITERATION_POINTS = ("update_slots", "llama_decode")
+NO_ITERATION_NOTE = "iteration boundary (neither update_slots nor llama_decode found)"
+
+_STT_FUNC, _STT_GNU_IFUNC = 2, 10
+_BINDINGS = {0: "LOCAL", 1: "GLOBAL", 2: "WEAK", 10: "GNU_UNIQUE"}
+# GCC clone suffixes that are not a function entry: .cold is the outlined unlikely path and
+# .part.N the outlined body, both only reached from the real entry (which we probe).
+_NOT_ENTRY_CLONES = ("cold", "part")
+_DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib")
+
+
+@dataclass(frozen=True)
+class ProbePoint:
+    point: str
+    symbol: str  # demangled
+    mangled: str  # raw ELF symbol name
+    object: str  # absolute path of the defining object, readable from this mount namespace
+    vaddr: int  # st_value; bcc's attach_uprobe(addr=) takes this and converts it to a file offset
+    offset: int  # file offset: vaddr - p_vaddr + p_offset of the PT_LOAD holding it
+    build_id: str
+    binding: str  # GLOBAL | WEAK | LOCAL
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    path: str
+    build_id: str
+
+
+@dataclass
+class ProbePlan:
+    target: str
+    pid: int | None
+    objects: list[ObjectInfo] = field(default_factory=list)
+    points: list[ProbePoint] = field(default_factory=list)
+    missing_optional: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {
+            "target": self.target,
+            "pid": self.pid,
+            "objects": [asdict(o) for o in self.objects],
+            "points": [asdict(p) for p in self.points],
+            "missing_optional": list(self.missing_optional),
+        }
+
+    def by_point(self, name: str) -> list[ProbePoint]:
+        return [p for p in self.points if p.point == name]
+
+
+# ---------------------------------------------------------------------------------------------
+# One ELF object
+
+
+@dataclass
+class _Object:
+    path: str
+    build_id: str
+    elf_type: str
+    klass: int
+    machine: str
+    needed: list[str]
+    rpath: list[str]
+    runpath: list[str]
+    has_symtab: bool
+    has_dynsym: bool
+    found: list[tuple[str, ProbePoint]]  # (point name, probe point)
+    candidates: set[str]  # demangled names of defined functions matching a hint
+
+
+def _open_elf(path: str):
+    try:
+        f = open(path, "rb")
+    except FileNotFoundError:
+        raise TargetError(f"{path}: no such file; give the path of the program or library") from None
+    except IsADirectoryError:
+        raise TargetError(f"{path} is a directory, not a program") from None
+    except PermissionError:
+        raise NotPermitted(f"cannot read {path}: run as root or make it readable") from None
+    try:
+        return f, ELFFile(f)
+    except (ELFError, OSError, ValueError) as e:
+        f.close()
+        raise TargetError(f"{path} is not an ELF program or library ({e})") from None
+
+
+def _build_id(elf: ELFFile) -> str:
+    # Notes live in SHT_NOTE sections; a file with its section headers removed still has PT_NOTE.
+    sources = [s for s in elf.iter_sections() if s["sh_type"] == "SHT_NOTE"]
+    if not sources:
+        sources = [s for s in elf.iter_segments() if s["p_type"] == "PT_NOTE"]
+    for src in sources:
+        for note in src.iter_notes():
+            if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
+                return str(note["n_desc"])
+    return ""
+
+
+def _dynamic(elf: ELFFile) -> tuple[list[str], list[str], list[str]]:
+    needed: list[str] = []
+    rpath: list[str] = []
+    runpath: list[str] = []
+    dyn = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_DYNAMIC"), None)
+    if dyn is None:
+        dyn = next((s for s in elf.iter_segments() if s["p_type"] == "PT_DYNAMIC"), None)
+    if dyn is None:
+        return needed, rpath, runpath
+    for tag in dyn.iter_tags():
+        t = tag.entry.d_tag
+        if t == "DT_NEEDED":
+            needed.append(tag.needed)
+        elif t == "DT_RPATH":
+            rpath += [p for p in tag.rpath.split(":") if p]
+        elif t == "DT_RUNPATH":
+            runpath += [p for p in tag.runpath.split(":") if p]
+    return needed, rpath, runpath
+
+
+def _sym_dtype(elf: ELFFile) -> np.dtype:
+    order = "<" if elf.little_endian else ">"
+    if elf.elfclass == 64:
+        fields = [("st_name", "u4"), ("st_info", "u1"), ("st_other", "u1"), ("st_shndx", "u2"),
+                  ("st_value", "u8"), ("st_size", "u8")]
+    else:
+        fields = [("st_name", "u4"), ("st_value", "u4"), ("st_size", "u4"), ("st_info", "u1"),
+                  ("st_other", "u1"), ("st_shndx", "u2")]
+    return np.dtype([(n, order + t) for n, t in fields])
+
+
+def _defined_functions_matching(elf: ELFFile, section, needles: list[bytes]):
+    """Yield (raw name, st_value, binding) of defined functions whose raw name holds a needle.
+
+    pyelftools builds one Python object per symbol (about 25 us each: over a second for a 46k
+    symbol .dynsym), so the table is scanned as one numpy array and only names containing a
+    needle are decoded.
+    """
+    strtab = elf.get_section(section["sh_link"]).data()
+    data = section.data()
+    dt = _sym_dtype(elf)
+    syms = np.frombuffer(data, dtype=dt, count=len(data) // dt.itemsize)
+    if len(syms) == 0 or not strtab:
+        return
+    typ = syms["st_info"] & 0xF
+    keep = (((typ == _STT_FUNC) | (typ == _STT_GNU_IFUNC)) & (syms["st_shndx"] != 0)
+            & (syms["st_value"] != 0))
+    off = syms["st_name"].astype(np.int64)
+    nul = np.flatnonzero(np.frombuffer(strtab, dtype=np.uint8) == 0)
+    if len(nul) == 0:
+        return
+    # End of each name: the first NUL at or after its start (names may share tails).
+    nidx = np.searchsorted(nul, off)
+    keep &= nidx < len(nul)
+    end = nul[np.minimum(nidx, len(nul) - 1)]
+    hit = np.zeros(len(syms), dtype=bool)
+    for needle in needles:
+        pos, i = [], strtab.find(needle)
+        while i >= 0:
+            pos.append(i)
+            i = strtab.find(needle, i + 1)
+        if not pos:
+            continue
+        p = np.asarray(pos, dtype=np.int64)
+        j = np.searchsorted(p, off)  # first occurrence at or after the name's start
+        first = p[np.minimum(j, len(p) - 1)]
+        hit |= (j < len(p)) & (first + len(needle) <= end)
+    for k in np.flatnonzero(keep & hit):
+        raw = strtab[off[k]:end[k]].decode("utf-8", "replace")
+        yield raw, int(syms["st_value"][k]), _BINDINGS.get(int(syms["st_info"][k]) >> 4, "OTHER")
+
+
+def demangle(raw: str) -> str:
+    name = raw.split("@", 1)[0]  # symbol versions in static .symtab
+    if not name.startswith("_Z"):
+        return name
+    try:
+        return cxxfilt.demangle(name)
+    except cxxfilt.InvalidName:
+        return name
+
+
+def qualified_name(demangled: str) -> str:
+    """The function's qualified name: text before the parameter list, without a return type."""
+    s = demangled.split(" [clone ", 1)[0]
+    s = s.replace("(anonymous namespace)", "\0")
+    depth, cut, last_space = 0, len(s), -1
+    for i, c in enumerate(s):
+        if c == "<":
+            depth += 1
+        elif c == ">":
+            depth -= 1
+        elif c == "(" and depth == 0:
+            cut = i
+            break
+        elif c == " " and depth == 0:
+            last_space = i  # template functions demangle with their return type first
+    return s[last_space + 1:cut].replace("\0", "(anonymous namespace)")
+
+
+def _file_offset(elf: ELFFile, vaddr: int) -> int | None:
+    # Only executable segments: a uprobe on anything else never fires (bcc refuses them too).
+    for seg in elf.iter_segments():
+        if seg["p_type"] != "PT_LOAD" or not seg["p_flags"] & 1:
+            continue
+        if seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_memsz"]:
+            return vaddr - seg["p_vaddr"] + seg["p_offset"]
+    return None
+
+
+def _read_object(path: str) -> _Object:
+    f, elf = _open_elf(path)
+    with f:
+        etype = elf["e_type"]
+        if etype not in ("ET_EXEC", "ET_DYN"):
+            raise TargetError(f"{path} is an ELF {etype} file, not a program or shared library")
+        build_id = _build_id(elf)
+        needed, rpath, runpath = _dynamic(elf)
+        symtab = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_SYMTAB"), None)
+        dynsym = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_DYNSYM"), None)
+        section = symtab if symtab is not None else dynsym
+        obj = _Object(path, build_id, etype, elf.elfclass, elf["e_machine"], needed, rpath,
+                      runpath, symtab is not None, dynsym is not None, [], set())
+        if section is None:
+            return obj
+        needles = sorted({p.needle for p in POINTS} | {h.encode() for p in POINTS for h in p.hints})
+        seen: set[tuple[str, int]] = set()
+        for raw, value, binding in _defined_functions_matching(elf, section, needles):
+            base, _, suffix = raw.partition(".")
+            if suffix and any(part in _NOT_ENTRY_CLONES for part in suffix.split(".")):
+                continue
+            dem = demangle(raw)
+            qual = qualified_name(dem)
+            matched = False
+            for p in POINTS:
+                if qual != p.qualified or (p.name, value) in seen:
+                    continue
+                offset = _file_offset(elf, value)
+                if offset is None:
+                    continue
+                seen.add((p.name, value))  # aliases at one address: one probe
+                obj.found.append((p.name, ProbePoint(p.name, dem, raw, path, value, offset,
+                                                     build_id, binding)))
+                matched = True
+            if not matched:
+                obj.candidates.add(dem)
+        return obj
+
+
+# ---------------------------------------------------------------------------------------------
+# Which objects a program loads
+
+
+def _elf_header_ok(path: str, klass: int, machine_code: bytes) -> bool:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(20)
+    except OSError:
+        return False
+    return (len(head) == 20 and head[:4] == b"\x7fELF" and head[4] == (2 if klass == 64 else 1)
+            and head[18:20] == machine_code)
+
+
+_ld_cache: dict[str, list[str]] | None = None
+
+
+def _ld_so_cache() -> dict[str, list[str]]:
+    """Name -> paths from /etc/ld.so.cache, as `ldconfig -p` prints it."""
+    global _ld_cache
+    if _ld_cache is None:
+        _ld_cache = {}
+        exe = shutil.which("ldconfig") or next(
+            (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p)), None)
+        if exe:
+            try:
+                out = subprocess.run([exe, "-p"], capture_output=True, text=True, timeout=10).stdout
+            except (OSError, subprocess.SubprocessError):
+                out = ""
+            for line in out.splitlines():
+                if " => " not in line or not line.startswith("\t"):
+                    continue
+                left, path = line.strip().rsplit(" => ", 1)
+                _ld_cache.setdefault(left.split(" (", 1)[0], []).append(path)
+    return _ld_cache
+
+
+def _expand(entry: str, origin: str) -> str:
+    lib = "lib/x86_64-linux-gnu" if platform.machine() == "x86_64" else "lib"
+    for k, v in (("${ORIGIN}", origin), ("$ORIGIN", origin), ("${LIB}", lib), ("$LIB", lib),
+                 ("${PLATFORM}", platform.machine()), ("$PLATFORM", platform.machine())):
+        entry = entry.replace(k, v)
+    return entry
+
+
+def _origin(obj: _Object, is_exe: bool) -> str:
+    # ld.so takes the executable's origin from /proc/self/exe (symlinks resolved) and a
+    # library's from the path it was loaded by.
+    return os.path.dirname(os.path.realpath(obj.path) if is_exe else os.path.abspath(obj.path))
+
+
+def _find_library(name: str, loader: _Object, exe: _Object, loader_is_exe: bool,
+                  machine_code: bytes) -> str | None:
+    if "/" in name:
+        return name if os.path.exists(name) else None
+    dirs: list[str] = []
+    if not loader.runpath:  # DT_RPATH is ignored when the object has DT_RUNPATH
+        dirs += [_expand(d, _origin(loader, loader_is_exe)) for d in loader.rpath]
+        if loader is not exe and not exe.runpath:
+            dirs += [_expand(d, _origin(exe, True)) for d in exe.rpath]
+    dirs += [d for d in os.environ.get("LD_LIBRARY_PATH", "").replace(";", ":").split(":") if d]
+    dirs += [_expand(d, _origin(loader, loader_is_exe)) for d in loader.runpath]
+    for d in dirs:
+        p = os.path.join(d, name)
+        if _elf_header_ok(p, exe.klass, machine_code):
+            return p
+    for p in _ld_so_cache().get(name, []):
+        if _elf_header_ok(p, exe.klass, machine_code):
+            return p
+    for d in _DEFAULT_DIRS:
+        p = os.path.join(d, name)
+        if _elf_header_ok(p, exe.klass, machine_code):
+            return p
+    return None
+
+
+def _machine_code(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read(20)[18:20]
+
+
+def _locate(path: str) -> str:
+    if not os.path.exists(path) and "/" not in path:
+        found = shutil.which(path)
+        if found:
+            return os.path.abspath(found)
+    return os.path.abspath(path)
+
+
+def _objects_of_binary(path: str) -> list[_Object]:
+    exe = _read_object(path)
+    code = _machine_code(path)
+    objects = [exe]
+    seen = {os.path.realpath(path)}
+    queue = deque([(exe, True)])
+    while queue:  # breadth-first, the order ld.so loads them in
+        loader, is_exe = queue.popleft()
+        for name in loader.needed:
+            lib = _find_library(name, loader, exe, is_exe, code)
+            if lib is None:
+                raise TargetError(
+                    f"cannot find {name} (needed by {loader.path}): set LD_LIBRARY_PATH as the "
+                    "program runs with, or start it and use --pid")
+            real = os.path.realpath(lib)
+            if real in seen:
+                continue
+            seen.add(real)
+            obj = _read_object(real)
+            objects.append(obj)
+            queue.append((obj, False))
+    return objects
+
+
+# ---------------------------------------------------------------------------------------------
+# Plans
+
+
+def _plan(target: str, pid: int | None, objects: list[_Object]) -> ProbePlan:
+    plan = ProbePlan(target=target, pid=pid, objects=[ObjectInfo(o.path, o.build_id) for o in objects])
+    for p in POINTS:
+        for o in objects:
+            plan.points += [pp for name, pp in o.found if name == p.name]
+    found = {pp.point for pp in plan.points}
+    missing_required = [p for p in POINTS if p.required and p.name not in found]
+    if missing_required:
+        raise SymbolError(_missing_message(missing_required, objects, pid))
+    plan.missing_optional = [p.name for p in POINTS if not p.required and p.name not in found]
+    if not any(name in found for name in ITERATION_POINTS):
+        plan.missing_optional.append(NO_ITERATION_NOTE)
+    return plan
+
+
+def _missing_message(missing: list[Point], objects: list[_Object], pid: int | None) -> str:
+    p = missing[0]
+    pool = {c for o in objects for c in o.candidates if any(h in c for h in p.hints)}
+    pool |= {pp.symbol for o in objects for _, pp in o.found}
+    pool.discard(p.qualified)
+    nearest = difflib.get_close_matches(p.qualified, sorted(pool), n=3, cutoff=0.0)
+    names = [os.path.basename(o.path) for o in objects]
+    where = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    msg = f"{p.name}: {p.qualified} not found in {where}"
+    if len(missing) > 1:
+        msg += f" (also missing: {', '.join(m.name for m in missing[1:])})"
+    msg += "; nearest: " + ("; ".join(nearest) if nearest else "none")
+    stripped = [os.path.basename(o.path) for o in objects if not o.has_symtab]
+    if stripped:
+        msg += f"; stripped? {', '.join(stripped[:3])} {'has' if len(stripped) == 1 else 'have'} no .symtab"
+    target = f"PID {pid}" if pid is not None else "this binary"
+    msg += f"; is {target} a llama-server build with the function not inlined?"
+    return msg
+
+
+def resolve_binary(path: str) -> ProbePlan:
+    """Resolve every probe point in an executable and the libraries it needs (DT_NEEDED)."""
+    target = _locate(path)
+    objects = _objects_of_binary(target)
+    return _plan(target, None, objects)
+
+
+def _maps_objects(pid: int) -> list[str]:
+    maps = f"/proc/{pid}/maps"
+    try:
+        with open(maps) as f:
+            lines = f.read().splitlines()
+    except FileNotFoundError:
+        raise TargetError(f"no process with PID {pid}") from None
+    except PermissionError:
+        raise NotPermitted(
+            f"cannot read {maps}: run as root or as the owner of PID {pid}") from None
+    except ProcessLookupError:
+        raise TargetError(f"no process with PID {pid}") from None
+    paths: list[str] = []
+    seen: set[str] = set()
+    for line in lines:
+        parts = line.split(None, 5)
+        if len(parts) < 6 or not parts[5].startswith("/"):
+            continue  # anonymous, [heap], [vdso]...
+        name, perms, inode = parts[5], parts[1], int(parts[4])
+        if name in seen:
+            continue
+        seen.add(name)
+        if name.endswith(" (deleted)"):
+            real = name[: -len(" (deleted)")]
+            if "x" in perms and not real.startswith(("/memfd:", "/dev/")):
+                raise TargetError(
+                    f"{real} was deleted or replaced after PID {pid} loaded it: restart the "
+                    "process so its code matches the file on disk")
+            continue
+        path = _reachable(name, pid, inode)
+        if path is not None:
+            paths.append(path)
+    return paths
+
+
+def _reachable(name: str, pid: int, inode: int) -> str | None:
+    """The mapped file's path from this mount namespace, or None if it is not an ELF file."""
+    options = [name, f"/proc/{pid}/root{name}"]
+    existing = [p for p in options if os.path.exists(p)]
+    same = [p for p in existing if os.stat(p).st_ino == inode]
+    chosen = (same or existing or [None])[0]
+    if chosen is None:
+        raise TargetError(f"{name}, mapped by PID {pid}, cannot be reached from here")
+    try:
+        with open(chosen, "rb") as f:
+            if f.read(4) != b"\x7fELF":
+                return None
+    except OSError:
+        return None
+    return chosen
+
+
+def resolve_pid(pid: int) -> ProbePlan:
+    """Resolve every probe point in the ELF objects a live process has mapped."""
+    paths = _maps_objects(pid)
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+    except FileNotFoundError:
+        raise TargetError(f"no process with PID {pid}") from None
+    except PermissionError:
+        raise NotPermitted(f"cannot read /proc/{pid}/exe: run as root or as the owner of PID {pid}") from None
+    objects = []
+    for path in paths:
+        try:
+            objects.append(_read_object(path))
+        except TargetError:
+            continue  # ELF files mapped as data (ET_REL, core...) hold no code to probe
+    if not objects:
+        raise TargetError(f"PID {pid} maps no ELF objects (a kernel thread?)")
+    return _plan(exe, pid, objects)
+
+
+# ---------------------------------------------------------------------------------------------
+# Output
+
+
+def _fit(s: str, width: int) -> str:
+    return s if len(s) <= width else s[: width - 1] + "~"
+
+
+def format_plan(plan: ProbePlan) -> str:
+    """A table of the probe points that fits 80 columns (objects by basename)."""
+    head = f"target: {plan.target}" + (f" (PID {plan.pid})" if plan.pid is not None else "")
+    lines = [_fit(head, 80), f"objects searched: {len(plan.objects)}", ""]
+    fmt = "{:<12} {:<22} {:>10} {:>12} {:<6} {:<12}"
+    lines.append(fmt.format("point", "object", "offset", "vaddr", "bind", "build-id").rstrip())
+    for p in plan.points:
+        lines.append(fmt.format(p.point, _fit(os.path.basename(p.object), 22), f"{p.offset:#x}",
+                                f"{p.vaddr:#x}", p.binding.lower()[:6], p.build_id[:12] or "-"))
+    lines.append("")
+    if plan.missing_optional:
+        lines.append(_fit("missing optional: " + ", ".join(plan.missing_optional), 80))
+    else:
+        lines.append("missing optional: none")
+    return "\n".join(lines)
