@@ -1,0 +1,183 @@
+// libsample-common.so: stand-in for libllama-common.so, common_prompt_checkpoint and its pool.
+
+#include "common.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+
+static int64_t now_ns() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+// The calling thread's own fault counter, what a tracer reads from task_struct.min_flt.
+static int64_t thread_faults() {
+    struct rusage ru;
+    getrusage(RUSAGE_THREAD, &ru);
+    return ru.ru_minflt + ru.ru_majflt;
+}
+
+// The body of update_tgt()/update_dft(), inlined into each so that the resize and the copy are
+// calls made from inside the probed function, as in llama.cpp's common.cpp.
+static inline __attribute__((always_inline)) void update_state(std::vector<uint8_t> & data,
+                                                               common_checkpoint_truth & t,
+                                                               llama_context * ctx, int seq_id,
+                                                               unsigned int flags) {
+    t = common_checkpoint_truth();
+    t.tid = (int) syscall(SYS_gettid);
+    t.start_ns = now_ns();
+
+    const size_t size = llama_state_seq_get_size_ext(ctx, seq_id, flags);
+    auto & pool = common_state_buffer_pool::instance();
+    if (data.empty() && pool.enabled()) {
+        data = pool.get(size);
+    }
+    t.pool_hit = data.size() >= size;
+    t.bytes = size;
+
+    const int64_t f0 = thread_faults();
+    t.fill_start_ns = now_ns();
+    data.resize(size);  // grows through _M_default_append: zero fill of fresh mmap()ed pages
+    const int64_t t1 = now_ns();
+    const int64_t f1 = thread_faults();
+    t.fill_ns = t1 - t.fill_start_ns;
+    t.fill_faults = f1 - f0;
+
+    const int64_t f2 = thread_faults();
+    t.copy_start_ns = now_ns();
+    const size_t n = llama_state_seq_get_data_ext(ctx, data.data(), size, seq_id, flags);
+    const int64_t t3 = now_ns();
+    const int64_t f3 = thread_faults();
+    t.copy_ns = t3 - t.copy_start_ns;
+    t.copy_faults = f3 - f2;
+
+    if (n != size) {
+        fprintf(stderr, "sample-common: state copy wrote %zu of %zu bytes\n", n, size);
+        abort();
+    }
+    t.end_ns = now_ns();
+}
+
+__attribute__((noinline)) void common_prompt_checkpoint::update_tgt(llama_context * ctx, int seq_id,
+                                                                    unsigned int flags) {
+    update_state(data_tgt, truth_tgt, ctx, seq_id, flags);
+}
+
+__attribute__((noinline)) void common_prompt_checkpoint::update_dft(llama_context * ctx, int seq_id,
+                                                                    unsigned int flags) {
+    update_state(data_dft, truth_dft, ctx, seq_id, flags);
+}
+
+common_prompt_checkpoint::~common_prompt_checkpoint() {
+    auto & pool = common_state_buffer_pool::instance();
+    if (!pool.enabled()) {
+        return;
+    }
+    // put() allocates and may throw; a destructor must not.
+    try {
+        pool.put(std::move(data_tgt));
+        pool.put(std::move(data_dft));
+    } catch (...) {
+    }
+}
+
+common_state_buffer_pool & common_state_buffer_pool::instance() {
+    static auto * p = new common_state_buffer_pool();
+    return *p;
+}
+
+common_state_buffer_pool::common_state_buffer_pool() {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page = sysconf(_SC_PAGESIZE);
+    // A failed query keeps nothing rather than everything.
+    cap_bytes = (pages > 0 && page > 0) ? (size_t) pages * (size_t) page / 16 : 0;
+}
+
+void common_state_buffer_pool::set_enabled(bool v) {
+    std::lock_guard<std::mutex> lock(mtx);
+    on = v;
+}
+
+bool common_state_buffer_pool::enabled() const {
+    std::lock_guard<std::mutex> lock(mtx);
+    return on;
+}
+
+std::vector<uint8_t> common_state_buffer_pool::get(size_t size) {
+    std::lock_guard<std::mutex> lock(mtx);
+    size_t best = bufs.size();
+    for (size_t i = 0; i < bufs.size(); i++) {
+        if (bufs[i].size() >= size && (best == bufs.size() || bufs[i].size() < bufs[best].size())) {
+            best = i;
+        }
+    }
+    if (best == bufs.size()) {
+        st.misses++;
+        return {};
+    }
+    std::vector<uint8_t> out = std::move(bufs[best]);
+    bufs.erase(bufs.begin() + best);
+    st.bytes_held -= out.size();
+    st.hits++;
+    return out;
+}
+
+void common_state_buffer_pool::put(std::vector<uint8_t> && src) {
+    const size_t bytes = src.size();
+    if (bytes == 0) {
+        return;
+    }
+    std::vector<std::vector<uint8_t>> evicted;  // freed after the lock is released
+    {
+        std::lock_guard<std::mutex> lock(mtx);
+        if (!on || bytes < size_floor || bytes > cap_bytes) {
+            st.declined++;
+            return;
+        }
+        // When full, displace the smallest pooled buffers, and only ones smaller than this one,
+        // so a pool of equal or larger buffers declines instead of churning.
+        std::sort(bufs.begin(), bufs.end(),
+                  [](const std::vector<uint8_t> & a, const std::vector<uint8_t> & b) { return a.size() < b.size(); });
+        size_t n_evict = 0;
+        size_t held = st.bytes_held;
+        while ((bufs.size() - n_evict >= count_cap || held + bytes > cap_bytes) && n_evict < bufs.size() &&
+               bufs[n_evict].size() < bytes) {
+            held -= bufs[n_evict].size();
+            n_evict++;
+        }
+        if (bufs.size() - n_evict >= count_cap || held + bytes > cap_bytes) {
+            st.declined++;
+            return;
+        }
+        for (size_t i = 0; i < n_evict; i++) {
+            evicted.push_back(std::move(bufs[i]));
+        }
+        bufs.erase(bufs.begin(), bufs.begin() + n_evict);
+        st.evicted += n_evict;
+        st.bytes_held = held + bytes;
+        bufs.push_back(std::move(src));
+        st.accepted++;
+        st.n_hwm = std::max(st.n_hwm, bufs.size());
+    }
+}
+
+void common_state_buffer_pool::trim() {
+    std::vector<std::vector<uint8_t>> old;
+    {
+        std::lock_guard<std::mutex> lock(mtx);
+        old.swap(bufs);
+        st.bytes_held = 0;
+    }
+}
+
+common_state_buffer_pool_stats common_state_buffer_pool::stats() const {
+    std::lock_guard<std::mutex> lock(mtx);
+    return st;
+}

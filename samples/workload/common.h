@@ -1,0 +1,88 @@
+// Stand-in for llama.cpp's common.h: the prompt checkpoint and the bounded state buffer pool.
+#pragma once
+
+#include "llama.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <mutex>
+#include <vector>
+
+// As in the real build, resize() is inline but its growth, _M_default_append, is an out-of-line
+// weak symbol: instantiated once in each library (vector_u8.cpp), called through the PLT.
+extern template class std::vector<unsigned char>;
+
+// Ground truth for one update_tgt()/update_dft() call, measured by the call itself.
+struct common_checkpoint_truth {
+    int64_t start_ns = 0;  // entry to return of update_tgt()/update_dft()
+    int64_t end_ns = 0;
+    int64_t fill_start_ns = 0;  // around data_tgt.resize()
+    int64_t fill_ns = 0;
+    int64_t copy_start_ns = 0;  // around llama_state_seq_get_data_ext()
+    int64_t copy_ns = 0;
+    int64_t fill_faults = 0;  // getrusage(RUSAGE_THREAD) ru_minflt + ru_majflt deltas
+    int64_t copy_faults = 0;
+    size_t bytes = 0;
+    bool pool_hit = false;  // the resize did not have to grow the buffer
+    int tid = 0;
+};
+
+struct common_prompt_checkpoint {
+    std::vector<uint8_t> data_tgt;
+    std::vector<uint8_t> data_dft;
+
+    common_checkpoint_truth truth_tgt;
+    common_checkpoint_truth truth_dft;
+
+    common_prompt_checkpoint() = default;
+    common_prompt_checkpoint(const common_prompt_checkpoint &) = delete;
+    common_prompt_checkpoint & operator=(const common_prompt_checkpoint &) = delete;
+    ~common_prompt_checkpoint();  // hands its buffers to the pool when the pool is on
+
+    void update_tgt(llama_context * ctx, int seq_id, unsigned int flags);
+    void update_dft(llama_context * ctx, int seq_id, unsigned int flags);
+};
+
+struct common_state_buffer_pool_stats {
+    int64_t hits = 0;
+    int64_t misses = 0;
+    int64_t accepted = 0;
+    int64_t declined = 0;
+    int64_t evicted = 0;
+    size_t n_hwm = 0;
+    size_t bytes_held = 0;
+};
+
+// A process-wide bounded pool of checkpoint buffers (the seed PR's design). Buffers above the
+// size floor are kept resident for reuse instead of going back to glibc, which would munmap()
+// them; the byte cap, count cap and smallest-first displacement keep what it holds bounded.
+class common_state_buffer_pool {
+  public:
+    static constexpr size_t size_floor = 32u << 20;  // below glibc's mmap threshold pooling saves nothing
+    static constexpr size_t count_cap = 64;
+
+    // Leaky on purpose: checkpoints destroyed during exit may still call put().
+    static common_state_buffer_pool & instance();
+
+    void set_enabled(bool on);
+    bool enabled() const;
+
+    // The smallest pooled buffer whose size() >= size, or an empty vector.
+    std::vector<uint8_t> get(size_t size);
+    // Keeps src if the caps allow, else leaves it with the caller.
+    void put(std::vector<uint8_t> && src);
+    void trim();
+
+    size_t byte_cap() const { return cap_bytes; }
+    common_state_buffer_pool_stats stats() const;
+
+  private:
+    common_state_buffer_pool();
+
+    mutable std::mutex mtx;
+    bool on = false;
+    size_t cap_bytes;
+    std::vector<std::vector<uint8_t>> bufs;
+    common_state_buffer_pool_stats st;
+};

@@ -1,0 +1,154 @@
+// libsample-llama.so: stand-in for libllama.so, a context with resident per-sequence state.
+
+#include "llama.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include <atomic>
+
+struct llama_context {
+    int32_t n_seq;
+    size_t max_state_bytes;
+    std::atomic<size_t> state_bytes;
+    int64_t decode_us;
+    uint8_t ** state;  // one buffer per sequence, max_state_bytes each
+    std::atomic<int64_t> n_decoded;
+    std::atomic<int64_t> n_outputs;
+};
+
+static int64_t now_ns() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+extern "C" {
+
+llama_context * sample_llama_init(int32_t n_seq, size_t max_state_bytes, int64_t decode_us) {
+    auto * ctx = new llama_context();
+    ctx->n_seq = n_seq;
+    ctx->max_state_bytes = max_state_bytes;
+    ctx->state_bytes = max_state_bytes;
+    ctx->decode_us = decode_us;
+    ctx->state = (uint8_t **) calloc(n_seq, sizeof(uint8_t *));
+    for (int32_t s = 0; s < n_seq; s++) {
+        ctx->state[s] = (uint8_t *) malloc(max_state_bytes);
+        if (ctx->state[s] == nullptr) {
+            fprintf(stderr, "sample-llama: cannot allocate %zu bytes of state\n", max_state_bytes);
+            abort();
+        }
+        // Non-zero so every page is a real, private page (not the shared zero page), and
+        // locked in where allowed so the source stays resident under memory pressure.
+        memset(ctx->state[s], 0x5a + s, max_state_bytes);
+        mlock(ctx->state[s], max_state_bytes);
+    }
+    return ctx;
+}
+
+void sample_llama_set_state_bytes(llama_context * ctx, size_t state_bytes) {
+    if (state_bytes > ctx->max_state_bytes) {
+        fprintf(stderr, "sample-llama: state of %zu bytes exceeds the %zu allocated\n", state_bytes,
+                ctx->max_state_bytes);
+        abort();
+    }
+    ctx->state_bytes = state_bytes;
+}
+
+int64_t sample_llama_n_decoded(const llama_context * ctx) { return ctx->n_decoded; }
+int64_t sample_llama_n_outputs(const llama_context * ctx) { return ctx->n_outputs; }
+
+void sample_llama_free(llama_context * ctx) {
+    for (int32_t s = 0; s < ctx->n_seq; s++) {
+        free(ctx->state[s]);
+    }
+    free(ctx->state);
+    delete ctx;
+}
+
+llama_batch llama_batch_init(int32_t n_tokens, int32_t embd, int32_t n_seq_max) {
+    llama_batch batch = {};
+    if (embd) {
+        batch.embd = (float *) calloc((size_t) n_tokens * embd, sizeof(float));
+    } else {
+        batch.token = (llama_token *) calloc(n_tokens, sizeof(llama_token));
+    }
+    batch.pos = (llama_pos *) calloc(n_tokens, sizeof(llama_pos));
+    batch.n_seq_id = (int32_t *) calloc(n_tokens, sizeof(int32_t));
+    batch.seq_id = (llama_seq_id **) calloc(n_tokens + 1, sizeof(llama_seq_id *));
+    for (int32_t i = 0; i < n_tokens; i++) {
+        batch.seq_id[i] = (llama_seq_id *) calloc(n_seq_max, sizeof(llama_seq_id));
+    }
+    batch.logits = (int8_t *) calloc(n_tokens, sizeof(int8_t));
+    return batch;
+}
+
+void llama_batch_free(llama_batch batch) {
+    free(batch.token);
+    free(batch.embd);
+    free(batch.pos);
+    free(batch.n_seq_id);
+    if (batch.seq_id) {
+        for (int32_t i = 0; batch.seq_id[i]; i++) {
+            free(batch.seq_id[i]);
+        }
+    }
+    free(batch.seq_id);
+    free(batch.logits);
+}
+
+__attribute__((noinline)) int32_t llama_decode(llama_context * ctx, llama_batch batch) {
+    if (batch.n_tokens <= 0 || batch.pos == nullptr || batch.seq_id == nullptr) {
+        return -1;
+    }
+    int64_t outputs = 0;
+    uint64_t h = 1469598103934665603ull;
+    for (int32_t i = 0; i < batch.n_tokens; i++) {
+        const llama_seq_id s = batch.seq_id[i][0];
+        if (s < 0 || s >= ctx->n_seq) {
+            return -1;
+        }
+        h = (h ^ (uint64_t) (batch.token ? batch.token[i] : 0) ^ (uint64_t) batch.pos[i]) * 1099511628211ull;
+        outputs += batch.logits ? (batch.logits[i] != 0) : (i == batch.n_tokens - 1);
+    }
+    // The compute: time proportional to the batch, one unit per ubatch of up to 64 tokens.
+    const int64_t n_ubatch = (batch.n_tokens + 63) / 64;
+    const int64_t until = now_ns() + n_ubatch * ctx->decode_us * 1000;
+    while (now_ns() < until) {
+        h = h * 6364136223846793005ull + 1442695040888963407ull;
+    }
+    __asm__ volatile("" : : "r"(h));
+    ctx->n_decoded += batch.n_tokens;
+    ctx->n_outputs += outputs;
+    return 0;
+}
+
+__attribute__((noinline)) size_t llama_state_seq_get_size_ext(llama_context * ctx, llama_seq_id seq_id,
+                                                              llama_state_seq_flags flags) {
+    (void) flags;
+    if (seq_id < 0 || seq_id >= ctx->n_seq) {
+        return 0;
+    }
+    return ctx->state_bytes;
+}
+
+__attribute__((noinline)) size_t llama_state_seq_get_data_ext(llama_context * ctx, uint8_t * dst,
+                                                              size_t size, llama_seq_id seq_id,
+                                                              llama_state_seq_flags flags) {
+    (void) flags;
+    if (seq_id < 0 || seq_id >= ctx->n_seq) {
+        return 0;
+    }
+    const size_t n = ctx->state_bytes;
+    // llama.cpp's buffer writer fails (and the call returns 0) when dst is too small.
+    if (size < n) {
+        return 0;
+    }
+    memcpy(dst, ctx->state[seq_id], n);
+    return n;
+}
+
+}  // extern "C"

@@ -1,0 +1,341 @@
+// ckpt-workload: drives the sample server's checkpoint path and writes its own ground truth.
+//
+// Truth lines (--truth FILE), CLOCK_MONOTONIC ns, written between update_slots() calls so the
+// writing is outside every timed region. minflt_total in the summary is the main thread's
+// minor+major faults over all iterations.
+
+#include "common.h"
+#include "llama.h"
+#include "server.h"
+
+#include <errno.h>
+#include <getopt.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+static const char * prog = "ckpt-workload";
+
+static int64_t now_ns() {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static int64_t thread_faults() {
+    struct rusage ru;
+    getrusage(RUSAGE_THREAD, &ru);
+    return ru.ru_minflt + ru.ru_majflt;
+}
+
+[[noreturn]] static void usage_error(const char * fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "%s: error: ", prog);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, " (see --help)\n");
+    va_end(ap);
+    exit(2);
+}
+
+static int64_t parse_int(const char * opt, const char * s, int64_t lo, int64_t hi) {
+    char * end = nullptr;
+    errno = 0;
+    const long long v = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi) {
+        usage_error("%s takes an integer from %lld to %lld, got '%s'", opt, (long long) lo, (long long) hi, s);
+    }
+    return v;
+}
+
+static void usage(FILE * f) {
+    fprintf(f,
+            "usage: %s [options]\n"
+            "Reproduces llama-server's checkpoint path: update_slots() creates one checkpoint per\n"
+            "slot on prefill iterations (update_tgt: resize, then llama_state_seq_get_data_ext).\n"
+            "\n"
+            "  --slots N               slots (2)\n"
+            "  --iterations N          update_slots() calls (24)\n"
+            "  --decode-per-prefill K  decode iterations after each prefill (2)\n"
+            "  --ckpt-mib M            checkpoint size in MiB (48; at most 32 is served from the heap)\n"
+            "  --grow-mib G            checkpoint growth per prefill iteration, MiB (0)\n"
+            "  --pool on|off           bounded checkpoint buffer pool (off)\n"
+            "  --keep K                checkpoints kept per slot (1)\n"
+            "  --prompt-tokens P       prompt tokens per slot per prefill batch (64)\n"
+            "  --decode-us U           llama_decode() compute per 64-token ubatch, us (2000)\n"
+            "  --noise-threads N       threads resizing and copying state outside update_tgt (0)\n"
+            "  --draft                 also update the draft state (update_dft) per checkpoint\n"
+            "  --truth FILE            write ground-truth JSON lines to FILE\n"
+            "  --wait-signal           print 'ready pid=PID' to stderr, wait for SIGUSR1\n"
+            "  --exit-code N           exit status at the end (0)\n"
+            "  --help                  this text\n",
+            prog);
+}
+
+struct options {
+    server_params sp;
+    int64_t iterations = 24;
+    bool pool = false;
+    int64_t decode_us = 2000;
+    int32_t noise_threads = 0;
+    std::string truth;
+    bool wait_signal = false;
+    int exit_code = 0;
+};
+
+static options parse_options(int argc, char ** argv) {
+    enum {
+        O_SLOTS = 1000, O_ITER, O_DPP, O_CKPT, O_GROW, O_POOL, O_KEEP, O_PROMPT, O_DECODE_US,
+        O_NOISE, O_TRUTH, O_WAIT, O_EXIT, O_DRAFT, O_HELP
+    };
+    static const struct option longopts[] = {
+        {"slots", required_argument, nullptr, O_SLOTS},
+        {"iterations", required_argument, nullptr, O_ITER},
+        {"decode-per-prefill", required_argument, nullptr, O_DPP},
+        {"ckpt-mib", required_argument, nullptr, O_CKPT},
+        {"grow-mib", required_argument, nullptr, O_GROW},
+        {"pool", required_argument, nullptr, O_POOL},
+        {"keep", required_argument, nullptr, O_KEEP},
+        {"prompt-tokens", required_argument, nullptr, O_PROMPT},
+        {"decode-us", required_argument, nullptr, O_DECODE_US},
+        {"noise-threads", required_argument, nullptr, O_NOISE},
+        {"truth", required_argument, nullptr, O_TRUTH},
+        {"wait-signal", no_argument, nullptr, O_WAIT},
+        {"exit-code", required_argument, nullptr, O_EXIT},
+        {"draft", no_argument, nullptr, O_DRAFT},
+        {"help", no_argument, nullptr, O_HELP},
+        {nullptr, 0, nullptr, 0},
+    };
+    options o;
+    int64_t ckpt_mib = 48;
+    int64_t grow_mib = 0;
+    opterr = 0;  // one line of our own instead of getopt's
+    int c;
+    while ((c = getopt_long(argc, argv, ":", longopts, nullptr)) != -1) {
+        switch (c) {
+            case O_SLOTS: o.sp.n_slots = (int32_t) parse_int("--slots", optarg, 1, 64); break;
+            case O_ITER: o.iterations = parse_int("--iterations", optarg, 1, 1000000); break;
+            case O_DPP: o.sp.decode_per_prefill = (int32_t) parse_int("--decode-per-prefill", optarg, 0, 1000000); break;
+            case O_CKPT: ckpt_mib = parse_int("--ckpt-mib", optarg, 1, 4096); break;
+            case O_GROW: grow_mib = parse_int("--grow-mib", optarg, 0, 1024); break;
+            case O_POOL:
+                if (strcmp(optarg, "on") == 0) {
+                    o.pool = true;
+                } else if (strcmp(optarg, "off") == 0) {
+                    o.pool = false;
+                } else {
+                    usage_error("--pool takes 'on' or 'off', got '%s'", optarg);
+                }
+                break;
+            case O_KEEP: o.sp.n_keep = (int32_t) parse_int("--keep", optarg, 1, 64); break;
+            case O_PROMPT: o.sp.n_prompt_tokens = (int32_t) parse_int("--prompt-tokens", optarg, 1, 65536); break;
+            case O_DECODE_US: o.decode_us = parse_int("--decode-us", optarg, 0, 10000000); break;
+            case O_NOISE: o.noise_threads = (int32_t) parse_int("--noise-threads", optarg, 0, 16); break;
+            case O_TRUTH:
+                if (optarg[0] == '\0') {
+                    usage_error("--truth needs a file name");
+                }
+                o.truth = optarg;
+                break;
+            case O_WAIT: o.wait_signal = true; break;
+            case O_EXIT: o.exit_code = (int) parse_int("--exit-code", optarg, 0, 255); break;
+            case O_DRAFT: o.sp.draft = true; break;
+            case O_HELP: usage(stdout); exit(0);
+            case ':': usage_error("%s needs a value", argv[optind - 1]);
+            default: usage_error("unknown option '%s'", argv[optind - 1]);
+        }
+    }
+    if (optind < argc) {
+        usage_error("unexpected argument '%s'", argv[optind]);
+    }
+    if (o.sp.n_slots * o.sp.n_prompt_tokens > 1 << 20) {
+        usage_error("--slots times --prompt-tokens must be at most 1048576");
+    }
+    o.sp.ckpt_bytes = (size_t) ckpt_mib << 20;
+    o.sp.grow_bytes = (size_t) grow_mib << 20;
+    const size_t max_bytes = server_context_impl::max_state_bytes(o.sp, o.iterations);
+    if (max_bytes > ((size_t) 16 << 30)) {
+        usage_error("checkpoints would grow to %zu MiB; lower --grow-mib or --iterations", max_bytes >> 20);
+    }
+    if (ckpt_mib <= 32) {
+        fprintf(stderr, "%s: warning: checkpoints of %lld MiB are not above glibc's 32 MiB mmap threshold, "
+                        "so freed buffers may be reused from the heap\n", prog, (long long) ckpt_mib);
+    }
+    return o;
+}
+
+// Noise: the same resize (through the same _M_default_append) and the same state copy, on other
+// threads and outside update_tgt(), so a tracer that does not nest by thread counts them.
+struct noise {
+    std::atomic<bool> stop{false};
+    std::atomic<int64_t> calls{0};
+    std::atomic<int32_t> started{0};
+};
+
+static void noise_loop(noise * n, llama_context * ctx) {
+    bool first = true;
+    while (!n->stop.load()) {
+        const size_t size = llama_state_seq_get_size_ext(ctx, 0, 0);
+        std::vector<uint8_t> v;
+        v.resize(size);
+        if (llama_state_seq_get_data_ext(ctx, v.data(), size, 0, 0) != size) {
+            abort();
+        }
+        n->calls++;
+        if (first) {
+            n->started++;
+            first = false;
+        }
+        usleep(2000);
+    }
+}
+
+static void write_checkpoint(FILE * f, const server_checkpoint_truth & c) {
+    const common_checkpoint_truth & t = c.t;
+    fprintf(f,
+            "{\"type\":\"checkpoint\",\"iter\":%lld,\"slot\":%d,\"tid\":%d,\"bytes\":%zu,\"draft\":%s,"
+            "\"start_ns\":%lld,\"end_ns\":%lld,\"fill_start_ns\":%lld,\"fill_ns\":%lld,"
+            "\"copy_start_ns\":%lld,\"copy_ns\":%lld,\"fill_faults\":%lld,\"copy_faults\":%lld,"
+            "\"pool_hit\":%s}\n",
+            (long long) c.iter, c.slot, t.tid, t.bytes, c.draft ? "true" : "false", (long long) t.start_ns,
+            (long long) t.end_ns, (long long) t.fill_start_ns, (long long) t.fill_ns, (long long) t.copy_start_ns,
+            (long long) t.copy_ns, (long long) t.fill_faults, (long long) t.copy_faults, t.pool_hit ? "true" : "false");
+    fflush(f);
+}
+
+static void write_iteration(FILE * f, const server_iteration_truth & it) {
+    fprintf(f,
+            "{\"type\":\"iteration\",\"iter\":%lld,\"kind\":\"%s\",\"start_ns\":%lld,\"end_ns\":%lld,"
+            "\"checkpoints\":%d,\"tokens\":%d,\"prompt_tokens\":%d,\"tid\":%d}\n",
+            (long long) it.iter, it.prefill ? "prefill" : "decode", (long long) it.start_ns, (long long) it.end_ns,
+            it.n_checkpoints, it.n_tokens, it.n_prompt_tokens, it.tid);
+    fflush(f);
+}
+
+static double median_ms(std::vector<int64_t> v) {
+    if (v.empty()) {
+        return 0.0;
+    }
+    std::sort(v.begin(), v.end());
+    const size_t m = v.size() / 2;
+    const double ns = v.size() % 2 ? (double) v[m] : (v[m - 1] + v[m]) / 2.0;
+    return ns / 1e6;
+}
+
+int main(int argc, char ** argv) {
+    const options o = parse_options(argc, argv);
+
+    FILE * truth = nullptr;
+    if (!o.truth.empty()) {
+        truth = fopen(o.truth.c_str(), "w");
+        if (truth == nullptr) {
+            fprintf(stderr, "%s: error: cannot write --truth %s: %s\n", prog, o.truth.c_str(), strerror(errno));
+            return 2;
+        }
+    }
+
+    // Blocked before any thread starts, so only sigwait() below takes it.
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    if (o.wait_signal) {
+        pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
+    }
+
+    auto & pool = common_state_buffer_pool::instance();
+    pool.set_enabled(o.pool);
+
+    llama_context * ctx = sample_llama_init(o.sp.n_slots, server_context_impl::max_state_bytes(o.sp, o.iterations),
+                                            o.decode_us);
+    auto * srv = new server_context_impl(ctx, o.sp);
+
+    if (o.wait_signal) {
+        fprintf(stderr, "ready pid=%d\n", (int) getpid());
+        int sig = 0;
+        sigwait(&usr1, &sig);
+    }
+
+    noise nz;
+    std::vector<std::thread> noise_threads;
+    for (int32_t i = 0; i < o.noise_threads; i++) {
+        noise_threads.emplace_back(noise_loop, &nz, ctx);
+    }
+    // Each noise thread has done one full round before the first checkpoint.
+    while (nz.started.load() < o.noise_threads) {
+        usleep(1000);
+    }
+
+    int64_t n_ckpt = 0, n_prefill = 0, n_hits = 0;
+    size_t bytes_first = 0;
+    std::vector<int64_t> fill_ns, copy_ns, faults;
+    const int64_t f0 = thread_faults();
+    const int64_t t0 = now_ns();
+    for (int64_t i = 0; i < o.iterations; i++) {
+        srv->update_slots();
+        const auto & it = srv->last_iteration;
+        n_prefill += it.prefill;
+        for (const auto & c : srv->last_checkpoints) {
+            if (!c.draft) {
+                n_ckpt++;
+                if (bytes_first == 0) {
+                    bytes_first = c.t.bytes;
+                }
+            }
+            n_hits += c.t.pool_hit;
+            fill_ns.push_back(c.t.fill_ns);
+            copy_ns.push_back(c.t.copy_ns);
+            faults.push_back(c.t.fill_faults + c.t.copy_faults);
+            if (truth) {
+                write_checkpoint(truth, c);
+            }
+        }
+        if (truth) {
+            write_iteration(truth, it);
+        }
+    }
+    const int64_t wall = now_ns() - t0;
+    const int64_t minflt = thread_faults() - f0;
+
+    nz.stop = true;
+    for (auto & t : noise_threads) {
+        t.join();
+    }
+
+    delete srv;  // the last checkpoints go to the pool (when on), which trim() then frees
+    const common_state_buffer_pool_stats ps = pool.stats();
+    pool.trim();
+    sample_llama_free(ctx);
+
+    if (truth) {
+        fprintf(truth,
+                "{\"type\":\"summary\",\"checkpoints\":%lld,\"iterations\":%lld,\"prefill_iterations\":%lld,"
+                "\"pool\":%s,\"slots\":%d,\"keep\":%d,\"draft\":%s,\"ckpt_bytes_first\":%zu,\"grow_bytes\":%zu,"
+                "\"wall_ns\":%lld,\"minflt_total\":%lld,\"pool_hits\":%lld,\"pool_hwm\":%zu,"
+                "\"pool_byte_cap\":%zu,\"noise_threads\":%d,\"noise_calls\":%lld,\"pid\":%d,\"exit_code\":%d}\n",
+                (long long) n_ckpt, (long long) o.iterations, (long long) n_prefill, o.pool ? "true" : "false",
+                o.sp.n_slots, o.sp.n_keep, o.sp.draft ? "true" : "false", bytes_first, o.sp.grow_bytes,
+                (long long) wall, (long long) minflt, (long long) n_hits, ps.n_hwm, pool.byte_cap(),
+                o.noise_threads, (long long) nz.calls.load(), (int) getpid(), o.exit_code);
+        fclose(truth);
+    }
+    fprintf(stderr,
+            "%s: %lld checkpoints of %.1f MiB in %lld iterations (%lld prefill), pool %s: %lld hits, "
+            "median fill %.2f ms, copy %.2f ms, %.0f faults, wall %.3f s\n",
+            prog, (long long) n_ckpt, bytes_first / 1048576.0, (long long) o.iterations, (long long) n_prefill,
+            o.pool ? "on" : "off", (long long) n_hits, median_ms(fill_ns), median_ms(copy_ns),
+            median_ms(faults) * 1e6, wall / 1e9);
+    return o.exit_code;
+}

@@ -1,0 +1,65 @@
+// Stand-in for llama-server's server_context_impl: slots, checkpoints, one batch per iteration.
+#pragma once
+
+#include "common.h"
+#include "llama.h"
+
+#include <stdint.h>
+
+#include <list>
+#include <vector>
+
+struct server_params {
+    int32_t n_slots = 2;
+    int32_t decode_per_prefill = 2;  // iteration i (from 0) is a prefill when i % (K + 1) == 0
+    int32_t n_prompt_tokens = 64;    // per slot per prefill batch
+    int32_t n_keep = 1;              // checkpoints kept per slot
+    size_t ckpt_bytes = 48u << 20;
+    size_t grow_bytes = 0;  // added per prefill iteration
+    bool draft = false;
+};
+
+struct server_iteration_truth {
+    int64_t iter = 0;  // counts update_slots() calls, from 1
+    bool prefill = false;
+    int64_t start_ns = 0;
+    int64_t end_ns = 0;
+    int32_t n_checkpoints = 0;
+    int32_t n_tokens = 0;
+    int32_t n_prompt_tokens = 0;
+    int tid = 0;
+};
+
+struct server_checkpoint_truth {
+    int64_t iter;
+    int32_t slot;
+    bool draft;
+    common_checkpoint_truth t;
+};
+
+struct server_slot {
+    int32_t id = 0;
+    llama_pos n_past = 0;
+    std::list<common_prompt_checkpoint> checkpoints;
+};
+
+struct server_context_impl {
+    server_context_impl(llama_context * ctx, const server_params & params);
+    ~server_context_impl();
+
+    void update_slots();  // one iteration: the checkpoints, then one llama_decode()
+    void create_checkpoint(server_slot & slot);
+
+    static size_t max_state_bytes(const server_params & params, int64_t n_iterations);
+
+    llama_context * ctx;
+    server_params params;
+    std::vector<server_slot> slots;
+    llama_batch batch;
+    int64_t n_iter = 0;
+    int64_t n_prefill = 0;
+
+    // Filled by update_slots(), written out by the caller once it has returned.
+    server_iteration_truth last_iteration;
+    std::vector<server_checkpoint_truth> last_checkpoints;
+};
