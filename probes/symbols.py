@@ -436,9 +436,10 @@ def _missing_message(missing: list[Point], objects: list[_Object], pid: int | No
     msg += "; nearest: " + ("; ".join(nearest) if nearest else "none")
     stripped = [os.path.basename(o.path) for o in objects if not o.has_symtab]
     if stripped:
-        msg += f"; stripped? {', '.join(stripped[:3])} {'has' if len(stripped) == 1 else 'have'} no .symtab"
-    target = f"PID {pid}" if pid is not None else "this binary"
-    msg += f"; is {target} a llama-server build with the function not inlined?"
+        more = f" and {len(stripped) - 3} more" if len(stripped) > 3 else ""
+        msg += f"; stripped? no .symtab in {', '.join(stripped[:3])}{more}"
+    target = f"PID {pid}" if pid is not None else "the binary"
+    msg += f"; check that {target} is a llama-server build and the function is not inlined"
     return msg
 
 

@@ -1,0 +1,33 @@
+"""`ckptrace symbols`: show where each probe point lives in a binary or a live process."""
+from __future__ import annotations
+
+import json
+
+import click
+
+
+@click.command("symbols", epilog="""\b
+Examples:
+  ckptrace symbols ./build/bin/llama-server
+  ckptrace symbols --pid $(pidof llama-server)
+  ckptrace symbols --json ckpt-workload | jq '.points[].object'
+""")
+@click.argument("binary", required=False)
+@click.option("--pid", type=click.IntRange(min=1), help="Resolve in a running process (its /proc/PID/maps).")
+@click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON for scripts.")
+def command(binary, pid, as_json):
+    """Resolve every probe point in BINARY (and the libraries it needs) or in process PID.
+
+    Prints, per probe point, the object defining it, the file offset and virtual address a
+    uprobe attaches at, and the object's build-id. A weak function defined in several objects
+    (the vector growth behind resize()) is listed once per copy: the recorder probes them all.
+    """
+    if (binary is None) == (pid is None):
+        raise click.UsageError("give exactly one of BINARY or --pid PID")
+    from ckptrace.probes.symbols import format_plan, resolve_binary, resolve_pid
+
+    plan = resolve_pid(pid) if pid is not None else resolve_binary(binary)
+    if as_json:
+        click.echo(json.dumps(plan.to_dict(), indent=2))
+    else:
+        click.echo(format_plan(plan))
