@@ -1,0 +1,57 @@
+"""`ckptrace record`: trace a live process or a launched command into a trace file."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from ckptrace.errors import TargetError
+
+FAULT_SAMPLE_CHOICES = ["0", "1", "2", "4", "8", "16", "64"]
+
+
+@click.command(
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    epilog="""\b
+Examples:
+  # launch: probes are in place before the command's first instruction
+  ckptrace record -o off.parquet --label pool-off -- ckpt-workload --pool off
+  # attach to a running server for 60 s
+  ckptrace record --pid $(pidof llama-server) -o live.parquet --duration 60
+  # cheapest: fault counts only, no per-fault service time
+  ckptrace record --fault-sample 0 --pid 4242 -o live.parquet
+""",
+)
+@click.option("--pid", type=click.IntRange(min=1), help="Attach to this running process.")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path),
+              required=True, help="Trace file to write (Parquet).")
+@click.option("--label", default="", help="Name of this leg, e.g. pool-off (compare groups legs by it).")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Stop after this many seconds.")
+@click.option("--fault-sample", type=click.Choice(FAULT_SAMPLE_CHOICES), default="1", show_default=True,
+              help="Time 1 in N page faults inside checkpoints; 0 = counts only (no per-fault program).")
+@click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout at the end.")
+@click.option("--quiet", is_flag=True, help="No live status line.")
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def command(pid, output, label, duration, fault_sample, as_json, quiet, command):
+    """Record checkpoint, iteration, fault and mmap events of one process.
+
+    Give either --pid PID or -- COMMAND [ARGS...]. Stops on Ctrl-C, SIGTERM, target exit
+    or --duration, and always writes a complete trace. Needs root (or CAP_BPF and CAP_PERFMON).
+    """
+    if bool(pid) == bool(command):
+        raise click.UsageError("give exactly one of --pid PID or -- COMMAND [ARGS...]")
+    if output.parent and not output.parent.exists():
+        raise TargetError(f"output folder {output.parent} does not exist")
+    from ckptrace.probes.recorder import RecordOptions, record
+
+    opts = RecordOptions(output=output, label=label, duration_s=duration,
+                         fault_sample=int(fault_sample), status=not quiet)
+    result = record(opts, pid=pid, command=list(command) if command else None)
+    if as_json:
+        click.echo(json.dumps({
+            "trace": str(result.path), "events": result.events, "checkpoints": result.checkpoints,
+            "iterations": result.iterations, "lost_events": result.lost_events,
+            "stop_reason": result.stop_reason, "exit_code": result.exit_code,
+        }))

@@ -1,0 +1,487 @@
+/* Kernel side of `ckptrace record`: checkpoint/iteration spans from uprobes, fault counts from the
+ * thread's own counters, sampled fault service time, and mmap/munmap/mremap of one process.
+ *
+ * Options arrive only as integer -D defines chosen by the recorder, never as user text:
+ *   TARGET_TGID     process to trace
+ *   MIN_FLT_OFF     byte offset of task_struct.min_flt in the RUNNING kernel (from its BTF; the
+ *   MAJ_FLT_OFF     installed headers are for another kernel version, so never take it from them)
+ *   FAULT_SAMPLE    time 1 in N faults inside a checkpoint; 0 compiles the fault programs out
+ *   RINGBUF_PAGES   ring buffer size in pages (power of two)
+ */
+#include <uapi/linux/ptrace.h>
+#include "checkpoint.h"
+
+struct span {
+    u64 start;
+    u64 faults0;
+    u64 timed0;
+    u64 timed_ns0;
+};
+
+struct tstate {
+    u64 iter;          /* open update_slots call, 0 = none */
+    u64 ckpt;          /* open update_tgt/update_dft call, 0 = none */
+    struct span it, ck, ph, dec;
+    u64 ck_bytes;
+    u64 ph_bytes;
+    u64 ph_addr;
+    u64 it_tokens;
+    u64 it_prompt;
+    u64 timed;         /* faults timed so far on this thread, and their summed ns */
+    u64 timed_ns;
+    u64 fault_seq;
+    u64 sc_len;        /* pending mmap/mremap length and start between syscall enter and exit */
+    u64 sc_start;
+    u32 phase;         /* P_NONE, P_FILL or P_COPY inside a checkpoint */
+    u32 ck_draft;
+    u32 dec_open;
+    u32 dec_tokens;
+    u32 dec_prompt;
+    u32 sc_kind;
+};
+
+/* A sampled fault waiting for its rss_stat; per CPU so rss_stat needs no hash lookup. */
+struct armed {
+    u32 tid;
+    u32 pad;
+    u64 t0;
+};
+
+BPF_HASH(threads, u32, struct tstate, 8192);
+BPF_ARRAY(counters, u64, N_COUNTERS);
+BPF_ARRAY(event_layout, struct ckpt_event, 1); /* lets user space read the layout from the compiler */
+BPF_PERCPU_ARRAY(armed_fault, struct armed, 1);
+BPF_PERCPU_ARRAY(scratch, u8[256], 1);
+BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+
+static __always_inline void count(u32 idx)
+{
+    u64 *v = counters.lookup(&idx);
+    if (v)
+        __sync_fetch_and_add(v, 1);
+}
+
+static __always_inline u64 new_id(void)
+{
+    u32 idx = C_NEXT_ID;
+    u64 *v = counters.lookup(&idx);
+    if (!v)
+        return 0;
+    return __sync_fetch_and_add(v, 1) + 1;
+}
+
+/* min_flt + maj_flt of the current thread: what getrusage(RUSAGE_THREAD) reports. */
+static __always_inline u64 thread_faults(void)
+{
+    u64 task = bpf_get_current_task();
+    u64 mn = 0, mj = 0;
+    bpf_probe_read_kernel(&mn, sizeof(mn), (void *)(task + MIN_FLT_OFF));
+    bpf_probe_read_kernel(&mj, sizeof(mj), (void *)(task + MAJ_FLT_OFF));
+    return mn + mj;
+}
+
+static __always_inline int target_tid(u32 *tid)
+{
+    u64 id = bpf_get_current_pid_tgid();
+    if ((id >> 32) != TARGET_TGID)
+        return 0;
+    *tid = (u32)id;
+    return 1;
+}
+
+static __always_inline struct tstate *state_of(u32 tid)
+{
+    struct tstate zero = {};
+    return threads.lookup_or_try_init(&tid, &zero);
+}
+
+static __always_inline void open_span(struct span *sp, struct tstate *s)
+{
+    sp->faults0 = thread_faults();
+    sp->timed0 = s->timed;
+    sp->timed_ns0 = s->timed_ns;
+    sp->start = bpf_ktime_get_ns(); /* last, so the span excludes our own bookkeeping */
+}
+
+static __always_inline u32 phase_of(struct tstate *s)
+{
+    if (s->ckpt)
+        return s->phase ? s->phase : P_CHECKPOINT;
+    return s->iter ? P_ITERATION : P_NONE;
+}
+
+static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struct span *sp, u64 now,
+                                      u64 bytes, u64 addr)
+{
+    struct ckpt_event *e = events.ringbuf_reserve(sizeof(struct ckpt_event));
+    if (!e) {
+        count(C_LOST);
+        return;
+    }
+    e->start_ns = sp->start;
+    e->end_ns = now;
+    e->ckpt = s->ckpt;
+    e->iter = s->iter;
+    e->bytes = bytes;
+    e->addr = addr;
+    e->faults = thread_faults() - sp->faults0;
+    e->fault_timed = s->timed - sp->timed0;
+    e->fault_timed_ns = s->timed_ns - sp->timed_ns0;
+    e->tid = tid;
+    e->kind = kind;
+    e->tokens = 0;
+    e->prompt_tokens = 0;
+    e->phase = phase_of(s);
+    e->draft = s->ck_draft;
+    if (kind == K_DECODE) {
+        e->tokens = s->dec_tokens;
+        e->prompt_tokens = s->dec_prompt;
+    } else if (kind == K_ITERATION) {
+        e->tokens = s->it_tokens;
+        e->prompt_tokens = s->it_prompt;
+    }
+    events.ringbuf_submit(e, 0);
+}
+
+static __always_inline void emit_syscall(u32 kind, u32 tid, struct tstate *s, u64 start, u64 bytes, u64 addr)
+{
+    struct ckpt_event *e = events.ringbuf_reserve(sizeof(struct ckpt_event));
+    if (!e) {
+        count(C_LOST);
+        return;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->start_ns = start;
+    e->end_ns = bpf_ktime_get_ns();
+    e->ckpt = s->ckpt;
+    e->iter = s->iter;
+    e->bytes = bytes;
+    e->addr = addr;
+    e->tid = tid;
+    e->kind = kind;
+    e->phase = phase_of(s);
+    events.ringbuf_submit(e, 0);
+}
+
+/* ---- checkpoints: common_prompt_checkpoint::update_tgt / update_dft ---- */
+
+static __always_inline int ckpt_enter(u32 draft)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = state_of(tid);
+    if (!s)
+        return 0;
+    if (s->ckpt)
+        count(C_ABANDONED);
+    s->ckpt = new_id();
+    s->ck_draft = draft;
+    s->ck_bytes = 0;
+    s->phase = P_NONE;
+    open_span(&s->ck, s);
+    return 0;
+}
+
+int ckpt_enter_tgt(struct pt_regs *ctx) { return ckpt_enter(0); }
+int ckpt_enter_dft(struct pt_regs *ctx) { return ckpt_enter(1); }
+
+int ckpt_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->ckpt) {
+        count(C_PARTIAL);
+        return 0;
+    }
+    s->phase = P_CHECKPOINT; /* so the row's phase says what it is, whatever was open */
+    emit_span(K_CHECKPOINT, tid, s, &s->ck, now, s->ck_bytes, 0);
+    s->ckpt = 0;
+    s->phase = P_NONE;
+    s->ck_draft = 0;
+    return 0;
+}
+
+/* ---- fill: std::vector<unsigned char>::_M_default_append(n), only inside a checkpoint ---- */
+
+int fill_enter(struct pt_regs *ctx)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->ckpt || s->phase != P_NONE)
+        return 0; /* growth elsewhere in the process is not a checkpoint fill */
+    s->phase = P_FILL;
+    s->ph_bytes = PT_REGS_PARM2(ctx);
+    s->ph_addr = 0;
+    open_span(&s->ph, s);
+    return 0;
+}
+
+int fill_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->ckpt || s->phase != P_FILL)
+        return 0;
+    emit_span(K_FILL, tid, s, &s->ph, now, s->ph_bytes, 0);
+    s->phase = P_NONE;
+    return 0;
+}
+
+/* ---- copy: llama_state_seq_get_data_ext(ctx, dst, size, seq_id, flags) ---- */
+
+int copy_enter(struct pt_regs *ctx)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->ckpt || s->phase != P_NONE)
+        return 0;
+    s->phase = P_COPY;
+    s->ph_bytes = PT_REGS_PARM3(ctx);
+    s->ph_addr = PT_REGS_PARM2(ctx);
+    open_span(&s->ph, s);
+    return 0;
+}
+
+int copy_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->ckpt || s->phase != P_COPY)
+        return 0;
+    u64 copied = PT_REGS_RC(ctx);
+    s->ck_bytes += copied;
+    emit_span(K_COPY, tid, s, &s->ph, now, copied, s->ph_addr);
+    s->phase = P_NONE;
+    return 0;
+}
+
+/* ---- iterations: server_context_impl::update_slots() ---- */
+
+int iter_enter(struct pt_regs *ctx)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = state_of(tid);
+    if (!s)
+        return 0;
+    if (s->iter)
+        count(C_ABANDONED);
+    s->iter = new_id();
+    s->it_tokens = 0;
+    s->it_prompt = 0;
+    open_span(&s->it, s);
+    return 0;
+}
+
+int iter_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->iter) {
+        count(C_PARTIAL);
+        return 0;
+    }
+    emit_span(K_ITERATION, tid, s, &s->it, now, 0, 0);
+    s->iter = 0;
+    return 0;
+}
+
+/* ---- batches: llama_decode(ctx, llama_batch batch) ----
+ * llama_batch is 56 bytes, so the SysV ABI passes it in memory: at the first instruction it sits
+ * just above the return address, at sp + 8. */
+struct batch_head {
+    s32 n_tokens;
+    s32 pad;
+    u64 token, embd, pos, n_seq_id, seq_id, logits;
+};
+
+int decode_enter(struct pt_regs *ctx)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = state_of(tid);
+    if (!s)
+        return 0;
+    struct batch_head b = {};
+    bpf_probe_read_user(&b, sizeof(b), (void *)(PT_REGS_SP(ctx) + 8));
+    u32 n = b.n_tokens > 0 ? (u32)b.n_tokens : 0;
+    u32 prompt = 0;
+    if (!b.logits) {
+        prompt = n > 0 ? n - 1 : 0; /* no logits array: only the last token is output */
+    } else {
+        u32 zero = 0;
+        u8 *buf = scratch.lookup(&zero);
+        if (buf) {
+            u32 len = n < 256 ? n : 256;
+            if (len > 0 && bpf_probe_read_user(buf, len & 0x1ff, (void *)b.logits) == 0) {
+                for (u32 i = 0; i < 256; i++) {
+                    if (i >= len)
+                        break;
+                    if (buf[i] == 0)
+                        prompt++; /* a prompt token asks for no logits */
+                }
+            }
+        }
+    }
+    s->dec_tokens = n;
+    s->dec_prompt = prompt;
+    s->dec_open = 1;
+    open_span(&s->dec, s);
+    return 0;
+}
+
+int decode_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->dec_open) {
+        count(C_PARTIAL);
+        return 0;
+    }
+    s->dec_open = 0;
+    s->it_tokens += s->dec_tokens;
+    s->it_prompt += s->dec_prompt;
+    emit_span(K_DECODE, tid, s, &s->dec, now, 0, 0);
+    return 0;
+}
+
+/* ---- page faults: service time, sampled, only inside checkpoints ----
+ * No tracepoint marks the end of a fault. We take the time from exceptions:page_fault_user to the
+ * next kmem:rss_stat on the same thread, i.e. until the new page is accounted: a lower bound that
+ * leaves out trap entry/exit and the hypervisor's own faults. Counts come from min_flt instead,
+ * so these programs are the only per-fault work, and they stay tiny. */
+#if FAULT_SAMPLE > 0
+RAW_TRACEPOINT_PROBE(page_fault_user)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->ckpt)
+        return 0;
+    u32 zero = 0;
+    struct armed *a = armed_fault.lookup(&zero);
+    if (!a)
+        return 0;
+    if (++s->fault_seq % FAULT_SAMPLE == 0) {
+        a->tid = tid;
+        a->t0 = bpf_ktime_get_ns();
+    } else if (a->tid == tid) {
+        a->tid = 0; /* an earlier sample never saw its rss_stat: don't pair across faults */
+    }
+    return 0;
+}
+
+RAW_TRACEPOINT_PROBE(rss_stat)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    u32 zero = 0;
+    struct armed *a = armed_fault.lookup(&zero);
+    if (!a || a->tid != tid)
+        return 0;
+    u64 d = bpf_ktime_get_ns() - a->t0;
+    a->tid = 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s)
+        return 0;
+    s->timed += 1;
+    s->timed_ns += d;
+    return 0;
+}
+#endif
+
+/* ---- mmap / munmap / mremap of the target, attributed to the thread's phase ---- */
+
+TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = state_of(tid);
+    if (!s)
+        return 0;
+    s->sc_len = args->len;
+    s->sc_kind = K_MMAP;
+    s->sc_start = bpf_ktime_get_ns();
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || s->sc_kind != K_MMAP)
+        return 0;
+    s->sc_kind = 0;
+    if ((s64)args->ret < 0 && (s64)args->ret > -4096)
+        return 0; /* failed */
+    emit_syscall(K_MMAP, tid, s, s->sc_start, s->sc_len, args->ret);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = state_of(tid);
+    if (!s)
+        return 0;
+    emit_syscall(K_MUNMAP, tid, s, bpf_ktime_get_ns(), args->len, args->addr);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = state_of(tid);
+    if (!s)
+        return 0;
+    s->sc_len = args->new_len;
+    s->sc_kind = K_MREMAP;
+    s->sc_start = bpf_ktime_get_ns();
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || s->sc_kind != K_MREMAP)
+        return 0;
+    s->sc_kind = 0;
+    if ((s64)args->ret < 0 && (s64)args->ret > -4096)
+        return 0;
+    emit_syscall(K_MREMAP, tid, s, s->sc_start, s->sc_len, args->ret);
+    return 0;
+}

@@ -1,0 +1,54 @@
+/* Event layout shared by checkpoint.bpf.c and the recorder (which reads it from the compiler). */
+#ifndef CKPTRACE_CHECKPOINT_H
+#define CKPTRACE_CHECKPOINT_H
+
+/* Row kinds; the order is ckptrace.trace.KINDS. */
+enum ckpt_kind {
+    K_CHECKPOINT = 0,
+    K_FILL = 1,
+    K_COPY = 2,
+    K_ITERATION = 3,
+    K_DECODE = 4,
+    K_MMAP = 5,
+    K_MUNMAP = 6,
+    K_MREMAP = 7,
+};
+
+/* Innermost open span of a thread; the order is ckptrace.trace.PHASES. */
+enum ckpt_phase {
+    P_NONE = 0,
+    P_ITERATION = 1,
+    P_CHECKPOINT = 2,
+    P_FILL = 3,
+    P_COPY = 4,
+};
+
+/* Kernel-side counters, index into the `counters` array. */
+enum ckpt_counter {
+    C_LOST = 0,      /* ring buffer full: event dropped */
+    C_PARTIAL = 1,   /* a return whose entry was not seen (attached mid-span): dropped */
+    C_NEXT_ID = 2,   /* id allocator for checkpoints and iterations */
+    C_ABANDONED = 3, /* an entry that never returned before the next one (exception) */
+    C_FAULTS_TIMED = 4,
+    N_COUNTERS = 5,
+};
+
+struct ckpt_event {
+    u64 start_ns;
+    u64 end_ns;
+    u64 ckpt;
+    u64 iter;
+    u64 bytes;
+    u64 addr;
+    u64 faults;
+    u64 fault_timed;
+    u64 fault_timed_ns;
+    u32 tid;
+    u32 kind;
+    u32 tokens;
+    u32 prompt_tokens;
+    u32 phase;
+    u32 draft;
+};
+
+#endif

@@ -1,0 +1,79 @@
+"""Start a command held before its first instruction, so probes can be attached first."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+
+from ckptrace.errors import TargetError
+
+
+class HeldChild:
+    """fork() now, exec() on release(): the pid is known (and stays the same across exec) before
+    the program runs, so the probes filter on it and miss nothing."""
+
+    def __init__(self, argv: list[str]):
+        if not argv:
+            raise TargetError("no command given after --")
+        path = shutil.which(argv[0])
+        if path is None:
+            raise TargetError(f"command not found: {argv[0]}")
+        self.argv = argv
+        self.path = os.path.realpath(path)
+        self.exit_code: int | None = None
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # child: wait for the go byte, then become the command
+            os.close(w)
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            try:
+                go = os.read(r, 1)
+                if go != b"g":
+                    os._exit(125)  # the recorder gave up before starting us
+                os.close(r)
+                os.execv(path, argv)
+            except BaseException:
+                os._exit(127)
+        os.close(r)
+        self.pid = pid
+        self._go = w
+
+    def release(self) -> None:
+        os.write(self._go, b"g")
+        os.close(self._go)
+        self._go = -1
+
+    def abandon(self) -> None:
+        """The recorder failed before release(): the child exits without running the command."""
+        if self._go >= 0:
+            os.close(self._go)
+            self._go = -1
+        self.wait()
+
+    def poll(self) -> int | None:
+        if self.exit_code is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.exit_code = os.waitstatus_to_exitcode(status)
+        return self.exit_code
+
+    def wait(self, timeout_s: float | None = None) -> int | None:
+        import time
+
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                return None
+            time.sleep(0.02)
+        return self.exit_code
+
+    def terminate(self, grace_s: float = 5.0) -> int | None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            if self.wait(grace_s) is None:
+                os.kill(self.pid, signal.SIGKILL)
+                self.wait()
+        return self.exit_code

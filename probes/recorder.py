@@ -1,0 +1,339 @@
+"""Load checkpoint.bpf.c into the kernel, attach it to one process, and stream its events to a trace."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime as dt
+import os
+import platform
+import signal
+import socket
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ckptrace import __version__
+from ckptrace.errors import EbpfUnavailable, TargetError
+from ckptrace.probes import kernel
+from ckptrace.probes.launch import HeldChild
+from ckptrace.trace import KINDS, PHASES, write_trace
+
+BPF_SOURCE = Path(__file__).with_name("checkpoint.bpf.c")
+
+# probe point -> (entry program, return program) in checkpoint.bpf.c
+PROGRAMS = {
+    "update_tgt": ("ckpt_enter_tgt", "ckpt_return"),
+    "update_dft": ("ckpt_enter_dft", "ckpt_return"),
+    "resize_grow": ("fill_enter", "fill_return"),
+    "state_copy": ("copy_enter", "copy_return"),
+    "update_slots": ("iter_enter", "iter_return"),
+    "llama_decode": ("decode_enter", "decode_return"),
+}
+# Indices of the kernel's `counters` array (checkpoint.h enum ckpt_counter).
+C_LOST, C_PARTIAL, C_NEXT_ID, C_ABANDONED = 0, 1, 2, 3
+
+FAULT_SAMPLE_CHOICES = (0, 1, 2, 4, 8, 16, 64)
+FAULT_TIME_DEFINITION = (
+    "per timed fault: exceptions:page_fault_user to the next kmem:rss_stat on the same thread "
+    "(the new page accounted); a lower bound without trap entry/exit or hypervisor faults"
+)
+NO_CHECKPOINT_HINT_S = 30.0
+
+
+@dataclass
+class RecordOptions:
+    output: Path
+    label: str = ""
+    duration_s: float | None = None
+    fault_sample: int = 1
+    ringbuf_pages: int = 512
+    status: bool = True  # live status line (only drawn on a terminal)
+    no_checkpoint_hint_s: float = NO_CHECKPOINT_HINT_S
+
+
+@dataclass
+class RecordResult:
+    path: Path
+    events: int
+    checkpoints: int
+    iterations: int
+    lost_events: int
+    stop_reason: str
+    exit_code: int | None
+    meta: dict = field(default_factory=dict)
+
+
+def record(opts: RecordOptions, pid: int | None = None, command: list[str] | None = None) -> RecordResult:
+    """Record one process (attach by pid, or launch command held until the probes are in)."""
+    from ckptrace.probes import symbols
+
+    if opts.fault_sample not in FAULT_SAMPLE_CHOICES:
+        raise TargetError(f"--fault-sample must be one of {', '.join(map(str, FAULT_SAMPLE_CHOICES))}")
+    kernel.require_privileges()
+    bcc = kernel.import_bcc()
+    kernel.kernel_headers_dir()
+    kernel.tracefs_dir()
+    offsets = kernel.task_struct_offsets()
+
+    child = None
+    if command:
+        child = HeldChild(command)
+        target = child.pid
+        try:
+            plan = symbols.resolve_binary(child.path)
+        except BaseException:
+            child.abandon()
+            raise
+    else:
+        target = pid
+        _require_alive(target)
+        plan = symbols.resolve_pid(target)
+
+    try:
+        bpf = _load(bcc, target, offsets, opts)
+        attached = _attach(bpf, plan, target)
+    except BaseException:
+        if child:
+            child.abandon()
+        raise
+
+    session = _Session(bpf, opts)
+    attach_ns = time.monotonic_ns()
+    start_time = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    what = f"command {command[0]!r} (pid {target})" if child else f"PID {target} ({plan.target})"
+    faults_txt = (f"page faults (service time of 1 in {opts.fault_sample})" if opts.fault_sample
+                  else "page faults (counts only)")
+    _say(f"ckptrace: tracing {what}: {attached} uprobes in {len({p.object for p in plan.points})} "
+         f"objects, {faults_txt}, mmap/munmap/mremap. "
+         + ("Ctrl-C to stop." if not opts.duration_s else f"{opts.duration_s:g} s, or Ctrl-C to stop."))
+
+    stop_reason = "interrupted"
+    exit_code = None
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        signal.signal(s, session.request_stop)
+    try:
+        if child:
+            child.release()
+        stop_reason = session.run(child, target)
+    except KeyboardInterrupt:
+        stop_reason = "interrupted"
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+        if child:
+            if child.poll() is None:
+                child.terminate()
+                if stop_reason == "target exited":
+                    stop_reason = "target exited"
+            exit_code = child.exit_code
+        stop_ns = time.monotonic_ns()
+        session.drain()
+        session.clear_status()
+        counters = [int(v.value) for v in bpf["counters"].values()]
+        open_ckpt, open_iter = session.open_spans()
+        events = session.frame()
+        meta = {
+            "tool_version": __version__,
+            "label": opts.label,
+            "mode": "launch" if child else "attach",
+            "command": list(command) if command else None,
+            "pid": target,
+            "exit_code": exit_code,
+            "executable": plan.target,
+            "objects": [{"path": o.path, "build_id": o.build_id} for o in plan.objects],
+            "probes": [{"point": p.point, "symbol": p.symbol, "object": p.object, "vaddr": p.vaddr,
+                        "offset": p.offset, "build_id": p.build_id} for p in plan.points],
+            "missing_optional": list(plan.missing_optional),
+            "kernel": platform.release(),
+            "host": socket.gethostname(),
+            "clock": "CLOCK_MONOTONIC",
+            "start_time": start_time,
+            "attach_ns": attach_ns,
+            "stop_ns": stop_ns,
+            "first_event_ns": int(events["start_ns"].min()) if len(events) else None,
+            "stop_reason": stop_reason,
+            "lost_events": counters[C_LOST],
+            "partial_spans": counters[C_PARTIAL],
+            "abandoned_spans": counters[C_ABANDONED],
+            "open_at_stop": {"checkpoints": open_ckpt, "iterations": open_iter},
+            "fault_sample_every": opts.fault_sample,
+            "fault_time_definition": FAULT_TIME_DEFINITION if opts.fault_sample else None,
+            "events": int(len(events)),
+        }
+        write_trace(opts.output, events, meta)
+        bpf.cleanup()
+
+    n_ckpt = int((events["kind"] == "checkpoint").sum())
+    n_iter = int((events["kind"] == "iteration").sum())
+    tail = f", exit code {exit_code}" if exit_code is not None else ""
+    notes = []
+    if counters[C_LOST]:
+        notes.append(f"{counters[C_LOST]} events LOST")
+    if counters[C_PARTIAL]:
+        notes.append(f"{counters[C_PARTIAL]} partial spans dropped (entered before recording)")
+    if open_ckpt or open_iter:
+        notes.append(f"{open_ckpt + open_iter} spans still open at stop, dropped")
+    _say(f"ckptrace: wrote {opts.output}: {n_ckpt} checkpoints, {n_iter} iterations, "
+         f"{len(events)} events, {counters[C_LOST]} lost (stopped: {stop_reason}{tail})"
+         + ("; " + "; ".join(notes) if notes else ""))
+    return RecordResult(Path(opts.output), len(events), n_ckpt, n_iter, counters[C_LOST],
+                        stop_reason, exit_code, meta)
+
+
+def _say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _require_alive(pid: int) -> None:
+    if pid is None or pid <= 0:
+        raise TargetError(f"invalid PID {pid}")
+    if not _alive(pid):
+        raise TargetError(f"no process with PID {pid}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _load(bcc, target: int, offsets: dict, opts: RecordOptions):
+    pages = opts.ringbuf_pages
+    if pages & (pages - 1):
+        raise TargetError("ring buffer pages must be a power of two")
+    # Integers only: nothing the user typed becomes C source.
+    cflags = [
+        f"-I{BPF_SOURCE.parent}",
+        f"-DTARGET_TGID={int(target)}",
+        f"-DMIN_FLT_OFF={int(offsets['min_flt'])}",
+        f"-DMAJ_FLT_OFF={int(offsets['maj_flt'])}",
+        f"-DFAULT_SAMPLE={int(opts.fault_sample)}",
+        f"-DRINGBUF_PAGES={int(pages)}",
+    ]
+    # clang and libbpf write straight to fd 2; keep it for the one-line error instead.
+    with tempfile.TemporaryFile(mode="w+b") as err, _stderr_to(err):
+        try:
+            return bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
+        except Exception as e:  # bcc raises bare Exception
+            err.seek(0)
+            lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
+            first = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else str(e))
+            raise EbpfUnavailable(f"the BPF program did not compile or load: {first.strip()}") from None
+
+
+@contextlib.contextmanager
+def _stderr_to(fileobj):
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(fileobj.fileno(), 2)
+    try:
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _attach(bpf, plan, target: int) -> int:
+    n = 0
+    for p in plan.points:
+        enter, ret = PROGRAMS[p.point]
+        try:
+            bpf.attach_uprobe(name=p.object.encode(), addr=p.vaddr, fn_name=enter.encode(), pid=target)
+            bpf.attach_uretprobe(name=p.object.encode(), addr=p.vaddr, fn_name=ret.encode(), pid=target)
+        except Exception as e:
+            raise EbpfUnavailable(f"could not attach a uprobe to {p.symbol} in {p.object}: {e}") from None
+        n += 2
+    return n
+
+
+class _Session:
+    """Ring buffer consumer: keeps raw events, counts for the status line, knows when to stop."""
+
+    def __init__(self, bpf, opts: RecordOptions):
+        self.bpf = bpf
+        self.opts = opts
+        self.layout = bpf["event_layout"].Leaf
+        self.dtype = np.dtype(self.layout)
+        self.kind_off = self.layout.kind.offset
+        self.faults_off = self.layout.faults.offset
+        self.chunks: list[bytes] = []
+        self.counts = np.zeros(len(KINDS), dtype=np.int64)
+        self.ckpt_faults = 0
+        self.stop_reason: str | None = None
+        self.tty = opts.status and sys.stderr.isatty()
+        self.status_drawn = False
+        bpf["events"].open_ring_buffer(self._on_event)
+
+    def _on_event(self, ctx, data, size):
+        raw = ctypes.string_at(data, size)
+        self.chunks.append(raw)
+        kind = int.from_bytes(raw[self.kind_off:self.kind_off + 4], "little")
+        if kind < len(self.counts):
+            self.counts[kind] += 1
+        if kind == 0:
+            self.ckpt_faults += int.from_bytes(raw[self.faults_off:self.faults_off + 8], "little")
+        return 0
+
+    def request_stop(self, signum, frame):
+        self.stop_reason = "interrupted" if signum == signal.SIGINT else "terminated"
+
+    def run(self, child: HeldChild | None, target: int) -> str:
+        t0 = time.monotonic()
+        last_status = 0.0
+        hinted = False
+        while True:
+            self.bpf.ring_buffer_poll(100)
+            now = time.monotonic()
+            if self.stop_reason:
+                return self.stop_reason
+            if self.opts.duration_s and now - t0 >= self.opts.duration_s:
+                return "duration"
+            if (child.poll() is not None) if child else not _alive(target):
+                return "target exited"
+            if self.tty and now - last_status >= 0.5:
+                self.draw_status(now - t0)
+                last_status = now
+            if not hinted and self.counts[0] == 0 and now - t0 >= self.opts.no_checkpoint_hint_s:
+                hinted = True
+                self.clear_status()
+                _say(f"ckptrace: no checkpoint seen in {self.opts.no_checkpoint_hint_s:g} s: only models "
+                     "with recurrent state or SWA make them, checkpoints may be disabled "
+                     "(--ctx-checkpoints 0), or no prompt has been processed yet")
+
+    def draw_status(self, elapsed: float) -> None:
+        lost = int(self.bpf["counters"][ctypes.c_int(C_LOST)].value)
+        text = (f"{elapsed:7.1f} s  checkpoints {self.counts[0]}  iterations {self.counts[3]}  "
+                f"checkpoint faults {self.ckpt_faults}  lost {lost}")
+        sys.stderr.write("\r" + text[:79].ljust(79))
+        sys.stderr.flush()
+        self.status_drawn = True
+
+    def clear_status(self) -> None:
+        if self.status_drawn:
+            sys.stderr.write("\r" + " " * 79 + "\r")
+            sys.stderr.flush()
+            self.status_drawn = False
+
+    def drain(self) -> None:
+        self.bpf.ring_buffer_consume()
+
+    def open_spans(self) -> tuple[int, int]:
+        states = list(self.bpf["threads"].values())
+        return sum(1 for s in states if s.ckpt), sum(1 for s in states if s.iter)
+
+    def frame(self) -> pd.DataFrame:
+        arr = np.frombuffer(b"".join(self.chunks), dtype=self.dtype)
+        df = pd.DataFrame({name: arr[name] for name in self.dtype.names})
+        df["kind"] = pd.Categorical.from_codes(df["kind"].astype("int64"), categories=KINDS)
+        df["phase"] = pd.Categorical.from_codes(df["phase"].astype("int64"), categories=PHASES)
+        df["draft"] = df["draft"].astype(bool)
+        return df.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)
