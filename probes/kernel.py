@@ -1,0 +1,359 @@
+"""Facts about the running kernel that recording needs, each checked by a real call, never assumed."""
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import functools
+import os
+import platform
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from ckptrace.errors import CkptraceError, EbpfUnavailable, NotPermitted
+
+CAP_SYS_ADMIN = 21
+CAP_PERFMON = 38
+CAP_BPF = 39
+
+SETUP = "bash scripts/setup.sh install"
+BTF_PATH = Path("/sys/kernel/btf/vmlinux")
+UPROBE_PMU = Path("/sys/bus/event_source/devices/uprobe/type")
+TRACEFS_DIRS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
+
+# Every tracepoint the recorder attaches to (probes/*.bpf.c); doctor checks each one.
+TRACEPOINTS = (
+    ("exceptions", "page_fault_user"),
+    ("kmem", "rss_stat"),
+    ("syscalls", "sys_enter_mmap"),
+    ("syscalls", "sys_exit_mmap"),
+    ("syscalls", "sys_enter_munmap"),
+    ("syscalls", "sys_enter_mremap"),
+    ("syscalls", "sys_exit_mremap"),
+)
+# Attached as raw tracepoints (RAW_TRACEPOINT_PROBE): no argument copy on the per-fault path.
+RAW_TRACEPOINTS = ("page_fault_user", "rss_stat")
+
+_BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}
+_BPF_MAP_CREATE = 0
+_BPF_MAP_TYPE_ARRAY = 2
+
+
+def error_with_fix(cls: type[CkptraceError], what: str, fix: str) -> CkptraceError:
+    """An error whose message is 'what: fix', keeping both parts for doctor's lines."""
+    e = cls(f"{what}: {fix}")
+    e.what, e.fix = what, fix
+    return e
+
+
+def effective_caps() -> int:
+    """This process's effective capability mask (CapEff in /proc/self/status)."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("CapEff:"):
+            return int(line.split()[1], 16)
+    return 0
+
+
+def privileges() -> str:
+    """Describe why this process may record, or raise NotPermitted.
+
+    Capabilities decide, not the uid: root with its capabilities dropped can't load BPF, and
+    since Linux 5.8 CAP_BPF plus CAP_PERFMON (or the older CAP_SYS_ADMIN) is enough.
+    """
+    caps = effective_caps()
+    has = {name: bool(caps >> bit & 1) for name, bit in
+           (("CAP_BPF", CAP_BPF), ("CAP_PERFMON", CAP_PERFMON), ("CAP_SYS_ADMIN", CAP_SYS_ADMIN))}
+    who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
+    if has["CAP_BPF"] and has["CAP_PERFMON"]:
+        return f"{who} with CAP_BPF and CAP_PERFMON"
+    if has["CAP_SYS_ADMIN"]:
+        return f"{who} with CAP_SYS_ADMIN"
+    if os.geteuid() == 0:
+        raise error_with_fix(NotPermitted, "recording needs CAP_BPF and CAP_PERFMON, and this root process "
+                     "has had them dropped", "run it as root with full capabilities (plain sudo)")
+    raise error_with_fix(NotPermitted, "recording needs root, or CAP_BPF and CAP_PERFMON", "run with sudo")
+
+
+def require_privileges() -> None:
+    """Raise NotPermitted unless this process may load BPF programs and attach probes."""
+    privileges()
+
+
+def bpf_syscall() -> None:
+    """Create and close a one-entry BPF array map with bpf(2): the smallest real use of the call."""
+    nr = _BPF_SYSCALL.get(platform.machine())
+    if nr is None:
+        raise error_with_fix(EbpfUnavailable, f"bpf() syscall number unknown on {platform.machine()}",
+                     "use an x86_64 or aarch64 machine")
+    # union bpf_attr for BPF_MAP_CREATE: map_type, key_size, value_size, max_entries; rest zero.
+    attr = (ctypes.c_uint32 * 16)(_BPF_MAP_TYPE_ARRAY, 4, 8, 1)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    fd = libc.syscall(ctypes.c_long(nr), ctypes.c_int(_BPF_MAP_CREATE), ctypes.byref(attr),
+                      ctypes.c_uint(ctypes.sizeof(attr)))
+    if fd >= 0:
+        os.close(fd)
+        return
+    err = ctypes.get_errno()
+    if err in (errno.EPERM, errno.EACCES):
+        raise error_with_fix(NotPermitted, f"bpf(BPF_MAP_CREATE) failed: {os.strerror(err)}",
+                     "run with sudo (root, or CAP_BPF and CAP_PERFMON)")
+    if err == errno.ENOSYS:
+        raise error_with_fix(EbpfUnavailable, "the kernel has no bpf() syscall",
+                     "boot a kernel built with CONFIG_BPF_SYSCALL=y")
+    raise error_with_fix(EbpfUnavailable, f"bpf(BPF_MAP_CREATE) failed: {os.strerror(err)}",
+                 "check the kernel's BPF support (CONFIG_BPF_SYSCALL) and memlock limits")
+
+
+def _mounted(fstype: str) -> list[str]:
+    """Mount points of one filesystem type, from /proc/self/mounts."""
+    points = []
+    for line in Path("/proc/self/mounts").read_text().splitlines():
+        fields = line.split()
+        if len(fields) > 2 and fields[2] == fstype:
+            points.append(fields[1])
+    return points
+
+
+def tracefs_dir() -> Path:
+    """The tracefs folder that has events/ (bcc and our format lookups read it)."""
+    denied = None
+    for d in TRACEFS_DIRS:
+        try:
+            if (d / "events").is_dir():
+                return d
+        except PermissionError:
+            denied = d
+    if denied is not None or any(Path(p) in TRACEFS_DIRS for p in _mounted("tracefs")):
+        d = denied or TRACEFS_DIRS[0]
+        raise error_with_fix(NotPermitted, f"tracefs at {d} is mounted but not readable by uid {os.geteuid()}",
+                     "run with sudo")
+    raise error_with_fix(EbpfUnavailable, "tracefs is not mounted",
+                 f"mount -t tracefs nodev {TRACEFS_DIRS[0]} (or {SETUP})")
+
+
+def tracepoint_exists(category: str, event: str) -> bool:
+    """Whether tracefs lists the tracepoint category:event (raises if tracefs is unusable)."""
+    return (tracefs_dir() / "events" / category / event).is_dir()
+
+
+def uprobes_supported() -> bool:
+    """Whether the kernel offers uprobes: the uprobe PMU (what bcc uses) or tracefs uprobe_events."""
+    if UPROBE_PMU.exists():
+        return True
+    with contextlib.suppress(CkptraceError, OSError):
+        return (tracefs_dir() / "uprobe_events").exists()
+    return False
+
+
+def import_bcc():
+    """The bcc module, or EbpfUnavailable saying how to make it importable from this Python."""
+    try:
+        import bcc
+    except (ImportError, OSError):  # OSError: the module is there but libbcc.so is not
+        raise error_with_fix(EbpfUnavailable, f"bcc is not importable from {sys.executable}",
+                     "install python3-bpfcc and use a venv made with --system-site-packages "
+                     f"({SETUP})") from None
+    return bcc
+
+
+def bcc_version() -> str:
+    """The version of the bcc this Python imports."""
+    return getattr(import_bcc(), "__version__", "unknown")
+
+
+def kernel_headers_dir() -> Path:
+    """Where bcc will look for kernel headers: BCC_KERNEL_SOURCE if set, else the module build dir."""
+    env = os.environ.get("BCC_KERNEL_SOURCE")
+    if env:
+        d = Path(env)
+        if not (d / "include").is_dir():
+            raise error_with_fix(EbpfUnavailable, f"kernel headers not found at {d} (from BCC_KERNEL_SOURCE)",
+                         f"unset BCC_KERNEL_SOURCE and run {SETUP} (links the closest Debian "
+                         "linux-headers)")
+        return d
+    d = Path("/lib/modules") / os.uname().release / "build"
+    if not (d / "include").is_dir():
+        raise error_with_fix(EbpfUnavailable, f"kernel headers not found at {d}",
+                     f"run {SETUP} (links the closest Debian linux-headers)")
+    return d
+
+
+def _btf_raw() -> str:
+    if not BTF_PATH.exists():
+        raise error_with_fix(EbpfUnavailable, f"the kernel exposes no BTF at {BTF_PATH}",
+                     "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y")
+    try:
+        out = subprocess.run(["bpftool", "btf", "dump", "file", str(BTF_PATH), "format", "raw"],
+                             capture_output=True, text=True, check=False)
+    except FileNotFoundError:
+        raise error_with_fix(EbpfUnavailable, "bpftool is missing (it reads task_struct offsets from BTF)",
+                     "apt-get install bpftool") from None
+    if out.returncode != 0:
+        first = (out.stderr.strip().splitlines() or ["no output"])[0]
+        raise error_with_fix(EbpfUnavailable, f"bpftool could not dump {BTF_PATH}: {first}",
+                     "apt-get install --reinstall bpftool")
+    return out.stdout
+
+
+_TYPE = re.compile(r"^\[(\d+)\] (\w+) '([^']*)'(.*)$")
+_MEMBER = re.compile(r"^\t'([^']*)' type_id=(\d+) bits_offset=(\d+)(?: bitfield_size=(\d+))?")
+_MODIFIERS = {"TYPEDEF", "CONST", "VOLATILE", "RESTRICT", "TYPE_TAG"}
+
+
+def _parse_btf(raw: str) -> dict[int, tuple[str, str, str, list]]:
+    """id -> (kind, name, rest of the header line, members) from `bpftool ... format raw`."""
+    types: dict[int, tuple[str, str, str, list]] = {}
+    members: list = []
+    for line in raw.splitlines():
+        m = _TYPE.match(line)
+        if m:
+            members = []
+            types[int(m[1])] = (m[2], m[3], m[4], members)
+            continue
+        m = _MEMBER.match(line)
+        if m:
+            members.append((m[1], int(m[2]), int(m[3]), int(m[4] or 0)))
+    return types
+
+
+def _resolve(types, type_id: int):
+    """Follow typedef/const/volatile to the underlying type."""
+    t = types[type_id]
+    while t[0] in _MODIFIERS:
+        type_id = int(re.search(r"type_id=(\d+)", t[2])[1])
+        t = types[type_id]
+    return t
+
+
+def _find_member(types, struct, name: str, base_bits: int = 0):
+    """(bits_offset, bitfield_size, type) of a member, searching anonymous structs and unions."""
+    for mname, tid, bits, bitfield in struct[3]:
+        if mname == name:
+            return base_bits + bits, bitfield, _resolve(types, tid)
+        if mname == "(anon)":
+            inner = _resolve(types, tid)
+            if inner[0] in ("STRUCT", "UNION"):
+                found = _find_member(types, inner, name, base_bits + bits)
+                if found:
+                    return found
+    return None
+
+
+@functools.cache
+def task_struct_offsets() -> dict[str, int]:
+    """Byte offsets of min_flt and maj_flt in the running kernel's task_struct, from its BTF.
+
+    Never from the kernel headers: those are another kernel version's (FINDINGS.md).
+    """
+    types = _parse_btf(_btf_raw())
+    structs = [t for t in types.values() if t[0] == "STRUCT" and t[1] == "task_struct"]
+    if not structs:
+        raise error_with_fix(EbpfUnavailable, f"no struct task_struct in {BTF_PATH}",
+                     "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y")
+    offsets = {}
+    for field in ("min_flt", "maj_flt"):
+        found = _find_member(types, structs[0], field)
+        if found is None:
+            raise error_with_fix(EbpfUnavailable, f"task_struct in {BTF_PATH} has no {field}",
+                         "report this kernel version to ckptrace")
+        bits, bitfield, ftype = found
+        size = re.search(r"size=(\d+)", ftype[2])
+        # The recorder reads these as unsigned long: refuse anything else rather than misread.
+        if bitfield or bits % 8 or not size or int(size[1]) != 8:
+            raise error_with_fix(EbpfUnavailable, f"task_struct.{field} is not an 8-byte field in this "
+                         "kernel's BTF", "report this kernel version to ckptrace")
+        offsets[field] = bits // 8
+    return offsets
+
+
+@contextlib.contextmanager
+def _output_to(path: str):
+    """Send fds 1 and 2 to a file: libbcc and clang print diagnostics there (some to stdout)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = [os.dup(1), os.dup(2)]
+    try:
+        with open(path, "w") as f:
+            os.dup2(f.fileno(), 1)
+            os.dup2(f.fileno(), 2)
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+
+
+def _first_error_line(log: str, exc: BaseException) -> str:
+    # bcc runs `modprobe kheaders` first; its "not found" is noise, not the error.
+    lines = [ln.strip() for ln in log.splitlines() if ln.strip() and "modprobe" not in ln]
+    for pattern in (r"error:", r"Unable to|cannot|failed|Failed"):
+        for ln in lines:
+            if re.search(pattern, ln):
+                # libbcc's headers message goes on about CONFIG_IKHEADERS: its first sentence says it
+                return ln.split(". ")[0] if len(ln) > 100 else ln
+    return lines[0] if lines else str(exc)
+
+
+def load_bpf(**bpf_kwargs):
+    """bcc.BPF(**bpf_kwargs) with libbcc's stderr chatter captured and failures as one-line errors.
+
+    EPERM becomes NotPermitted; a compile error becomes EbpfUnavailable with clang's first
+    error line.
+    """
+    bcc = import_bcc()
+    with tempfile.NamedTemporaryFile("r", prefix="ckptrace-bcc-", suffix=".log") as log:
+        failure = None
+        with _output_to(log.name):
+            try:
+                return bcc.BPF(**bpf_kwargs)
+            except Exception as e:  # bcc raises bare Exception for compile and load failures
+                failure = e
+        text = log.read()
+    line = _first_error_line(text, failure)
+    if "Operation not permitted" in text + str(failure) or "super-user" in str(failure):
+        raise error_with_fix(NotPermitted, f"the kernel refused to load a BPF program ({line})",
+                     "run with sudo (root, or CAP_BPF and CAP_PERFMON)")
+    if "kernel headers" in line:
+        raise error_with_fix(EbpfUnavailable, f"bcc could not compile: {line}", f"run {SETUP}")
+    raise error_with_fix(EbpfUnavailable, f"bcc could not compile or load a program: {line}",
+                 f"run {SETUP}, then ckptrace doctor")
+
+
+TRIVIAL = "int ckptrace_trivial(void *ctx) { return 0; }\n"
+
+
+def compile_trivial() -> None:
+    """bcc compiles a trivial program and the kernel verifies and loads it (not attached)."""
+    b = load_bpf(text=TRIVIAL)
+    try:
+        with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
+            failure = None
+            with _output_to(log.name):
+                try:
+                    b.load_func("ckptrace_trivial", type(b).RAW_TRACEPOINT)
+                except Exception as e:
+                    failure = e
+            if failure is not None:
+                line = _first_error_line(log.read(), failure)
+                if "permitted" in line or "super-user" in str(failure):
+                    raise error_with_fix(NotPermitted, f"the kernel refused a trivial program ({line})",
+                                 "run with sudo (root, or CAP_BPF and CAP_PERFMON)")
+                raise error_with_fix(EbpfUnavailable, f"the kernel rejected a trivial program: {line}",
+                             "check the kernel's BPF support (CONFIG_BPF_SYSCALL)")
+    finally:
+        b.cleanup()
+
+
+def attach_raw_tracepoints(names: tuple[str, ...] = RAW_TRACEPOINTS) -> None:
+    """Compile, load and attach an empty RAW_TRACEPOINT_PROBE on each name, then detach."""
+    for name in names:
+        if not re.fullmatch(r"[a-z_][a-z0-9_]*", name):  # only our own fixed names become C
+            raise ValueError(f"not a tracepoint name: {name!r}")
+    text = "".join(f"RAW_TRACEPOINT_PROBE({n}) {{ return 0; }}\n" for n in names)
+    load_bpf(text=text).cleanup()
