@@ -462,23 +462,22 @@ def _maps_objects(pid: int) -> list[str]:
             f"cannot read {maps}: run as root or as the owner of PID {pid}") from None
     except ProcessLookupError:
         raise TargetError(f"no process with PID {pid}") from None
-    paths: list[str] = []
-    seen: set[str] = set()
+    mapped: dict[str, tuple[str, int]] = {}  # name -> (all perms seen, inode), in map order
     for line in lines:
         parts = line.split(None, 5)
         if len(parts) < 6 or not parts[5].startswith("/"):
             continue  # anonymous, [heap], [vdso]...
         name, perms, inode = parts[5], parts[1], int(parts[4])
-        if name in seen:
-            continue
-        seen.add(name)
+        mapped[name] = (mapped.get(name, ("", 0))[0] + perms, inode)
+    paths: list[str] = []
+    for name, (perms, inode) in mapped.items():
         if name.endswith(" (deleted)"):
             real = name[: -len(" (deleted)")]
             if "x" in perms and not real.startswith(("/memfd:", "/dev/")):
                 raise TargetError(
                     f"{real} was deleted or replaced after PID {pid} loaded it: restart the "
                     "process so its code matches the file on disk")
-            continue
+            continue  # deleted data files hold no code to probe
         path = _reachable(name, pid, inode)
         if path is not None:
             paths.append(path)

@@ -1,0 +1,358 @@
+"""Probe-point resolution against the real sample builds, small ELF files compiled here, and binutils."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from elftools.elf.elffile import ELFFile
+
+from ckptrace.errors import SymbolError, TargetError
+from ckptrace.probes import symbols
+from ckptrace.probes.symbols import format_plan, qualified_name, resolve_binary, resolve_pid
+from ckptrace.samples import workload_binary
+
+CKPTRACE = Path(sys.executable).parent / "ckptrace"
+REQUIRED = {"update_tgt", "resize_grow", "state_copy"}
+UPDATE_TGT = "_ZN24common_prompt_checkpoint10update_tgtEP13llama_contextij"
+
+
+@pytest.fixture(scope="module")
+def pie():
+    return str(workload_binary(static=False))
+
+
+@pytest.fixture(scope="module")
+def static():
+    return str(workload_binary(static=True))
+
+
+def compile_cpp(tmp: Path, name: str, source: str, *flags: str) -> Path:
+    src = tmp / f"{name}.cpp"
+    src.write_text(source)
+    out = tmp / name
+    subprocess.run(["g++", "-O2", str(src), "-o", str(out), *flags], check=True, cwd=tmp)
+    return out
+
+
+def readelf_build_id(path: str) -> str:
+    out = subprocess.run(["readelf", "-nW", path], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"Build ID: ([0-9a-f]+)", out)
+    return m.group(1) if m else ""
+
+
+def objdump_file_offset(path: str, mangled: str) -> int:
+    """The function's file offset as binutils computes it (objdump -F), independent of our code."""
+    out = subprocess.run(["objdump", "-d", "-F", f"--disassemble={mangled}", path],
+                         capture_output=True, text=True, check=True).stdout
+    m = re.search(rf"^([0-9a-f]+) <{re.escape(mangled)}> \(File Offset: 0x([0-9a-f]+)\):", out, re.M)
+    assert m, out[:500]
+    return int(m.group(2), 16)
+
+
+def nm_address(path: str, mangled: str) -> int:
+    out = subprocess.run(["nm", path], capture_output=True, text=True, check=True).stdout
+    m = re.search(rf"^([0-9a-f]+) [TtWw] {re.escape(mangled)}$", out, re.M)
+    assert m, f"{mangled} not in nm {path}"
+    return int(m.group(1), 16)
+
+
+# --- the sample workload ---------------------------------------------------------------------
+
+
+def test_pie_sample_all_points_and_both_copies_of_the_growth(pie):
+    plan = resolve_binary(pie)
+    names = {os.path.basename(o.path) for o in plan.objects}
+    assert {"ckpt-workload", "libsample-llama.so", "libsample-common.so",
+            "libsample-server.so"} <= names
+    assert plan.objects[0].path == os.path.realpath(pie)
+    where = {(p.point, os.path.basename(p.object)) for p in plan.points}
+    assert ("update_tgt", "libsample-common.so") in where
+    assert ("state_copy", "libsample-llama.so") in where
+    assert ("update_slots", "libsample-server.so") in where
+    grow = {os.path.basename(p.object) for p in plan.by_point("resize_grow")}
+    assert {"libsample-server.so", "libsample-common.so"} <= grow
+    assert all(p.binding == "WEAK" for p in plan.by_point("resize_grow"))
+    assert plan.missing_optional == []
+    for p in plan.points:
+        assert os.path.isabs(p.object) and os.path.exists(p.object)
+        assert p.build_id == readelf_build_id(p.object) != ""
+    tgt = plan.by_point("update_tgt")[0]
+    assert tgt.mangled == UPDATE_TGT
+    assert tgt.symbol == "common_prompt_checkpoint::update_tgt(llama_context*, int, unsigned int)"
+
+
+def test_static_non_pie_sample_everything_in_the_executable(static):
+    plan = resolve_binary(static)
+    exe = os.path.realpath(static)
+    with open(exe, "rb") as f:
+        assert ELFFile(f)["e_type"] == "ET_EXEC"
+    found = {p.point for p in plan.points}
+    assert found == {pt.name for pt in symbols.POINTS}
+    assert all(p.object == exe for p in plan.points)
+    # Non-PIE: the link address is not the file offset, so the two must differ here.
+    assert all(p.vaddr != p.offset for p in plan.points)
+
+
+@pytest.mark.parametrize("which", ["pie", "static"])
+def test_offsets_agree_with_objdump_and_nm(which, request):
+    plan = resolve_binary(request.getfixturevalue(which))
+    for p in plan.points:
+        assert p.vaddr == nm_address(p.object, p.mangled)
+        assert p.offset == objdump_file_offset(p.object, p.mangled), p
+
+
+def test_bcc_turns_our_vaddr_into_our_offset(static, pie):
+    """The recorder passes vaddr to attach_uprobe(addr=); libbcc must land on our file offset."""
+    bcc = pytest.importorskip("bcc")
+    for plan in (resolve_binary(static), resolve_binary(pie)):
+        for p in plan.points:
+            path, off = bcc.BPF._check_path_symbol(p.object.encode(), b"", p.vaddr, -1)
+            assert (path.decode(), off) == (p.object, p.offset)
+
+
+def test_live_process_matches_the_binary(pie):
+    proc = subprocess.Popen([pie, "--wait-signal"], stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("ready pid="), line
+        live = resolve_pid(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    static_plan = resolve_binary(pie)
+    key = lambda p: (p.point, p.object, p.vaddr, p.offset, p.build_id)  # noqa: E731
+    assert sorted(map(key, live.points)) == sorted(map(key, static_plan.points))
+    assert live.pid == proc.pid
+    assert live.target == os.path.realpath(pie)
+
+
+def test_live_process_whose_library_was_deleted(static, tmp_path):
+    exe = tmp_path / "ckpt-workload-static"
+    shutil.copy(static, exe)
+    proc = subprocess.Popen([str(exe), "--wait-signal"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr.readline().startswith("ready pid=")
+        exe.unlink()
+        with pytest.raises(TargetError, match=r"ckpt-workload-static was deleted"):
+            resolve_pid(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_dead_pid():
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    with pytest.raises(TargetError, match=rf"^no process with PID {proc.pid}$"):
+        resolve_pid(proc.pid)
+
+
+# --- failures that must read as one clear line -----------------------------------------------
+
+
+def test_stripped_copy_says_stripped(static, tmp_path):
+    out = tmp_path / "stripped"
+    subprocess.run(["strip", static, "-o", str(out)], check=True)
+    with pytest.raises(SymbolError) as e:
+        resolve_binary(str(out))
+    msg = str(e.value)
+    assert "common_prompt_checkpoint::update_tgt not found" in msg
+    assert "stripped? no .symtab in stripped" in msg
+    assert "\n" not in msg
+
+
+def test_binary_without_llama_symbols():
+    with pytest.raises(SymbolError, match=r"^update_tgt: .* not found in true, .*nearest: "):
+        resolve_binary("/bin/true")
+
+
+NEAR_MISS = r"""
+#include <cstddef>
+struct llama_context;
+struct common_prompt_checkpoint { void update_tgx(llama_context*, int); };
+__attribute__((noinline)) void common_prompt_checkpoint::update_tgx(llama_context*, int) { asm(""); }
+extern "C" __attribute__((noinline)) size_t llama_state_seq_get_data(void*, unsigned char*) { asm(""); return 0; }
+int main() { common_prompt_checkpoint c; c.update_tgx(nullptr, 1); return (int)llama_state_seq_get_data(0, 0); }
+"""
+
+
+def test_missing_point_lists_nearest_candidates(tmp_path):
+    exe = compile_cpp(tmp_path, "nearmiss", NEAR_MISS)
+    with pytest.raises(SymbolError) as e:
+        resolve_binary(str(exe))
+    msg = str(e.value)
+    assert "nearest: common_prompt_checkpoint::update_tgx(llama_context*, int)" in msg
+    assert "also missing: resize_grow, state_copy" in msg
+    assert "stripped?" in msg  # libc has no .symtab; nearmiss itself does
+    assert "no .symtab in nearmiss" not in msg
+
+
+def test_not_elf_and_missing_file(tmp_path):
+    text = tmp_path / "notes.txt"
+    text.write_text("hello\n")
+    with pytest.raises(TargetError, match=r"notes.txt is not an ELF program or library"):
+        resolve_binary(str(text))
+    with pytest.raises(TargetError, match=r"nope: no such file"):
+        resolve_binary(str(tmp_path / "nope"))
+    with pytest.raises(TargetError, match=r"is a directory"):
+        resolve_binary(str(tmp_path))
+
+
+# --- library search, like ld.so --------------------------------------------------------------
+
+LIB = r"""
+#include <vector>
+#include <cstddef>
+struct llama_context;
+extern "C" size_t llama_state_seq_get_data_ext(void*, unsigned char* d, size_t n, int, unsigned) { return d ? n : 0; }
+struct common_prompt_checkpoint { std::vector<unsigned char> v; void update_tgt(llama_context*, int, unsigned); };
+void common_prompt_checkpoint::update_tgt(llama_context* c, int s, unsigned f) {
+  v.resize(v.size() + 100); llama_state_seq_get_data_ext(c, v.data(), v.size(), s, f); }
+"""
+MAIN = r"""
+#include <vector>
+struct llama_context;
+struct common_prompt_checkpoint { std::vector<unsigned char> v; void update_tgt(llama_context*, int, unsigned); };
+int main() { common_prompt_checkpoint c; c.update_tgt(nullptr, 0, 0); return 0; }
+"""
+
+
+@pytest.fixture(scope="module")
+def rpath_tree(tmp_path_factory):
+    """prog + sub/libck.so, found through DT_RPATH $ORIGIN/sub; libck.so at a high link address."""
+    root = tmp_path_factory.mktemp("rpath")
+    (root / "sub").mkdir()
+    # -Ttext-segment moves the library's link addresses away from its file offsets.
+    compile_cpp(root / "sub", "libck.so", LIB, "-shared", "-fPIC", "-Wl,-Ttext-segment=0x200000")
+    compile_cpp(root, "prog", MAIN, f"-L{root}/sub", "-lck", "-Wl,-rpath,$ORIGIN/sub",
+                "-Wl,--disable-new-dtags")
+    return root
+
+
+def test_rpath_origin_and_shared_library_link_address(rpath_tree):
+    dyn = subprocess.run(["readelf", "-dW", str(rpath_tree / "prog")], capture_output=True,
+                         text=True, check=True).stdout
+    assert "(RPATH)" in dyn and "$ORIGIN/sub" in dyn
+    plan = resolve_binary(str(rpath_tree / "prog"))
+    lib = str((rpath_tree / "sub" / "libck.so").resolve())
+    tgt = plan.by_point("update_tgt")[0]
+    assert tgt.object == lib
+    assert tgt.vaddr - tgt.offset == 0x200000
+    assert tgt.offset == objdump_file_offset(lib, tgt.mangled)
+    assert plan.missing_optional == ["update_dft", "update_slots", "llama_decode",
+                                     symbols.NO_ITERATION_NOTE]
+
+
+def test_missing_library_and_ld_library_path(rpath_tree, tmp_path, monkeypatch):
+    # A copy of prog elsewhere: $ORIGIN/sub no longer holds the library.
+    prog = tmp_path / "prog"
+    shutil.copy(rpath_tree / "prog", prog)
+    with pytest.raises(TargetError, match=r"^cannot find libck.so \(needed by .*prog\)"):
+        resolve_binary(str(prog))
+    monkeypatch.setenv("LD_LIBRARY_PATH", str(rpath_tree / "sub"))
+    plan = resolve_binary(str(prog))
+    assert plan.by_point("update_tgt")[0].object == str((rpath_tree / "sub" / "libck.so").resolve())
+
+
+# --- pieces ------------------------------------------------------------------------------------
+
+
+def test_numpy_scan_matches_pyelftools(pie):
+    """The vectorised symbol scan finds what pyelftools' own symbol iteration finds."""
+    lib = str(Path(pie).parent / "libsample-common.so")
+    needles = [b"update_", b"_M_default_append", b"llama_"]
+    with open(lib, "rb") as f:
+        elf = ELFFile(f)
+        for sec in elf.iter_sections():
+            if sec["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
+                continue
+            ours = sorted((n, v) for n, v, _ in symbols._defined_functions_matching(elf, sec, needles))
+            theirs = sorted(
+                (s.name, s["st_value"]) for s in sec.iter_symbols()
+                if s["st_info"]["type"] in ("STT_FUNC", "STT_LOOS")  # STT_LOOS == STT_GNU_IFUNC
+                and s["st_shndx"] != "SHN_UNDEF" and s["st_value"] != 0
+                and any(n.decode() in s.name for n in needles))
+            assert ours == theirs and ours
+
+
+@pytest.mark.parametrize("demangled, qualified", [
+    ("common_prompt_checkpoint::update_tgt(llama_context*, int, unsigned int)",
+     "common_prompt_checkpoint::update_tgt"),
+    ("std::vector<unsigned char, std::allocator<unsigned char> >::_M_default_append(unsigned long)",
+     "std::vector<unsigned char, std::allocator<unsigned char> >::_M_default_append"),
+    ("llama_decode", "llama_decode"),
+    ("server_context_impl::update_slots() [clone .constprop.0]", "server_context_impl::update_slots"),
+    ("void foo<int>(int)", "foo<int>"),
+    ("(anonymous namespace)::helper(int)", "(anonymous namespace)::helper"),
+])
+def test_qualified_name(demangled, qualified):
+    assert qualified_name(demangled) == qualified
+
+
+def test_table_fits_80_columns_and_json_round_trips(pie):
+    plan = resolve_binary(pie)
+    text = format_plan(plan)
+    assert max(map(len, text.splitlines())) <= 80
+    assert "libsample-server.so" in text and "resize_grow" in text
+    d = json.loads(json.dumps(plan.to_dict()))
+    assert {p["point"] for p in d["points"]} >= REQUIRED
+    assert d["objects"][0]["path"] == plan.target
+
+
+# --- the command line, as a user runs it -------------------------------------------------------
+
+
+def run_cli(*args):
+    return subprocess.run([str(CKPTRACE), "symbols", *args], capture_output=True, text=True)
+
+
+def test_cli_table_and_json(pie):
+    r = run_cli(pie)
+    assert r.returncode == 0, r.stderr
+    assert "update_tgt" in r.stdout and "libsample-common.so" in r.stdout
+    assert max(map(len, r.stdout.splitlines())) <= 80
+    r = run_cli("--json", pie)
+    assert r.returncode == 0
+    d = json.loads(r.stdout)
+    grow = [p for p in d["points"] if p["point"] == "resize_grow"]
+    assert len(grow) >= 2
+
+
+def test_cli_pid(static):
+    proc = subprocess.Popen([static, "--wait-signal"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr.readline().startswith("ready pid=")
+        r = run_cli("--pid", str(proc.pid), "--json")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["pid"] == proc.pid
+
+
+@pytest.mark.parametrize("args, pattern", [
+    (["/bin/true"], r"^ckptrace: error: update_tgt: "),
+    (["/etc/hostname"], r"^ckptrace: error: /etc/hostname is not an ELF"),
+    (["--pid", "2147483646"], r"^ckptrace: error: no process with PID 2147483646$"),
+])
+def test_cli_errors_are_one_line(args, pattern):
+    r = run_cli(*args)
+    assert r.returncode == 1
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert re.match(pattern, r.stderr.strip()), r.stderr
+
+
+@pytest.mark.parametrize("args", [[], ["/bin/true", "--pid", "1"]])
+def test_cli_needs_exactly_one_target(args):
+    r = run_cli(*args)
+    assert r.returncode == 2
+    assert "exactly one of BINARY or --pid" in r.stderr
+    assert "Traceback" not in r.stderr
