@@ -225,14 +225,13 @@ static void write_iteration(FILE * f, const server_iteration_truth & it) {
     fflush(f);
 }
 
-static double median_ms(std::vector<int64_t> v) {
+static double median(std::vector<int64_t> v) {
     if (v.empty()) {
         return 0.0;
     }
     std::sort(v.begin(), v.end());
     const size_t m = v.size() / 2;
-    const double ns = v.size() % 2 ? (double) v[m] : (v[m - 1] + v[m]) / 2.0;
-    return ns / 1e6;
+    return v.size() % 2 ? (double) v[m] : (v[m - 1] + v[m]) / 2.0;
 }
 
 int main(int argc, char ** argv) {
@@ -332,10 +331,10 @@ int main(int argc, char ** argv) {
         fclose(truth);
     }
     fprintf(stderr,
-            "%s: %lld checkpoints of %.1f MiB in %lld iterations (%lld prefill), pool %s: %lld hits, "
+            "%s: %lld checkpoints of %.1f MiB in %lld iterations (%lld prefill), pool %s: %lld of %zu updates hit, "
             "median fill %.2f ms, copy %.2f ms, %.0f faults, wall %.3f s\n",
             prog, (long long) n_ckpt, bytes_first / 1048576.0, (long long) o.iterations, (long long) n_prefill,
-            o.pool ? "on" : "off", (long long) n_hits, median_ms(fill_ns), median_ms(copy_ns),
-            median_ms(faults) * 1e6, wall / 1e9);
+            o.pool ? "on" : "off", (long long) n_hits, fill_ns.size(), median(fill_ns) / 1e6, median(copy_ns) / 1e6,
+            median(faults), wall / 1e9);
     return o.exit_code;
 }
