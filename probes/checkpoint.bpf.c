@@ -51,7 +51,12 @@ BPF_HASH(threads, u32, struct tstate, 8192);
 BPF_ARRAY(counters, u64, N_COUNTERS);
 BPF_ARRAY(event_layout, struct ckpt_event, 1); /* lets user space read the layout from the compiler */
 BPF_PERCPU_ARRAY(armed_fault, struct armed, 1);
-BPF_PERCPU_ARRAY(scratch, u8[256], 1);
+struct logits_buf {
+    u8 b[256];
+};
+BPF_PERCPU_ARRAY(scratch, struct logits_buf, 1);
+/* Submitted without wakeup: the recorder drains on its own clock, so the traced thread never pays
+ * for waking it (or gets preempted by it on a small machine). */
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
 
 static __always_inline void count(u32 idx)
@@ -140,7 +145,7 @@ static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struc
         e->tokens = s->it_tokens;
         e->prompt_tokens = s->it_prompt;
     }
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
 static __always_inline void emit_syscall(u32 kind, u32 tid, struct tstate *s, u64 start, u64 bytes, u64 addr)
@@ -160,7 +165,7 @@ static __always_inline void emit_syscall(u32 kind, u32 tid, struct tstate *s, u6
     e->tid = tid;
     e->kind = kind;
     e->phase = phase_of(s);
-    events.ringbuf_submit(e, 0);
+    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
 /* ---- checkpoints: common_prompt_checkpoint::update_tgt / update_dft ---- */
@@ -329,10 +334,15 @@ int decode_enter(struct pt_regs *ctx)
         prompt = n > 0 ? n - 1 : 0; /* no logits array: only the last token is output */
     } else {
         u32 zero = 0;
-        u8 *buf = scratch.lookup(&zero);
-        if (buf) {
-            u32 len = n < 256 ? n : 256;
-            if (len > 0 && bpf_probe_read_user(buf, len & 0x1ff, (void *)b.logits) == 0) {
+        struct logits_buf *lb = scratch.lookup(&zero);
+        if (lb) {
+            u8 *buf = lb->b;
+            u64 len = n < 256 ? n : 256;
+            /* mask in asm: clang would drop a C mask it can prove redundant, the verifier can't */
+            asm volatile("%0 &= 511" : "+r"(len));
+            if (len > 256)
+                len = 256;
+            if (len > 0 && bpf_probe_read_user(buf, len, (void *)b.logits) == 0) {
                 for (u32 i = 0; i < 256; i++) {
                     if (i >= len)
                         break;

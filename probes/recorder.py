@@ -43,6 +43,7 @@ FAULT_TIME_DEFINITION = (
     "(the new page accounted); a lower bound without trap entry/exit or hypervisor faults"
 )
 NO_CHECKPOINT_HINT_S = 30.0
+POLL_S = 0.05  # drain period; events are submitted without wakeups
 
 
 @dataclass
@@ -222,7 +223,12 @@ def _load(bcc, target: int, offsets: dict, opts: RecordOptions):
     # clang and libbpf write straight to fd 2; keep it for the one-line error instead.
     with tempfile.TemporaryFile(mode="w+b") as err, _stderr_to(err):
         try:
-            return bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
+            bpf = bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
+            # Load every uprobe program now, so a verifier rejection is reported here, in one line.
+            for enter, ret in PROGRAMS.values():
+                for fn in (enter, ret):
+                    bpf.load_func(fn.encode(), bcc.BPF.KPROBE)
+            return bpf
         except Exception as e:  # bcc raises bare Exception
             err.seek(0)
             lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
@@ -291,7 +297,8 @@ class _Session:
         last_status = 0.0
         hinted = False
         while True:
-            self.bpf.ring_buffer_poll(100)
+            time.sleep(POLL_S)
+            self.bpf.ring_buffer_consume()
             now = time.monotonic()
             if self.stop_reason:
                 return self.stop_reason
