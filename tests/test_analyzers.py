@@ -1,0 +1,242 @@
+"""Checkpoint, iteration and summary tables on hand-built traces whose answers are known by construction."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ckptrace.analyzers import (CHECKPOINT_COLUMNS, ITERATION_COLUMNS, analyze_trace, checkpoint_table,
+                                iteration_table, summarize, unassigned_checkpoints)
+from ckptrace.errors import AnalysisError
+from ckptrace.trace import Trace, normalize_events, read_trace, write_trace
+
+MS = 1_000_000
+MIB = 1 << 20
+
+
+def make_events(rows: list[dict]) -> pd.DataFrame:
+    """Rows with only the fields that matter; the rest take their 'none' value (0, False, 'none')."""
+    df = pd.DataFrame(rows)
+    for col in df.columns:
+        if col in ("kind", "phase"):
+            continue
+        df[col] = df[col].fillna(False if col == "draft" else 0)
+    return normalize_events(df)
+
+
+def slots_rows() -> list[dict]:
+    """update_slots probed. tid 100: it 1 prefill with ckpt 1 (fill+copy, one mmap, all faults timed)
+    and ckpt 2 (pool hit, copy faults untimed); it 2 decode; it 3 prefill with ckpt 3 (sampled
+    timing, 2 mmaps, 1 munmap); a munmap in it 1 outside any checkpoint. tid 200: ckpt 4 with no
+    boundary at all (unassigned)."""
+    return [
+        dict(kind="iteration", tid=100, start_ns=0, end_ns=100 * MS, iter=1, tokens=512, prompt_tokens=511),
+        dict(kind="checkpoint", tid=100, start_ns=10 * MS, end_ns=40 * MS, ckpt=1, iter=1, bytes=32 * MIB,
+             faults=8300),
+        dict(kind="fill", tid=100, start_ns=11 * MS, end_ns=35 * MS, ckpt=1, iter=1, bytes=32 * MIB,
+             faults=8192, fault_timed=8192, fault_timed_ns=8192 * 1600),
+        dict(kind="copy", tid=100, start_ns=35 * MS, end_ns=39 * MS, ckpt=1, iter=1, bytes=32 * MIB),
+        dict(kind="mmap", tid=100, start_ns=10 * MS + 500, end_ns=10 * MS + 900, ckpt=1, iter=1, bytes=32 * MIB),
+        dict(kind="munmap", tid=100, start_ns=45 * MS, end_ns=45 * MS + 100, iter=1, bytes=32 * MIB),
+        dict(kind="checkpoint", tid=100, start_ns=50 * MS, end_ns=56 * MS, ckpt=2, iter=1, bytes=32 * MIB,
+             faults=10),
+        dict(kind="copy", tid=100, start_ns=50 * MS + 500_000, end_ns=55 * MS + 500_000, ckpt=2, iter=1,
+             bytes=32 * MIB, faults=10),
+        dict(kind="decode", tid=100, start_ns=60 * MS, end_ns=99 * MS, iter=1, tokens=512, prompt_tokens=511),
+        dict(kind="iteration", tid=100, start_ns=100 * MS, end_ns=110 * MS, iter=2, tokens=3),
+        dict(kind="decode", tid=100, start_ns=101 * MS, end_ns=109 * MS, iter=2, tokens=3),
+        dict(kind="iteration", tid=100, start_ns=110 * MS, end_ns=200 * MS, iter=3, tokens=100, prompt_tokens=100),
+        dict(kind="checkpoint", tid=100, start_ns=120 * MS, end_ns=150 * MS, ckpt=3, iter=3, bytes=40 * MIB,
+             faults=10300),
+        dict(kind="fill", tid=100, start_ns=121 * MS, end_ns=141 * MS, ckpt=3, iter=3, bytes=40 * MIB,
+             faults=8192, fault_timed=4, fault_timed_ns=8000),
+        dict(kind="copy", tid=100, start_ns=141 * MS, end_ns=149 * MS, ckpt=3, iter=3, bytes=40 * MIB,
+             faults=2048, fault_timed=2, fault_timed_ns=2000),
+        dict(kind="mmap", tid=100, start_ns=120 * MS + 100, end_ns=120 * MS + 200, ckpt=3, iter=3, bytes=40 * MIB),
+        dict(kind="mmap", tid=100, start_ns=148 * MS, end_ns=148 * MS + 100, ckpt=3, iter=3, bytes=4096),
+        dict(kind="munmap", tid=100, start_ns=149 * MS, end_ns=149 * MS + 100, ckpt=3, iter=3, bytes=4096),
+        dict(kind="decode", tid=100, start_ns=160 * MS, end_ns=199 * MS, iter=3, tokens=100, prompt_tokens=100),
+        dict(kind="checkpoint", tid=200, start_ns=300 * MS, end_ns=310 * MS, ckpt=4, bytes=32 * MIB, draft=True),
+        dict(kind="copy", tid=200, start_ns=301 * MS, end_ns=309 * MS, ckpt=4, bytes=32 * MIB),
+    ]
+
+
+def decode_rows() -> list[dict]:
+    """No update_slots probe (iter 0 everywhere). tid 300 decodes at [5,10], [20,22], [40,60] ms:
+    iterations (2,10], (10,22], (22,60] starting at the thread's first event (a checkpoint at 2 ms).
+    Checkpoint 1 in the first, an mmap in the second, checkpoint 2 in the third, checkpoint 3
+    after the last decode (unassigned). Fill of ckpt 2 has no timed fault: it takes the trace-wide
+    fill mean (ckpt 1's 1000 ns per fault)."""
+    return [
+        dict(kind="checkpoint", tid=300, start_ns=2 * MS, end_ns=4 * MS, ckpt=1, bytes=8 * MIB, faults=100),
+        dict(kind="fill", tid=300, start_ns=2 * MS + 100, end_ns=3 * MS, ckpt=1, bytes=8 * MIB, faults=100,
+             fault_timed=10, fault_timed_ns=10_000),
+        dict(kind="copy", tid=300, start_ns=3 * MS, end_ns=3 * MS + 500_000, ckpt=1, bytes=8 * MIB),
+        dict(kind="decode", tid=300, start_ns=5 * MS, end_ns=10 * MS, tokens=64, prompt_tokens=63),
+        dict(kind="mmap", tid=300, start_ns=12 * MS, end_ns=12 * MS + 100, bytes=4096),
+        dict(kind="decode", tid=300, start_ns=20 * MS, end_ns=22 * MS, tokens=1),
+        dict(kind="checkpoint", tid=300, start_ns=25 * MS, end_ns=35 * MS, ckpt=2, bytes=8 * MIB, faults=300),
+        dict(kind="fill", tid=300, start_ns=26 * MS, end_ns=30 * MS, ckpt=2, bytes=8 * MIB, faults=300),
+        dict(kind="copy", tid=300, start_ns=30 * MS, end_ns=34 * MS, ckpt=2, bytes=8 * MIB),
+        dict(kind="decode", tid=300, start_ns=40 * MS, end_ns=60 * MS, tokens=1),
+        dict(kind="checkpoint", tid=300, start_ns=70 * MS, end_ns=71 * MS, ckpt=3, bytes=8 * MIB),
+    ]
+
+
+META = {"label": "pool-off", "pid": 4242, "lost_events": 0, "partial_spans": 0, "open_at_stop": 0,
+        "fault_sample_every": 1}
+
+
+@pytest.fixture
+def slots_trace(tmp_path):
+    path = tmp_path / "slots.parquet"
+    write_trace(path, make_events(slots_rows()), META)
+    return read_trace(path)
+
+
+def by_ckpt(t: pd.DataFrame) -> pd.DataFrame:
+    return t.set_index("ckpt")
+
+
+def test_checkpoint_table_known_answer(slots_trace):
+    ck = checkpoint_table(slots_trace.events)
+    assert list(ck.columns) == list(CHECKPOINT_COLUMNS)
+    assert dict(ck.dtypes) == CHECKPOINT_COLUMNS
+    assert ck["ckpt"].tolist() == [1, 2, 3, 4]  # sorted by start
+    c = by_ckpt(ck)
+    assert c.loc[1, ["fill_ns", "copy_ns", "total_ns", "other_ns"]].tolist() == [24 * MS, 4 * MS, 30 * MS, 2 * MS]
+    assert c.loc[1, "fill_fault_ns"] == 8192 * 1600  # every fault timed
+    assert c.loc[1, ["mmaps", "munmaps"]].tolist() == [1, 0]  # the munmap outside the checkpoint is not its
+    assert c.loc[1, ["fill_faults", "copy_faults", "faults"]].tolist() == [8192, 0, 8300]
+    # ckpt 2: pool hit; its copy faults are untimed, so they take the trace-wide copy mean
+    # (ckpt 3's copy: 2000 ns over 2 timed faults).
+    assert bool(c.loc[2, "pool_hit"]) and c.loc[2, "fill_ns"] == 0
+    assert c.loc[2, "copy_fault_ns"] == 10 * (2000 // 2)
+    # ckpt 3: sampled: 8192 faults at 8000/4 ns, 2048 at 2000/2 ns.
+    assert c.loc[3, "fill_fault_ns"] == 8192 * 2000
+    assert c.loc[3, "copy_fault_ns"] == 2048 * 1000
+    assert c.loc[3, "fault_ns"] == 8192 * 2000 + 2048 * 1000
+    assert c.loc[3, ["mmaps", "munmaps"]].tolist() == [2, 1]
+    assert not c.loc[[1, 3], "pool_hit"].any()
+    assert c.loc[:, "iter"].tolist() == [1, 1, 3, 0]
+    assert bool(c.loc[4, "draft"]) and c.loc[4, "tid"] == 200
+    assert unassigned_checkpoints(ck)["ckpt"].tolist() == [4]
+
+
+def test_iteration_table_known_answer(slots_trace):
+    ck = checkpoint_table(slots_trace.events)
+    it = iteration_table(slots_trace.events, ck)
+    assert list(it.columns) == list(ITERATION_COLUMNS) and dict(it.dtypes) == ITERATION_COLUMNS
+    assert it["iter"].tolist() == [1, 2, 3]  # decode rows of tid 100 made no iterations of their own
+    assert it["kind"].tolist() == ["prefill", "decode", "prefill"]
+    assert it["boundary"].astype(str).tolist() == ["update_slots"] * 3
+    i = it.set_index("iter")
+    assert i.loc[1, ["fill_ns", "copy_ns", "checkpoints", "bytes"]].tolist() == [24 * MS, 9 * MS, 2, 64 * MIB]
+    assert i.loc[1, "other_ns"] == 100 * MS - 24 * MS - 9 * MS
+    assert i.loc[1, ["mmaps", "munmaps"]].tolist() == [1, 1]  # the munmap outside a checkpoint counts here
+    assert i.loc[3, ["mmaps", "munmaps", "faults"]].tolist() == [2, 1, 10300]
+    assert i.loc[1, "fault_ns"] == 8192 * 1600 + 10 * 1000
+    assert i.loc[2, ["checkpoints", "fill_ns", "prompt_tokens"]].tolist() == [0, 0, 0]
+    assert (it["fill_ns"] + it["copy_ns"] <= it["span_ns"]).all()
+
+
+def test_decode_boundaries_without_update_slots():
+    ev = make_events(decode_rows())
+    ck = checkpoint_table(ev)
+    it = iteration_table(ev, ck)
+    assert it["boundary"].astype(str).tolist() == ["decode"] * 3
+    assert it["start_ns"].tolist() == [2 * MS, 10 * MS, 22 * MS]
+    assert it["end_ns"].tolist() == [10 * MS, 22 * MS, 60 * MS]
+    assert it["iter"].tolist() == [1, 2, 3]  # no kernel ids in the trace: fresh ids from 1
+    assert it["kind"].tolist() == ["prefill", "decode", "prefill"]  # it 3: prefill by its checkpoint alone
+    assert it["checkpoints"].tolist() == [1, 0, 1]
+    assert it["mmaps"].tolist() == [0, 1, 0]
+    assert by_ckpt(ck)["iter"].tolist() == [1, 3, 0]
+    assert unassigned_checkpoints(ck)["ckpt"].tolist() == [3]
+    # ckpt 2's fill was not timed: the trace-wide fill mean (10_000 ns / 10 faults) applies.
+    assert by_ckpt(ck).loc[2, "fill_fault_ns"] == 300 * 1000
+    assert (it["fill_ns"] + it["copy_ns"] <= it["span_ns"]).all()
+    assert (it["other_ns"] >= 0).all()
+
+
+def test_fault_estimate_never_exceeds_span():
+    rows = [dict(kind="checkpoint", tid=1, start_ns=0, end_ns=10_000, ckpt=1, faults=100),
+            dict(kind="fill", tid=1, start_ns=1000, end_ns=2000, ckpt=1, faults=100, fault_timed=1,
+                 fault_timed_ns=50_000)]
+    ck = checkpoint_table(make_events(rows))
+    assert ck.loc[0, "fill_fault_ns"] == 1000
+
+
+def test_nothing_timed_reports_fault_time_unmeasured():
+    rows = [r for r in decode_rows()]
+    for r in rows:
+        r.pop("fault_timed", None), r.pop("fault_timed_ns", None)
+    ev = make_events(rows)
+    ck = checkpoint_table(ev)
+    assert (ck["fault_ns"] == 0).all() and (ck["fill_ns"] > 0).any()
+    s = summarize(ck, iteration_table(ev, ck), {})
+    assert s["fault_time_measured"] is False
+    assert any("not measured" in n for n in s["notes"])
+
+
+def test_summary_figures(slots_trace):
+    a = analyze_trace(slots_trace)
+    s = a.summary
+    assert s["checkpoints"] == 4 and s["pool_hits"] == 2  # ckpt 2 and 4 have no fill
+    assert s["pool_hit_rate"] == 0.5
+    assert s["prefill_iterations"] == 2 and s["decode_iterations"] == 1
+    fills = [24 * MS, 0, 20 * MS, 0]
+    assert s["stats"]["checkpoint_fill_ns"]["median"] == np.median(fills)
+    assert s["stats"]["checkpoint_fill_ns"]["mean"] == np.mean(fills)
+    assert s["stats"]["checkpoint_total_ns"]["count"] == 4
+    assert s["stats"]["prefill_iteration_ns"]["median"] == np.median([100 * MS, 90 * MS])
+    # checkpoints 1-3 lie in prefill iterations: (30 + 6 + 30) ms of (100 + 90) ms.
+    assert s["checkpoint_share_of_prefill"] == pytest.approx(66 / 190)
+    assert s["faults_per_mib"] == pytest.approx((8300 + 10 + 10300) / (32 + 32 + 40 + 32))
+    assert s["ns_per_mib"] == pytest.approx((30 + 6 + 30 + 10) * MS / (32 + 32 + 40 + 32))
+    assert s["unassigned_checkpoints"] == 1
+    assert s["reliable"] is True and s["fault_time_measured"] is True
+
+
+@pytest.mark.parametrize("meta, words", [
+    ({"lost_events": 12}, "12 events were lost"),
+    ({"partial_spans": 1, "open_at_stop": 2}, "3 spans were cut off"),
+    ({"open_at_stop": {"checkpoint": 1, "iteration": 1}}, "2 spans were cut off"),
+])
+def test_summary_reliability(slots_trace, meta, words):
+    a = analyze_trace(slots_trace)
+    s = summarize(a.checkpoints, a.iterations, meta)
+    assert s["reliable"] is False and words in s["reliability"]
+
+
+def test_empty_trace_keeps_columns():
+    ev = make_events([dict(kind="decode", tid=1, start_ns=0, end_ns=10, tokens=1)])
+    ck = checkpoint_table(ev)
+    assert len(ck) == 0 and dict(ck.dtypes) == CHECKPOINT_COLUMNS
+    it = iteration_table(ev, ck)
+    assert len(it) == 1 and it["kind"].tolist() == ["decode"]
+    none = iteration_table(make_events([dict(kind="mmap", tid=1, start_ns=0, end_ns=10)]), ck)
+    assert len(none) == 0 and dict(none.dtypes) == ITERATION_COLUMNS
+    s = summarize(ck, it, {})
+    assert s["checkpoints"] == 0 and s["pool_hit_rate"] is None
+    assert s["stats"]["checkpoint_fill_ns"]["median"] is None
+
+
+def test_duplicate_checkpoint_ids_are_an_error():
+    rows = [dict(kind="checkpoint", tid=1, start_ns=0, end_ns=10, ckpt=7),
+            dict(kind="checkpoint", tid=1, start_ns=20, end_ns=30, ckpt=7)]
+    with pytest.raises(AnalysisError, match="checkpoint id 7"):
+        checkpoint_table(make_events(rows))
+
+
+def test_kernel_id_outside_its_iteration_is_unassigned():
+    # A checkpoint naming iteration 1 but lying after it (e.g. its iteration row was a different
+    # call after lost events): it must not be counted inside iteration 1's span.
+    rows = [dict(kind="iteration", tid=1, start_ns=0, end_ns=100, iter=1),
+            dict(kind="checkpoint", tid=1, start_ns=150, end_ns=400, ckpt=1, iter=1),
+            dict(kind="fill", tid=1, start_ns=160, end_ns=390, ckpt=1, iter=1)]
+    ev = make_events(rows)
+    ck = checkpoint_table(ev)
+    assert ck["iter"].tolist() == [0]
+    it = iteration_table(ev, ck)
+    assert it["fill_ns"].tolist() == [0] and (it["fill_ns"] + it["copy_ns"] <= it["span_ns"]).all()
