@@ -247,7 +247,7 @@ def _file_offset(elf: ELFFile, vaddr: int) -> int | None:
         if seg["p_type"] != "PT_LOAD" or not seg["p_flags"] & 1:
             continue
         if seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_memsz"]:
-            return vaddr
+            return vaddr - seg["p_vaddr"] + seg["p_offset"]
     return None
 
 
