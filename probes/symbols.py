@@ -17,7 +17,7 @@ from elftools.elf.elffile import ELFFile
 from ckptrace.errors import NotPermitted, SymbolError, TargetError
 
 __all__ = ["POINTS", "ProbePoint", "ObjectInfo", "ProbePlan", "resolve_binary", "resolve_pid",
-           "format_plan"]
+           "format_plan", "verify_with_bcc"]
 
 
 @dataclass(frozen=True)
@@ -519,6 +519,27 @@ def resolve_pid(pid: int) -> ProbePlan:
     if not objects:
         raise TargetError(f"PID {pid} maps no ELF objects (a kernel thread?)")
     return _plan(exe, pid, objects)
+
+
+def verify_with_bcc(plan: ProbePlan, pid: int = -1) -> None:
+    """Check that bcc turns each point's vaddr into our file offset, as attach_uprobe(addr=) will.
+
+    libbcc's bcc_resolve_symname (0.26) maps addr through the object's executable PT_LOAD
+    segments to a file offset, for ET_EXEC and ET_DYN alike. With a pid it first rewrites the
+    path to /proc/PID/root/<path>; when that is unreadable it silently keeps the vaddr as the
+    offset, which puts a non-PIE probe at the wrong place. Raises SymbolError on any mismatch.
+    """
+    from bcc import BPF  # only the recorder needs bcc
+
+    for p in plan.points:
+        try:
+            _, off = BPF._check_path_symbol(p.object.encode(), b"", p.vaddr, pid)
+        except Exception as e:  # bcc raises a bare Exception
+            raise SymbolError(f"bcc cannot place {p.point} at {p.vaddr:#x} in {p.object}: {e}") from None
+        if off != p.offset:
+            raise SymbolError(
+                f"bcc would probe {p.point} at file offset {off:#x} of {p.object}, not {p.offset:#x}"
+                f" (is /proc/{pid}/root readable?): run as root in the target's mount namespace")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -117,6 +117,23 @@ def test_bcc_turns_our_vaddr_into_our_offset(static, pie):
             assert (path.decode(), off) == (p.object, p.offset)
 
 
+def test_verify_with_bcc_for_a_live_non_pie_process(static):
+    pytest.importorskip("bcc")
+    proc = subprocess.Popen([static, "--wait-signal"], stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr.readline().startswith("ready pid=")
+        plan = resolve_pid(proc.pid)
+        symbols.verify_with_bcc(plan, proc.pid)
+        symbols.verify_with_bcc(plan)
+        if not os.access("/proc/1/root/", os.R_OK):
+            # bcc reads the object through /proc/1/root and, failing, keeps vaddr as the offset.
+            with pytest.raises(SymbolError, match=r"would probe update_tgt at file offset"):
+                symbols.verify_with_bcc(plan, 1)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def test_live_process_matches_the_binary(pie):
     proc = subprocess.Popen([pie, "--wait-signal"], stderr=subprocess.PIPE, text=True)
     try:
