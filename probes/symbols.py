@@ -552,8 +552,11 @@ def _fit(s: str, width: int) -> str:
 
 def format_plan(plan: ProbePlan) -> str:
     """A table of the probe points that fits 80 columns (objects by basename)."""
-    head = f"target: {plan.target}" + (f" (PID {plan.pid})" if plan.pid is not None else "")
-    lines = [_fit(head, 80), f"objects searched: {len(plan.objects)}", ""]
+    target = plan.target if len(plan.target) <= 72 else "~" + plan.target[-71:]  # keep the name
+    lines = [f"target: {target}"]
+    if plan.pid is not None:
+        lines.append(f"pid: {plan.pid}")
+    lines += [f"objects searched: {len(plan.objects)}", ""]
     fmt = "{:<12} {:<22} {:>10} {:>12} {:<6} {:<12}"
     lines.append(fmt.format("point", "object", "offset", "vaddr", "bind", "build-id").rstrip())
     for p in plan.points:
