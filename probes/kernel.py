@@ -307,6 +307,8 @@ def load_bpf(**bpf_kwargs):
     error line.
     """
     bcc = import_bcc()
+    if isinstance(bpf_kwargs.get("text"), str):  # bcc wants bytes and warns otherwise
+        bpf_kwargs["text"] = bpf_kwargs["text"].encode()
     with tempfile.NamedTemporaryFile("r", prefix="ckptrace-bcc-", suffix=".log") as log:
         failure = None
         with _output_to(log.name):
@@ -336,7 +338,7 @@ def compile_trivial() -> None:
             failure = None
             with _output_to(log.name):
                 try:
-                    b.load_func("ckptrace_trivial", type(b).RAW_TRACEPOINT)
+                    b.load_func(b"ckptrace_trivial", type(b).RAW_TRACEPOINT)
                 except Exception as e:
                     failure = e
             if failure is not None:

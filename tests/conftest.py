@@ -1,0 +1,76 @@
+"""Shared fixtures, and CI's rule that eBPF tests may not be skipped.
+
+Fixtures:
+- `require_root_ebpf`: skips, saying why, only where eBPF is truly unavailable here (no root or
+  CAP_BPF+CAP_PERFMON, bcc not importable, no kernel headers). Use it in every `@pytest.mark.ebpf`
+  test.
+- `workload`: path of the built sample `ckpt-workload` (built once per session).
+
+With CKPTRACE_REQUIRE_EBPF=1 (scripts/setup.sh sets it when CI=true) a skipped `ebpf` test, or a
+run where no `ebpf` test ran at all, fails the session: a CI run that proved nothing about the
+kernel side must not look green.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+REQUIRE_EBPF = os.environ.get("CKPTRACE_REQUIRE_EBPF") == "1"
+
+_ebpf_skipped: list[str] = []
+_ebpf_ran: list[str] = []
+
+
+def ebpf_unavailable_reason() -> str | None:
+    """Why eBPF can't be used by this process, or None when it can."""
+    from ckptrace.errors import CkptraceError
+    from ckptrace.probes import kernel
+
+    try:
+        kernel.require_privileges()
+        kernel.import_bcc()
+        kernel.kernel_headers_dir()
+    except CkptraceError as e:
+        return f"eBPF unavailable: {e}"
+    return None
+
+
+@pytest.fixture(scope="session")
+def require_root_ebpf() -> None:
+    reason = ebpf_unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def workload():
+    from ckptrace.samples import workload_binary  # lazily: only tests that run it pay the build
+
+    return workload_binary()
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if "ebpf" not in report.keywords:
+        return
+    if report.skipped and not hasattr(report, "wasxfail"):
+        why = report.longrepr[-1] if isinstance(report.longrepr, tuple) else ""
+        _ebpf_skipped.append(f"{report.nodeid}: {why}")
+    elif report.when == "call":
+        _ebpf_ran.append(report.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if REQUIRE_EBPF and exitstatus == pytest.ExitCode.OK and (_ebpf_skipped or not _ebpf_ran):
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not REQUIRE_EBPF:
+        return
+    if _ebpf_skipped:
+        terminalreporter.section("CKPTRACE_REQUIRE_EBPF=1: eBPF tests were skipped (failure)", red=True)
+        for line in _ebpf_skipped:
+            terminalreporter.line(line)
+    elif not _ebpf_ran:
+        terminalreporter.section("CKPTRACE_REQUIRE_EBPF=1: no eBPF test ran (failure)", red=True)

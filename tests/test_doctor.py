@@ -1,0 +1,197 @@
+"""`ckptrace doctor` and the kernel facts behind it, on the real machine: no mocks of the kernel."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from ckptrace.commands.doctor import command as doctor_command
+from ckptrace.errors import EbpfUnavailable
+from ckptrace.probes import kernel
+
+REPO = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "ckptrace"]
+# Run the CLI as user nobody, or as uid 0 with every capability dropped.
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
+AS_CAPLESS_ROOT = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
+
+
+def run(args, env=None, prefix=(), cwd=None):
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([*prefix, *args], capture_output=True, text=True, env=full_env,
+                          cwd=cwd, timeout=120)
+
+
+def lines_of(text: str) -> list[str]:
+    return [ln for ln in text.splitlines() if ln.strip()]
+
+
+def assert_check_lines_only(stdout: str) -> None:
+    """Doctor's stdout is its check lines and nothing else (libbcc's chatter is captured)."""
+    for ln in lines_of(stdout):
+        assert re.match(r"^(ok   |FAIL )\S.*?: ", ln), ln
+
+
+@pytest.mark.ebpf
+def test_doctor_passes_here(require_root_ebpf):
+    r = run([*CLI, "doctor"])
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr == ""
+    assert_check_lines_only(r.stdout)
+    out = lines_of(r.stdout)
+    assert all(ln.startswith("ok ") for ln in out), r.stdout
+    names = {ln[5:].split(": ", 1)[0] for ln in out}
+    for category, event in kernel.TRACEPOINTS:
+        assert f"tracepoint {category}:{event}" in names
+    for name in ("privileges", "bpf() syscall", "tracefs", "uprobes", "BTF", "bcc",
+                 "kernel headers", "compile", "raw tracepoints"):
+        assert name in names
+
+
+@pytest.mark.ebpf
+def test_doctor_json_parses_and_matches_the_text(require_root_ebpf):
+    result = CliRunner().invoke(doctor_command, ["--json"])
+    assert result.exit_code == 0, result.output
+    checks = json.loads(result.output)
+    assert [set(c) for c in checks] == [{"check", "ok", "detail", "fix"}] * len(checks)
+    assert all(c["ok"] and c["fix"] == "" for c in checks)
+    btf = next(c for c in checks if c["check"] == "BTF")
+    off = kernel.task_struct_offsets()
+    assert f"min_flt +{off['min_flt']}" in btf["detail"]
+
+
+def test_doctor_help_has_examples():
+    result = CliRunner().invoke(doctor_command, ["--help"])
+    assert result.exit_code == 0
+    assert "Examples:" in result.output and "ckptrace doctor --json" in result.output
+
+
+def test_doctor_checks_every_tracepoint_the_recorder_attaches():
+    """A tracepoint added to the BPF program without a doctor check fails here."""
+    src = (REPO / "probes" / "checkpoint.bpf.c").read_text()
+    used = set(re.findall(r"^TRACEPOINT_PROBE\((\w+),\s*(\w+)\)", src, re.M))
+    raw = set(re.findall(r"^RAW_TRACEPOINT_PROBE\((\w+)\)", src, re.M))
+    assert used, "no TRACEPOINT_PROBE found: has the program moved?"
+    assert used <= set(kernel.TRACEPOINTS)
+    assert raw <= set(kernel.RAW_TRACEPOINTS)
+    assert raw <= {event for _, event in kernel.TRACEPOINTS}
+
+
+def _nobody_can_run_the_cli() -> str | None:
+    r = run([sys.executable, "-c", "import ckptrace.cli"], prefix=AS_NOBODY, cwd="/")
+    if r.returncode == 0:
+        return None
+    return (f"user nobody can't run {sys.executable} with ckptrace from {REPO} "
+            f"({lines_of(r.stderr)[-1:]}): the checkout must be world-readable")
+
+
+@pytest.fixture()
+def nobody_dir():
+    d = tempfile.mkdtemp(prefix="ckptrace-nobody-")
+    os.chmod(d, 0o777)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.mark.parametrize("who", ["nobody", "root-without-capabilities"])
+@pytest.mark.parametrize("what", ["doctor", "record"])
+def test_without_privileges_one_clear_line(who, what, nobody_dir):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to switch to another user or drop capabilities")
+    if who == "nobody":
+        why = _nobody_can_run_the_cli()
+        if why:
+            pytest.fail(why)
+    prefix = AS_NOBODY if who == "nobody" else AS_CAPLESS_ROOT
+    args = ["doctor"] if what == "doctor" else ["record", "-o", str(nobody_dir / "x.parquet"),
+                                                 "--", "/bin/true"]
+    r = run([*CLI, *args], prefix=prefix, cwd=nobody_dir)
+    assert r.returncode != 0
+    assert "Traceback" not in r.stdout + r.stderr
+    err = lines_of(r.stderr)
+    assert len(err) == 1, r.stderr
+    assert err[0].startswith("ckptrace: error: ")
+    assert re.search(r"root|CAP_BPF", err[0]), err[0]
+    if what == "doctor":
+        assert_check_lines_only(r.stdout)
+        assert re.search(r"^FAIL privileges: .*; fix: ", r.stdout, re.M), r.stdout
+
+
+def test_bcc_missing_fails_the_bcc_check():
+    # None in sys.modules makes `import bcc` raise ImportError, as if it were not installed.
+    code = "import sys; sys.modules['bcc'] = None; from ckptrace.cli import main; main()"
+    r = run([sys.executable, "-c", code, "doctor"])
+    assert r.returncode == 1
+    assert "Traceback" not in r.stdout + r.stderr
+    assert_check_lines_only(r.stdout)
+    bcc_line = next(ln for ln in lines_of(r.stdout) if ln[5:].startswith("bcc: "))
+    assert bcc_line.startswith("FAIL bcc: bcc is not importable from ")
+    assert "fix: install python3-bpfcc" in bcc_line
+    assert re.search(r"^FAIL compile: not tried", r.stdout, re.M)
+    assert len(lines_of(r.stderr)) == 1
+
+
+def test_headers_missing_fails_with_the_fix():
+    r = run([*CLI, "doctor"], env={"BCC_KERNEL_SOURCE": "/nonexistent"})
+    assert r.returncode == 1
+    assert "Traceback" not in r.stdout + r.stderr
+    assert_check_lines_only(r.stdout)  # libbcc prints its headers complaint to stdout: captured
+    line = next(ln for ln in lines_of(r.stdout) if " kernel headers:" in ln)
+    assert line.startswith("FAIL kernel headers: kernel headers not found at /nonexistent")
+    assert "; fix: unset BCC_KERNEL_SOURCE" in line
+    assert len(lines_of(r.stderr)) == 1
+
+
+def test_headers_missing_raises_for_the_recorder(monkeypatch):
+    monkeypatch.setenv("BCC_KERNEL_SOURCE", "/nonexistent")
+    with pytest.raises(EbpfUnavailable, match="kernel headers not found at /nonexistent"):
+        kernel.kernel_headers_dir()
+
+
+def test_task_struct_fault_counters_are_adjacent_longs():
+    """task_struct declares `unsigned long min_flt, maj_flt;`: a wrong parse breaks adjacency."""
+    off = kernel.task_struct_offsets()
+    assert set(off) == {"min_flt", "maj_flt"}
+    assert off["min_flt"] % 8 == 0
+    assert off["maj_flt"] == off["min_flt"] + 8
+    size = re.search(r"^\[\d+\] STRUCT 'task_struct' size=(\d+)", kernel._btf_raw(), re.M)
+    assert 0 < off["min_flt"] < off["maj_flt"] + 8 <= int(size[1])
+
+
+@pytest.mark.ebpf
+def test_compile_error_names_the_first_clang_error(require_root_ebpf):
+    with pytest.raises(EbpfUnavailable, match=r"error: use of undeclared identifier 'nosuch'"):
+        kernel.load_bpf(text="int f(void *ctx) { return nosuch; }\n")
+
+
+def test_setup_links_the_newest_debian_headers(tmp_path):
+    """scripts/setup.sh's header step on a fake /lib/modules and /usr/src."""
+    src, modules = tmp_path / "src", tmp_path / "modules"
+    for version in ("6.1.0-9", "6.1.0-56"):
+        (src / f"linux-headers-{version}-amd64" / "include").mkdir(parents=True)
+        (src / f"linux-headers-{version}-common").mkdir()
+    env = {"CKPTRACE_MODULES_DIR": str(modules), "CKPTRACE_USR_SRC": str(src),
+           "CKPTRACE_KERNEL_RELEASE": "9.9.9-test"}
+    step = ["bash", "-c", f"source {REPO / 'scripts' / 'setup.sh'} && link_headers"]
+    first = run(step, env=env)
+    assert first.returncode == 0, first.stderr
+    kdir = modules / "9.9.9-test"
+    assert os.readlink(kdir / "build") == str(src / "linux-headers-6.1.0-56-amd64")
+    assert os.readlink(kdir / "source") == str(src / "linux-headers-6.1.0-56-common")
+    assert "linked" in first.stdout and "FINDINGS.md" in first.stdout
+    second = run(step, env=env)
+    assert second.returncode == 0 and "present" in second.stdout and "linked" not in second.stdout
+    # The linked headers vanish (package upgraded): relink both to what is there now.
+    shutil.rmtree(src / "linux-headers-6.1.0-56-amd64")
+    third = run(step, env=env)
+    assert third.returncode == 0, third.stderr
+    assert os.readlink(kdir / "build") == str(src / "linux-headers-6.1.0-9-amd64")
+    assert os.readlink(kdir / "source") == str(src / "linux-headers-6.1.0-9-common")
