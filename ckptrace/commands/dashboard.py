@@ -1,0 +1,41 @@
+"""`ckptrace dashboard`: read traces, analyze each, compare when there are two labels, write one HTML file."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ckptrace.errors import CkptraceError
+
+
+@click.command(epilog="""\b
+Examples:
+  ckptrace dashboard run.parquet -o report.html
+  ckptrace dashboard off1.parquet on.parquet off2.parquet -o report.html
+  ckptrace dashboard off1.parquet on.parquet off2.parquet -o ab.html --title "pool, 32 slots"
+
+\b
+Traces are legs in run order, grouped by label: the first label is the
+baseline, the second the candidate (as in `ckptrace compare`). With one
+label there is no comparison panel. The file is self-contained: it loads
+nothing from the network and opens from disk in any browser.
+""")
+@click.argument("traces", nargs=-1, required=True, type=click.Path(path_type=Path, dir_okay=True))
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
+              help="HTML file to write (replaced if it exists).")
+@click.option("--title", default="ckptrace report", show_default=True, help="Heading shown in the report.")
+def command(traces: tuple[Path, ...], output: Path, title: str) -> None:
+    """Write a self-contained HTML report of one or more TRACE files."""
+    from ckptrace.analyzers import analyze_trace
+    from ckptrace.dashboards.report import write_dashboard
+    from ckptrace.trace import read_trace
+
+    if output.suffix.lower() not in (".html", ".htm"):
+        raise CkptraceError(f"{output}: the report is HTML; give an -o path ending in .html")
+    analyses = [analyze_trace(read_trace(p)) for p in traces]
+    comparison = None
+    if len({a.trace.label for a in analyses}) >= 2:
+        from ckptrace.analyzers.compare import compare
+        comparison = compare(analyses)
+    path = write_dashboard(analyses, comparison, output, title)
+    click.echo(str(path))

@@ -1,0 +1,459 @@
+"""The dashboard's panels: each takes the legs (and the comparison) and returns one plotly figure.
+
+A panel returns `Panel(None, reason)` when the data cannot support it, and adds a note when it
+shows less than everything (sampled or binned). Panels only draw what the analyzers computed:
+no medians, intervals or verdicts of their own.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from .legs import (MAX_BARS, MAX_POINTS, PHASE_COLOURS, VERDICT_COLOURS, Leg, bin_rows, ms,
+                   order_statistics, plain)
+
+TEMPLATE = "plotly_white"
+ROW_PX = 22  # table line height used to size table figures
+
+
+@dataclass
+class Panel:
+    figure: go.Figure | None
+    omitted: str = ""  # why there is no figure
+    notes: list[str] = field(default_factory=list)
+
+
+def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+    fig.update_layout(template=TEMPLATE, title=dict(text=title, x=0.01), height=height,
+                      margin=dict(l=70, r=30, t=70, b=50), legend=dict(orientation="h", y=-0.12))
+    return fig
+
+
+# -- per prefill iteration, stacked over time ---------------------------------------------------
+
+def _fill_fault_per_iteration(leg: Leg) -> pd.Series:
+    ck = leg.checkpoints
+    return ck.loc[ck["iter"] != 0].groupby("iter")["fill_fault_ns"].sum()
+
+
+def iterations_panel(legs: list[Leg]) -> Panel:
+    shown = [leg for leg in legs if len(leg.prefill)]
+    if not shown:
+        return Panel(None, "no prefill iterations (the trace has no update_slots or llama_decode boundaries)")
+    notes = []
+    row_px, gap_px = 230, 70
+    height = 150 + row_px * len(shown) + gap_px * (len(shown) - 1)
+    fig = make_subplots(rows=len(shown), cols=1, vertical_spacing=gap_px / height,
+                        subplot_titles=[leg.name for leg in shown])
+    for row, leg in enumerate(shown, start=1):
+        it = leg.prefill
+        fill_fault = it["iter"].map(_fill_fault_per_iteration(leg)).fillna(0).to_numpy()
+        # Fault time split back onto the phase it happened in, so the stack adds up to the span.
+        fill_fault = np.clip(fill_fault, 0, it["fill_ns"].to_numpy())
+        copy_fault = np.clip(it["fault_ns"].to_numpy() - fill_fault, 0, it["copy_ns"].to_numpy())
+        parts = pd.DataFrame({
+            "start_ns": it["start_ns"].to_numpy(),
+            "fill": it["fill_ns"].to_numpy() - fill_fault,
+            "copy": it["copy_ns"].to_numpy() - copy_fault,
+            "faults": fill_fault + copy_fault,
+            "other": it["other_ns"].to_numpy(),
+        })
+        parts, k = bin_rows(parts, ["fill", "copy", "faults", "other"])
+        if k > 1:
+            notes.append(f"{leg.name}: {len(it):,} prefill iterations shown as {len(parts):,} bars, "
+                         f"each the mean of {k} consecutive iterations.")
+        t0 = _time_origin(leg)
+        x = ((parts["start_ns"].to_numpy() - t0) / 1e9).astype("float32")
+        for phase, label in (("fill", "fill (excl. faults)"), ("copy", "copy (excl. faults)"),
+                             ("faults", "page faults"), ("other", "other")):
+            fig.add_trace(go.Bar(x=x, y=ms(parts[phase]), name=label, legendgroup=phase, showlegend=row == 1,
+                                 marker=dict(color=PHASE_COLOURS[phase], line=dict(width=0)),
+                                 hovertemplate="%{x:.3f} s: %{y:.2f} ms<extra>" + label + "</extra>"),
+                          row=row, col=1)
+        fig.update_yaxes(title_text="ms per iteration" if k == 1 else f"ms (mean of {k})", row=row, col=1)
+    fig.update_xaxes(title_text="time since recording start (s)", row=len(shown), col=1)
+    fig.update_layout(barmode="stack", bargap=0)
+    _layout(fig, "Prefill iterations over time: where each one's time went", height)
+    return Panel(fig, notes=notes)
+
+
+def _time_origin(leg: Leg) -> int:
+    m = leg.meta
+    for key in ("first_event_ns", "attach_ns"):
+        if isinstance(m.get(key), int) and m[key] > 0:
+            return m[key]
+    return int(leg.iterations["start_ns"].min())
+
+
+# -- one iteration as a timeline -----------------------------------------------------------------
+
+MAX_TIMELINE_ROWS = 120
+
+
+def _chosen_iteration(leg: Leg) -> pd.Series | None:
+    it = leg.prefill
+    with_ck = it.loc[(it["checkpoints"] > 0).to_numpy()]
+    pick = with_ck if len(with_ck) else it
+    return pick.loc[pick["span_ns"].idxmax()] if len(pick) else None
+
+
+def timeline_panel(legs: list[Leg]) -> Panel:
+    """Per arm, its longest prefill iteration (first leg of the arm that has one)."""
+    chosen: dict[str, tuple[Leg, pd.Series]] = {}
+    for leg in legs:
+        if leg.label not in chosen:
+            row = _chosen_iteration(leg)
+            if row is not None and row["checkpoints"] > 0:
+                chosen[leg.label] = (leg, row)
+    if not chosen:
+        return Panel(None, "no prefill iteration holds a checkpoint")
+    notes = []
+    items = list(chosen.values())
+    titles = [f"{leg.name}: iteration {int(r['iter'])} ({r['span_ns'] / 1e6:.1f} ms, "
+              f"{int(r['checkpoints'])} checkpoints)" for leg, r in items]
+    rows_px = [max(4, 2 + min(int(r["checkpoints"]), MAX_TIMELINE_ROWS)) * 26 + 40 for _, r in items]
+    gap_px = 90
+    height = 150 + sum(rows_px) + gap_px * (len(items) - 1)
+    fig = make_subplots(rows=len(items), cols=1, subplot_titles=titles, vertical_spacing=gap_px / height,
+                        row_heights=rows_px)
+    for row, (leg, r) in enumerate(items, start=1):
+        t0, t1, tid = int(r["start_ns"]), int(r["end_ns"]), int(r["tid"])
+        ck = leg.checkpoints.loc[(leg.checkpoints["iter"] == r["iter"]).to_numpy()]
+        if len(ck) > MAX_TIMELINE_ROWS:
+            notes.append(f"{leg.name}: timeline shows the first {MAX_TIMELINE_ROWS} of {len(ck)} checkpoints.")
+            ck = ck.iloc[:MAX_TIMELINE_ROWS]
+        ev = leg.analysis.trace.events
+        kind = ev["kind"].astype(str).to_numpy()
+        in_ck = ev["ckpt"].isin(ck["ckpt"]).to_numpy()
+        spans = ev.loc[((kind == "fill") | (kind == "copy")) & in_ck]
+        dec = ev.loc[(kind == "decode") & (ev["tid"] == tid).to_numpy()
+                     & (ev["start_ns"] >= t0).to_numpy() & (ev["end_ns"] <= t1).to_numpy()]
+        ck_row = {int(c): f"ckpt {int(c)}" for c in ck["ckpt"]}
+        y_order = ["iteration"] + (["llama_decode"] if len(dec) else []) + list(ck_row.values())
+        show = row == 1
+
+        def bar(y, start, end, name, colour, width, hover):
+            fig.add_trace(go.Bar(
+                y=y, base=ms(np.asarray(start) - t0), x=ms(np.asarray(end) - np.asarray(start)), orientation="h",
+                name=name, legendgroup=name, showlegend=show, width=width, marker=dict(color=colour),
+                customdata=hover, hovertemplate="%{customdata}<extra>" + name + "</extra>"), row=row, col=1)
+
+        bar(["iteration"], [t0], [t1], "iteration", PHASE_COLOURS["other"], 0.8,
+            [f"{(t1 - t0) / 1e6:.2f} ms, thread {tid}"])
+        if len(dec):
+            bar(["llama_decode"] * len(dec), dec["start_ns"], dec["end_ns"], "llama_decode",
+                PHASE_COLOURS["decode"], 0.8, [f"{d / 1e6:.2f} ms" for d in (dec["end_ns"] - dec["start_ns"])])
+        bar([ck_row[int(c)] for c in ck["ckpt"]], ck["start_ns"], ck["end_ns"], "checkpoint",
+            PHASE_COLOURS["checkpoint"], 0.8,
+            [f"total {a / 1e6:.2f} ms, {b / 1048576:.1f} MiB, faults {f}, {'pool hit' if h else 'fresh buffer'}"
+             for a, b, f, h in zip(ck["total_ns"], ck["bytes"], ck["faults"], ck["pool_hit"])])
+        for phase in ("fill", "copy"):
+            s = spans.loc[(spans["kind"].astype(str) == phase).to_numpy()]
+            if len(s):
+                bar([ck_row[int(c)] for c in s["ckpt"]], s["start_ns"], s["end_ns"], phase, PHASE_COLOURS[phase],
+                    0.45, [f"{d / 1e6:.2f} ms, {n} faults, {b / 1048576:.1f} MiB"
+                           for d, n, b in zip(s["end_ns"] - s["start_ns"], s["faults"], s["bytes"])])
+        fig.update_yaxes(categoryorder="array", categoryarray=y_order[::-1], row=row, col=1)
+        fig.update_xaxes(title_text="ms since iteration start", row=row, col=1)
+    fig.update_layout(barmode="overlay")
+    return Panel(_layout(fig, "One prefill iteration per arm (the longest): checkpoints and their phases",
+                         height), notes=notes)
+
+
+# -- distributions -------------------------------------------------------------------------------
+
+DISTRIBUTIONS = [("checkpoints", "fill_ns", "checkpoint fill (ms)"),
+                 ("checkpoints", "copy_ns", "checkpoint copy (ms)"),
+                 ("checkpoints", "fault_ns", "checkpoint faults (ms)"),
+                 ("checkpoints", "total_ns", "checkpoint total (ms)"),
+                 ("prefill", "span_ns", "prefill iteration (ms)")]
+
+
+def distributions_panel(legs: list[Leg]) -> Panel:
+    cols = [(src, col, title) for src, col, title in DISTRIBUTIONS
+            if any(len(getattr(leg, src)) for leg in legs)]
+    if not cols:
+        return Panel(None, "no checkpoints and no prefill iterations")
+    notes = []
+    fig = make_subplots(rows=1, cols=len(cols), subplot_titles=[t for _, _, t in cols], horizontal_spacing=0.05)
+    for c, (src, col, title) in enumerate(cols, start=1):
+        for leg in legs:
+            values = getattr(leg, src)[col].to_numpy()
+            if not len(values):
+                continue
+            shown, sampled = order_statistics(values)
+            if sampled:
+                notes.append(f"{leg.name}: {title} drawn from {MAX_POINTS:,} evenly spaced order statistics "
+                             f"of {len(values):,} values.")
+            fig.add_trace(go.Box(y=ms(shown), name=leg.name, showlegend=False, marker=dict(color=leg.colour), line=dict(color=leg.colour),
+                                 boxpoints=False if len(shown) > 2000 else "outliers"),
+                          row=1, col=c)
+        fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=c)
+    _layout(fig, "Distributions per leg (colour = arm)", 480)
+    fig.update_layout(showlegend=False)
+    return Panel(fig, notes=notes)
+
+
+# -- the comparison ------------------------------------------------------------------------------
+
+def _fmt_value(metric: str, v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "-"
+    if metric.endswith("_ns"):
+        return f"{v / 1e6:.3f} ms"
+    return f"{v:,.4g}"
+
+
+def _fmt_pct(v) -> str:
+    return "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:+.1f}%"
+
+
+def comparison_panel(comparison) -> Panel:
+    if comparison is None:
+        return Panel(None, "one label only: nothing to compare (give traces of two labels)")
+    m = comparison.metrics
+    if not len(m):
+        return Panel(None, "the comparison has no metrics")
+    base, cand = plain(comparison.baseline), plain(comparison.candidate)
+    names = [plain(x) for x in m["metric"]]
+    change = m["change_pct"].astype("float64").to_numpy()
+    lo = m["ci_low_pct"].astype("float64").to_numpy()
+    hi = m["ci_high_pct"].astype("float64").to_numpy()
+    drift = m["drift_pct"].astype("float64").to_numpy() if "drift_pct" in m else np.full(len(m), np.nan)
+    verdicts = [str(v) for v in m["verdict"]]
+
+    chart_px, table_px, gap_px = 60 + 44 * len(m), 40 + 2 * ROW_PX * (len(m) + 2), 110
+    height = 130 + chart_px + gap_px + table_px
+    fig = make_subplots(rows=2, cols=1, row_heights=[chart_px, table_px], vertical_spacing=gap_px / height,
+                        specs=[[{"type": "xy"}], [{"type": "table"}]],
+                        subplot_titles=["change of the median, % (95% interval); shaded: baseline drift",
+                                        "per metric"])
+    has_drift = np.isfinite(drift)
+    if has_drift.any():
+        d = np.abs(drift[has_drift])
+        fig.add_trace(go.Bar(y=np.array(names)[has_drift], base=-d, x=2 * d, orientation="h", width=0.6,
+                             name="baseline drift (±)", marker=dict(color="rgba(239,143,0,0.22)"),
+                             customdata=drift[has_drift], hovertemplate="drift %{customdata:.1f}%<extra></extra>"),
+                      row=1, col=1)
+    ok = np.isfinite(change)
+    fig.add_trace(go.Scatter(
+        y=np.array(names)[ok], x=change[ok], mode="markers+text",
+        text=[plain(v) for v, k in zip(verdicts, ok) if k], textposition="top center",
+        marker=dict(size=11, color=[VERDICT_COLOURS.get(v, "#333") for v, k in zip(verdicts, ok) if k]),
+        error_x=dict(type="data", symmetric=False, array=np.nan_to_num(hi - change)[ok],
+                     arrayminus=np.nan_to_num(change - lo)[ok], thickness=1.5, width=6),
+        name="change", customdata=np.stack([lo, hi], axis=1)[ok],
+        hovertemplate="%{x:+.1f}% [%{customdata[0]:+.1f}%, %{customdata[1]:+.1f}%]<extra></extra>"),
+        row=1, col=1)
+    fig.add_vline(x=0, line=dict(color="#444", width=1), row=1, col=1)
+    fig.update_xaxes(title_text=f"% change of {cand} against {base}", zeroline=False, row=1, col=1)
+    fig.update_yaxes(autorange="reversed", row=1, col=1)
+
+    metrics = [str(x) for x in m["metric"]]
+    cells = [names,
+             [_fmt_value(k, v) for k, v in zip(metrics, m["baseline_median"])],
+             [_fmt_value(k, v) for k, v in zip(metrics, m["candidate_median"])],
+             [_fmt_pct(v) for v in change],
+             [f"{_fmt_pct(a)} .. {_fmt_pct(b)}" for a, b in zip(lo, hi)],
+             [_fmt_pct(v) if np.isfinite(v) else "-" for v in drift],
+             [plain(v) for v in verdicts],
+             [f"{plain(a)} / {plain(b)}" for a, b in zip(m.get("samples_baseline", [""] * len(m)),
+                                                           m.get("samples_candidate", [""] * len(m)))]]
+    fig.add_trace(go.Table(
+        columnwidth=[2.2, 1.4, 1.4, 1, 1.6, 0.9, 1.1, 1],
+        header=dict(values=["metric", f"median {base}", f"median {cand}", "change", "95% interval",
+                            "drift", "verdict", "samples"], fill_color="#EEE", align="left"),
+        cells=dict(values=cells, align="left", height=ROW_PX,
+                   font=dict(color=[["#222"] * len(m)] * 6 + [[VERDICT_COLOURS.get(v, "#222") for v in verdicts]]
+                             + [["#222"] * len(m)]))), row=2, col=1)
+    _layout(fig, f"Comparison: {cand} (candidate) against {base} (baseline)", height)
+    fig.update_layout(showlegend=False)
+    return Panel(fig)
+
+
+# -- faults per MiB, mmap churn, pool hit rate -----------------------------------------------------
+
+def _summary_number(summary: dict, *keys: str):
+    for k in keys:
+        v = summary.get(k)
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+            return float(v)
+    return None
+
+
+FAULTS_PER_MIB_KEYS = ("faults_per_mib",)
+POOL_HIT_KEYS = ("pool_hit_rate",)
+
+
+def churn_panel(legs: list[Leg]) -> Panel:
+    legs = [leg for leg in legs if len(leg.checkpoints)]
+    if not legs:
+        return Panel(None, "no checkpoints")
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
+                        subplot_titles=["page faults per MiB copied", "syscalls per checkpoint",
+                                        "pool hit rate (% of checkpoints)"])
+    names = [leg.name for leg in legs]
+    colours = [leg.colour for leg in legs]
+    fpm = [_summary_number(leg.summary, *FAULTS_PER_MIB_KEYS) for leg in legs]
+    hit = [_summary_number(leg.summary, *POOL_HIT_KEYS) for leg in legs]
+    fig.add_trace(go.Bar(x=names, y=[np.nan if v is None else v for v in fpm], marker_color=colours,
+                         hovertemplate="%{y:.1f} faults/MiB<extra></extra>"), row=1, col=1)
+    n = np.array([len(leg.checkpoints) for leg in legs], dtype="float64")
+    for col, colour, label in (("mmaps", "#4C78A8", "mmap"), ("munmaps", "#E45756", "munmap")):
+        total = np.array([int(leg.checkpoints[col].sum()) for leg in legs], dtype="float64")
+        fig.add_trace(go.Bar(x=names, y=total / n, name=label, marker_color=colour,
+                             customdata=total, hovertemplate=label + ": %{y:.2f} per checkpoint "
+                             "(%{customdata:.0f} in all)<extra></extra>"), row=1, col=2)
+    fig.add_trace(go.Bar(x=names, y=[np.nan if v is None else 100 * v for v in hit], marker_color=colours,
+                         hovertemplate="%{y:.1f}%<extra></extra>"), row=1, col=3)
+    fig.update_yaxes(title_text="faults / MiB", row=1, col=1)
+    fig.update_yaxes(title_text="calls per checkpoint", row=1, col=2)
+    fig.update_yaxes(title_text="%", range=[0, 100], row=1, col=3)
+    _layout(fig, "Page faults, mmap/munmap churn and pool hits per leg", 420)
+    fig.update_layout(barmode="group", showlegend=False)
+    notes = []
+    if any(v is None for v in fpm + hit):
+        notes.append("Faults per MiB or pool hit rate missing from an analysis summary: bar left empty.")
+    return Panel(fig, notes=notes)
+
+
+# -- metadata and summary tables -----------------------------------------------------------------
+
+def _lines(items, escape: bool = True) -> str:
+    """Items as lines of one table cell; escape=False for items that are plain() already."""
+    items = list(items)
+    return "<br>".join(plain(x) if escape else x for x in items) if items else "-"
+
+
+def _recording_s(meta: dict) -> str:
+    stop, begin = meta.get("stop_ns"), meta.get("first_event_ns") or meta.get("attach_ns")
+    if isinstance(stop, int) and isinstance(begin, int) and stop >= begin:
+        return f"{(stop - begin) / 1e9:.2f} s"
+    return "-"
+
+
+def _table_figure(title: str, header: list[str], rows: list[tuple[str, list[str]]], first_width=1.2) -> go.Figure:
+    """A two-dimensional table: rows of (row name, one cell per column). Cells must be plain()."""
+    lines = [max(str(c).count("<br>") + 1 for c in cells) for _, cells in rows]
+    fig = go.Figure(go.Table(
+        columnwidth=[first_width] + [2] * (len(header) - 1),
+        header=dict(values=header, fill_color="#EEE", align="left"),
+        cells=dict(values=[[plain(r) for r, _ in rows]] + [[cells[i] for _, cells in rows]
+                                                           for i in range(len(header) - 1)],
+                   align="left", height=ROW_PX, fill_color=[["#FAFAFA"] * len(rows)] + [["white"] * len(rows)])))
+    # A cell line is about 16 px; a row is at least ROW_PX. Plotly tables scroll if this is short.
+    return _layout(fig, title, 110 + sum(ROW_PX + 16 * (n - 1) for n in lines))
+
+
+def metadata_panel(legs: list[Leg]) -> Panel:
+    def row(name, fn):
+        return name, [fn(leg) for leg in legs]
+
+    def probes(leg):
+        return _lines(f"{p.get('point')}: {p.get('symbol')} in {os.path.basename(str(p.get('object', '')))}"
+                      for p in leg.meta.get("probes") or [])
+
+    def builds(leg):
+        return _lines(f"{os.path.basename(str(o.get('path', '')))} {o.get('build_id') or '(no build-id)'}"
+                      for o in leg.meta.get("objects") or [])
+
+    def get(key):
+        return lambda leg: plain(leg.meta.get(key, "-")) if leg.meta.get(key) not in (None, "") else "-"
+
+    def cmd(leg):
+        c = leg.meta.get("command")
+        return plain(" ".join(map(str, c)) if isinstance(c, list) else (c or "-"))
+
+    rows = [
+        row("label", lambda leg: leg.arm_name),
+        row("file", lambda leg: plain(leg.analysis.trace.path or "-")),
+        row("mode", get("mode")),
+        row("command", cmd),
+        row("pid / exit code", lambda leg: plain(f"{leg.meta.get('pid', '-')} / {leg.meta.get('exit_code', '-')}")),
+        row("build-ids", builds),
+        row("kernel", get("kernel")),
+        row("host", get("host")),
+        row("started (UTC)", get("start_time")),
+        row("recording length", lambda leg: _recording_s(leg.meta)),
+        row("stop reason", get("stop_reason")),
+        row("lost events", lambda leg: plain(leg.meta.get("lost_events", "-"))),
+        row("partial spans / open at stop",
+            lambda leg: plain(f"{leg.meta.get('partial_spans', '-')} / {leg.meta.get('open_at_stop', '-')}")),
+        row("fault timing", lambda leg: plain(f"1 in {leg.meta.get('fault_sample_every', '-')} faults timed")),
+        row("probe points", probes),
+        row("checkpoints / prefill iterations",
+            lambda leg: f"{len(leg.checkpoints):,} / {len(leg.prefill):,}"),
+        row("ckptrace", get("tool_version")),
+    ]
+    return Panel(_table_figure("Recordings", ["", *[leg.name for leg in legs]], rows))
+
+
+def _flatten(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = v
+    return out
+
+
+def _fmt_summary(key: str, v) -> str:
+    if isinstance(v, bool) or v is None:
+        return plain(v)
+    if isinstance(v, (int, float, np.integer, np.floating)):
+        v = float(v)
+        if not math.isfinite(v):
+            return "-"
+        if key.rsplit(".", 1)[0].endswith("_ns") and not key.endswith(".count"):
+            return f"{v / 1e6:,.3f} ms"
+        return f"{v:,.6g}"
+    if isinstance(v, (list, tuple)):
+        return _lines(v)
+    return plain(v)
+
+
+def summary_panel(legs: list[Leg]) -> Panel:
+    flat = [_flatten(leg.summary) for leg in legs]
+    keys = list(dict.fromkeys(k for f in flat for k in f))
+    if not keys:
+        return Panel(None, "the analyses carry no summary")
+    rows = [(k, [_fmt_summary(k, f[k]) if k in f else "-" for f in flat]) for k in keys]
+    return Panel(_table_figure("Analyzer summary (as computed by ckptrace analyze; *_ns shown in ms)",
+                               ["", *[leg.name for leg in legs]], rows, first_width=1.6))
+
+
+def header_panel(title: str, legs: list[Leg], comparison, notes: list[str]) -> Panel:
+    rows = [("traces", [_lines((f"{leg.name} ({len(leg.checkpoints):,} checkpoints)" for leg in legs), escape=False)])]
+    if comparison is not None:
+        rows.append(("comparison", [f"{plain(comparison.candidate)} (candidate) against "
+                                    f"{plain(comparison.baseline)} (baseline)"]))
+        if getattr(comparison, "explanation", ""):
+            rows.append(("result", [_wrap(comparison.explanation)]))
+        for w in getattr(comparison, "warnings", []) or []:
+            rows.append(("warning", [_wrap(w)]))
+    for note in notes:
+        rows.append(("note", [_wrap(note, escape=False)]))
+    fig = _table_figure(plain(title), ["", ""], rows, first_width=0.25)
+    fig.update_traces(header=dict(height=0, values=["", ""], fill_color="white", line_color="white"))
+    return Panel(fig)
+
+
+def _wrap(text: str, width: int = 150, escape: bool = True) -> str:
+    """Break long text into lines for a table cell (plotly tables do not wrap)."""
+    words, lines, cur = str(text).split(), [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) > width:
+            lines.append(cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}".strip()
+    lines.append(cur)
+    return "<br>".join(plain(x) if escape else x for x in lines)

@@ -1,0 +1,95 @@
+"""write_dashboard(): analyses (and a comparison) in, one self-contained offline HTML file out.
+
+The page is a fixed skeleton around plotly's own `to_html` output. No string from a trace or
+the user is written into the skeleton: labels, titles and metadata reach the page only as
+figure data, which plotly serialises as JSON (with `<`, `>` escaped) and plotly.js renders as
+SVG text after `legs.plain()` escaped its markup characters. plotly.js is embedded once;
+nothing is loaded from the network, so the file opens from disk anywhere.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import plotly.io as pio
+
+from ckptrace.errors import CkptraceError
+
+from . import panels
+from .legs import make_legs
+
+# Fixed text only: the <title> is not the user's title on purpose (see module docstring).
+_HEAD = """<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>ckptrace report</title>
+<style>
+body { margin: 12px 20px; background: #fff; font-family: "Open Sans", Verdana, Arial, sans-serif; }
+.panel { margin: 0 0 18px 0; border-bottom: 1px solid #e6e6e6; }
+</style>
+</head>
+<body>
+"""
+_TAIL = "</body>\n</html>\n"
+
+_CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
+
+
+def build_panels(analyses: list, comparison=None, title: str = "ckptrace report") -> list[tuple[str, panels.Panel]]:
+    """(panel id, Panel) in page order, the header first. Panels without a figure are omitted ones."""
+    legs = make_legs(analyses, comparison.baseline if comparison is not None else None)
+    body = [
+        ("comparison", panels.comparison_panel(comparison) if len({leg.label for leg in legs}) > 1
+         else panels.Panel(None, "one label only: nothing to compare")),
+        ("iterations", panels.iterations_panel(legs)),
+        ("timeline", panels.timeline_panel(legs)),
+        ("distributions", panels.distributions_panel(legs)),
+        ("churn", panels.churn_panel(legs)),
+        ("summary", panels.summary_panel(legs)),
+        ("metadata", panels.metadata_panel(legs)),
+    ]
+    notes = [n for _, p in body for n in p.notes]
+    notes += [f"Panel '{pid}' omitted: {p.omitted}." for pid, p in body if p.figure is None]
+    return [("header", panels.header_panel(title, legs, comparison, notes))] + body
+
+
+def render_html(parts: list[tuple[str, panels.Panel]]) -> str:
+    html = [_HEAD]
+    first = True
+    for pid, panel in parts:
+        if panel.figure is None:
+            continue
+        height = int(panel.figure.layout.height or 450)
+        div = pio.to_html(panel.figure, full_html=False, include_plotlyjs=first, include_mathjax=False,
+                          config=_CONFIG, div_id=f"ckptrace-{pid}", default_height=f"{height}px",
+                          default_width="100%", validate=True)
+        html.append(f'<div class="panel">\n{div}\n</div>\n')
+        first = False
+    html.append(_TAIL)
+    return "".join(html)
+
+
+def write_dashboard(analyses: list, comparison, out: Path, title: str = "ckptrace report") -> Path:
+    """Write the dashboard of `analyses` (ckptrace.analyzers.Analysis, in run order) to `out`.
+
+    `comparison` (ckptrace.analyzers.compare.Comparison) or None when there is one label.
+    Written atomically; returns the path written.
+    """
+    if not analyses:
+        raise CkptraceError("no traces to show: give at least one trace file")
+    out = Path(out)
+    if out.is_dir():
+        raise CkptraceError(f"{out}: is a directory; give a file name such as {out / 'report.html'}")
+    if not out.parent.is_dir():
+        raise CkptraceError(f"{out.parent}: no such directory; create it or choose another -o path")
+    text = render_html(build_panels(analyses, comparison, title))
+    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise CkptraceError(f"{out}: cannot write the report ({e.strerror}); choose another -o path") from None
+    return out
