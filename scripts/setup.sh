@@ -31,8 +31,9 @@ install_apt() {
     fi
     step "apt: installing ${missing[*]}"
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+    # A fresh cloud image may be running unattended-upgrades: wait for its dpkg lock.
+    apt-get -o DPkg::Lock::Timeout=600 update -qq
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" </dev/null
 }
 
 # bcc compiles against /lib/modules/$(uname -r)/build. A kernel without a Debian headers package

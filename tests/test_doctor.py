@@ -108,8 +108,8 @@ def test_without_privileges_one_clear_line(who, what, nobody_dir):
         pytest.skip("needs root to switch to another user or drop capabilities")
     if who == "nobody":
         why = _nobody_can_run_the_cli()
-        if why:
-            pytest.fail(why)
+        if why:  # e.g. a clone under /root; the capability-less root case still runs
+            pytest.skip(why)
     prefix = AS_NOBODY if who == "nobody" else AS_CAPLESS_ROOT
     args = ["doctor"] if what == "doctor" else ["record", "-o", str(nobody_dir / "x.parquet"),
                                                  "--", "/bin/true"]
