@@ -66,8 +66,7 @@ def iterations_panel(legs: list[Leg]) -> Panel:
         })
         parts, k = bin_rows(parts, ["fill", "copy", "faults", "other"])
         if k > 1:
-            notes.append(f"{leg.name}: {len(it):,} prefill iterations shown as {len(parts):,} bars, "
-                         f"each the mean of {k} consecutive iterations.")
+            notes.append(f"{leg.name} {len(it):,} as {len(parts):,} bars of {k}")
         t0 = _time_origin(leg)
         x = ((parts["start_ns"].to_numpy() - t0) / 1e9).astype("float32")
         for phase, label in (("fill", "fill (excl. faults)"), ("copy", "copy (excl. faults)"),
@@ -80,6 +79,9 @@ def iterations_panel(legs: list[Leg]) -> Panel:
     fig.update_xaxes(title_text="time since recording start (s)", row=len(shown), col=1)
     fig.update_layout(barmode="stack", bargap=0)
     _layout(fig, "Prefill iterations over time: where each one's time went", height)
+    if notes:
+        notes = [f"Prefill iterations binned (over {MAX_BARS:,} per leg): each bar is the mean of k "
+                 f"consecutive iterations; " + "; ".join(notes) + "."]
     return Panel(fig, notes=notes)
 
 
@@ -189,12 +191,15 @@ def distributions_panel(legs: list[Leg]) -> Panel:
                 continue
             shown, sampled = order_statistics(values)
             if sampled:
-                notes.append(f"{leg.name}: {title} drawn from {MAX_POINTS:,} evenly spaced order statistics "
-                             f"of {len(values):,} values.")
+                notes.append(f"{leg.name} {src} ({len(values):,})")
             fig.add_trace(go.Box(y=ms(shown), name=leg.name, showlegend=False, marker=dict(color=leg.colour), line=dict(color=leg.colour),
                                  boxpoints=False if len(shown) > 2000 else "outliers"),
                           row=1, col=c)
         fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=c)
+    if notes:
+        notes = [f"Distributions of more than {MAX_POINTS:,} values are drawn from {MAX_POINTS:,} evenly "
+                 f"spaced order statistics (every quantile kept to 1/{MAX_POINTS:,}): "
+                 + "; ".join(dict.fromkeys(notes)) + "."]
     _layout(fig, "Distributions per leg (colour = arm)", 480)
     fig.update_layout(showlegend=False)
     return Panel(fig, notes=notes)
@@ -202,10 +207,10 @@ def distributions_panel(legs: list[Leg]) -> Panel:
 
 # -- the comparison ------------------------------------------------------------------------------
 
-def _fmt_value(metric: str, v) -> str:
+def _fmt_value(unit: str, v) -> str:
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
-    if metric.endswith("_ns"):
+    if unit == "ns":
         return f"{v / 1e6:.3f} ms"
     return f"{v:,.4g}"
 
@@ -216,7 +221,7 @@ def _fmt_pct(v) -> str:
 
 def comparison_panel(comparison) -> Panel:
     if comparison is None:
-        return Panel(None, "one label only: nothing to compare (give traces of two labels)")
+        return Panel(None, "no comparison")
     m = comparison.metrics
     if not len(m):
         return Panel(None, "the comparison has no metrics")
@@ -255,10 +260,11 @@ def comparison_panel(comparison) -> Panel:
     fig.update_xaxes(title_text=f"% change of {cand} against {base}", zeroline=False, row=1, col=1)
     fig.update_yaxes(autorange="reversed", row=1, col=1)
 
-    metrics = [str(x) for x in m["metric"]]
+    units = [str(u) for u in m["unit"]] if "unit" in m else ["ns" if str(x).endswith("_ns") else ""
+                                                              for x in m["metric"]]
     cells = [names,
-             [_fmt_value(k, v) for k, v in zip(metrics, m["baseline_median"])],
-             [_fmt_value(k, v) for k, v in zip(metrics, m["candidate_median"])],
+             [_fmt_value(u, v) for u, v in zip(units, m["baseline_median"])],
+             [_fmt_value(u, v) for u, v in zip(units, m["candidate_median"])],
              [_fmt_pct(v) for v in change],
              [f"{_fmt_pct(a)} .. {_fmt_pct(b)}" for a, b in zip(lo, hi)],
              [_fmt_pct(v) if np.isfinite(v) else "-" for v in drift],
@@ -348,7 +354,7 @@ def _table_figure(title: str, header: list[str], rows: list[tuple[str, list[str]
                                                            for i in range(len(header) - 1)],
                    align="left", height=ROW_PX, fill_color=[["#FAFAFA"] * len(rows)] + [["white"] * len(rows)])))
     # A cell line is about 16 px; a row is at least ROW_PX. Plotly tables scroll if this is short.
-    return _layout(fig, title, 110 + sum(ROW_PX + 16 * (n - 1) for n in lines))
+    return _layout(fig, title, 130 + sum(ROW_PX + 4 + 18 * (n - 1) for n in lines))
 
 
 def metadata_panel(legs: list[Leg]) -> Panel:
@@ -437,6 +443,8 @@ def header_panel(title: str, legs: list[Leg], comparison, notes: list[str]) -> P
                                     f"{plain(comparison.baseline)} (baseline)"]))
         if getattr(comparison, "explanation", ""):
             rows.append(("result", [_wrap(comparison.explanation)]))
+        if getattr(comparison, "samples", ""):
+            rows.append(("samples", [_wrap(comparison.samples)]))
         for w in getattr(comparison, "warnings", []) or []:
             rows.append(("warning", [_wrap(w)]))
     for note in notes:

@@ -9,6 +9,7 @@ nothing is loaded from the network, so the file opens from disk anywhere.
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 
 import plotly.io as pio
@@ -16,7 +17,7 @@ import plotly.io as pio
 from ckptrace.errors import CkptraceError
 
 from . import panels
-from .legs import make_legs
+from .legs import make_legs, plain
 
 # Fixed text only: the <title> is not the user's title on purpose (see module docstring).
 _HEAD = """<!DOCTYPE html>
@@ -37,12 +38,17 @@ _TAIL = "</body>\n</html>\n"
 _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
 
-def build_panels(analyses: list, comparison=None, title: str = "ckptrace report") -> list[tuple[str, panels.Panel]]:
-    """(panel id, Panel) in page order, the header first. Panels without a figure are omitted ones."""
+def build_panels(analyses: list, comparison=None, title: str = "ckptrace report",
+                 notes: Sequence[str] = ()) -> list[tuple[str, panels.Panel]]:
+    """(panel id, Panel) in page order, the header first. Panels without a figure are omitted ones.
+
+    `notes`: extra plain-text lines for the header (escaped here), e.g. why there is no comparison.
+    """
     legs = make_legs(analyses, comparison.baseline if comparison is not None else None)
     body = [
-        ("comparison", panels.comparison_panel(comparison) if len({leg.label for leg in legs}) > 1
-         else panels.Panel(None, "one label only: nothing to compare")),
+        ("comparison", panels.comparison_panel(comparison) if comparison is not None
+         else panels.Panel(None, "one label only: nothing to compare" if len({leg.label for leg in legs}) == 1
+                           else "no comparison of these labels")),
         ("iterations", panels.iterations_panel(legs)),
         ("timeline", panels.timeline_panel(legs)),
         ("distributions", panels.distributions_panel(legs)),
@@ -50,9 +56,9 @@ def build_panels(analyses: list, comparison=None, title: str = "ckptrace report"
         ("summary", panels.summary_panel(legs)),
         ("metadata", panels.metadata_panel(legs)),
     ]
-    notes = [n for _, p in body for n in p.notes]
-    notes += [f"Panel '{pid}' omitted: {p.omitted}." for pid, p in body if p.figure is None]
-    return [("header", panels.header_panel(title, legs, comparison, notes))] + body
+    page_notes = [plain(n) for n in notes] + [n for _, p in body for n in p.notes]
+    page_notes += [f"Panel '{pid}' omitted: {p.omitted}." for pid, p in body if p.figure is None]
+    return [("header", panels.header_panel(title, legs, comparison, page_notes))] + body
 
 
 def render_html(parts: list[tuple[str, panels.Panel]]) -> str:
@@ -71,11 +77,12 @@ def render_html(parts: list[tuple[str, panels.Panel]]) -> str:
     return "".join(html)
 
 
-def write_dashboard(analyses: list, comparison, out: Path, title: str = "ckptrace report") -> Path:
+def write_dashboard(analyses: list, comparison, out: Path, title: str = "ckptrace report",
+                    notes: Sequence[str] = ()) -> Path:
     """Write the dashboard of `analyses` (ckptrace.analyzers.Analysis, in run order) to `out`.
 
     `comparison` (ckptrace.analyzers.compare.Comparison) or None when there is one label.
-    Written atomically; returns the path written.
+    `notes`: plain-text lines shown at the top. Written atomically; returns the path written.
     """
     if not analyses:
         raise CkptraceError("no traces to show: give at least one trace file")
@@ -84,7 +91,7 @@ def write_dashboard(analyses: list, comparison, out: Path, title: str = "ckptrac
         raise CkptraceError(f"{out}: is a directory; give a file name such as {out / 'report.html'}")
     if not out.parent.is_dir():
         raise CkptraceError(f"{out.parent}: no such directory; create it or choose another -o path")
-    text = render_html(build_panels(analyses, comparison, title))
+    text = render_html(build_panels(analyses, comparison, title, notes))
     tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
     try:
         tmp.write_text(text, encoding="utf-8")

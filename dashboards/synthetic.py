@@ -25,6 +25,7 @@ def synthetic_trace(label: str, *, checkpoints: int = 60, per_iteration: int = 2
     checkpoints the buffers are reused, so fill is absent (a pool hit) and copies barely fault.
     """
     rng = np.random.default_rng(seed)
+    build_id = ("b0" if pool else "a0") * 20  # legs of one arm come from one build
     n_pre = max(1, -(-checkpoints // per_iteration))
     n_ck = checkpoints
     pages = bytes_per_checkpoint // 4096
@@ -97,9 +98,9 @@ def synthetic_trace(label: str, *, checkpoints: int = 60, per_iteration: int = 2
         "format": "ckptrace-trace", "version": 1, "tool_version": "synthetic", "label": label,
         "mode": "launch", "command": ["ckpt-workload", "--pool", "on" if pool else "off"],
         "pid": 1000 + seed, "exit_code": 0, "executable": "/opt/sample/ckpt-workload",
-        "objects": [{"path": "/opt/sample/libsample-common.so", "build_id": f"{seed:02x}" * 20}],
+        "objects": [{"path": "/opt/sample/libsample-common.so", "build_id": build_id}],
         "probes": [{"point": p, "symbol": p, "object": "/opt/sample/libsample-common.so",
-                    "vaddr": 0x1000 * (i + 1), "offset": 0x1000 * (i + 1), "build_id": f"{seed:02x}" * 20}
+                    "vaddr": 0x1000 * (i + 1), "offset": 0x1000 * (i + 1), "build_id": build_id}
                    for i, p in enumerate(["checkpoint", "fill", "copy", "iteration", "decode"])],
         "kernel": "6.18.0-synthetic", "host": "synthetic", "clock": "CLOCK_MONOTONIC",
         "start_time": "2026-11-29T00:00:00Z", "attach_ns": t0 - 1_000_000, "stop_ns": stop,

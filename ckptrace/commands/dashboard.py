@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from ckptrace.errors import CkptraceError
+from ckptrace.errors import AnalysisError, CkptraceError
 
 
 @click.command(epilog="""\b
@@ -33,9 +33,14 @@ def command(traces: tuple[Path, ...], output: Path, title: str) -> None:
     if output.suffix.lower() not in (".html", ".htm"):
         raise CkptraceError(f"{output}: the report is HTML; give an -o path ending in .html")
     analyses = [analyze_trace(read_trace(p)) for p in traces]
-    comparison = None
+    comparison, notes = None, []
     if len({a.trace.label for a in analyses}) >= 2:
         from ckptrace.analyzers.compare import compare
-        comparison = compare(analyses)
-    path = write_dashboard(analyses, comparison, output, title)
+        try:
+            comparison = compare(analyses)
+        except AnalysisError as e:
+            # The traces are still worth seeing: draw them, and say why there is no comparison.
+            notes.append(f"No comparison: {e}")
+            click.echo(f"ckptrace: warning: no comparison: {e}", err=True)
+    path = write_dashboard(analyses, comparison, output, title, notes=notes)
     click.echo(str(path))

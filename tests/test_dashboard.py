@@ -1,0 +1,261 @@
+"""Dashboards: self-contained HTML, panels drawn from the analyzers' frames, labels kept as text,
+large traces bounded; `ckptrace dashboard`; and the report rendered in a real headless Chromium."""
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from browser import Browser, chromium_available, distinct_colours, read_png
+from ckptrace.analyzers import analyze_trace
+from ckptrace.analyzers.compare import compare
+from ckptrace.cli import cli
+from ckptrace.dashboards.legs import MAX_POINTS, bin_rows, order_statistics, plain
+from ckptrace.dashboards.report import build_panels, write_dashboard
+from ckptrace.dashboards.synthetic import synthetic_aba, synthetic_trace
+from ckptrace.trace import write_trace
+
+HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
+HOSTILE_TITLE = "</script><script>document.title='pwned-title'</script>"
+# Tags plotly.js itself would honour in figure text: a label must show them, not become them.
+MARKUP = "<b>pool-on</b> <a href='https://example.com/x'>link</a>"
+ALL_PANELS = {"header", "comparison", "iterations", "timeline", "distributions", "churn", "summary", "metadata"}
+
+
+@pytest.fixture(scope="module")
+def aba():
+    traces = synthetic_aba(checkpoints=40)
+    analyses = [analyze_trace(t) for t in traces]
+    return analyses, compare(analyses)
+
+
+def figures(parts):
+    return {pid: p.figure for pid, p in parts if p.figure is not None}
+
+
+def test_every_panel_drawn_for_an_aba(aba):
+    analyses, comparison = aba
+    figs = figures(build_panels(analyses, comparison, "t"))
+    assert set(figs) == ALL_PANELS
+
+
+def test_one_label_has_no_comparison_and_says_so(aba):
+    analyses, _ = aba
+    parts = build_panels([analyses[0]], None, "t")
+    figs = figures(parts)
+    assert set(figs) == ALL_PANELS - {"comparison"}
+    header_text = json.dumps(figs["header"].to_plotly_json()["data"])
+    assert "Panel 'comparison' omitted: one label only" in header_text
+
+
+def test_stacked_parts_add_up_to_each_prefill_iteration(aba):
+    analyses, comparison = aba
+    fig = figures(build_panels(analyses, comparison, "t"))["iterations"]
+    per_leg = {}
+    for tr in fig.data:  # one subplot per leg: y axis y, y2, y3
+        per_leg.setdefault(tr.yaxis, []).append(np.asarray(tr.y, dtype="float64"))
+    assert len(per_leg) == len(analyses)
+    for axis, a in zip(sorted(per_leg, key=lambda s: int(s[1:] or 1)), analyses):
+        stacked = np.sum(per_leg[axis], axis=0)
+        span_ms = a.iterations.loc[a.iterations["kind"] == "prefill", "span_ns"].to_numpy() / 1e6
+        np.testing.assert_allclose(stacked, span_ms, rtol=1e-5)
+
+
+def test_comparison_panel_draws_the_given_frame(aba):
+    # A renderer: whatever change and interval compare() says is what is drawn.
+    analyses, comparison = aba
+    m = comparison.metrics.copy()
+    m.loc[0, ["change_pct", "ci_low_pct", "ci_high_pct", "verdict"]] = [-37.25, -40.5, -33.0, "within drift"]
+    fake = type(comparison)(**{**comparison.__dict__, "metrics": m})
+    fig = figures(build_panels(analyses, fake, "t"))["comparison"]
+    points = next(tr for tr in fig.data if tr.type == "scatter")
+    i = list(points.y).index(m.loc[0, "metric"])
+    assert points.x[i] == -37.25 and points.text[i] == "within drift"
+    assert points.error_x.arrayminus[i] == pytest.approx(3.25) and points.error_x.array[i] == pytest.approx(4.25)
+
+
+def test_labels_are_escaped_for_plotly_markup():
+    assert plain("<b>x</b> & y") == "&lt;b&gt;x&lt;/b&gt; &amp; y"
+
+
+def test_html_is_self_contained_and_labels_never_markup(tmp_path):
+    traces = [synthetic_trace(HOSTILE, checkpoints=8, seed=1), synthetic_trace("pool-on", checkpoints=8, pool=True, seed=2)]
+    analyses = [analyze_trace(t) for t in traces]
+    out = write_dashboard(analyses, compare(analyses), tmp_path / "r.html", HOSTILE_TITLE)
+    html = out.read_text()
+    assert HOSTILE not in html and "<img" not in html and HOSTILE_TITLE not in html
+    assert not re.search(r"""src\s*=\s*["']?(https?:)?//""", html)  # no external script or image
+    assert len(re.findall(r"<script\b[^>]*\bsrc=", html)) == 0
+    assert html.count("Plotly.newPlot(") == len(ALL_PANELS)
+    assert "MathJax.js" not in html
+
+
+def test_large_trace_is_sampled_and_stays_under_10_mb(tmp_path):
+    traces = synthetic_aba(checkpoints=34_000)  # 102,000 checkpoints over three legs
+    analyses = [analyze_trace(t) for t in traces]
+    out = write_dashboard(analyses, None, tmp_path / "big.html", "big")
+    assert out.stat().st_size <= 10_000_000
+    header = json.dumps(figures(build_panels(analyses, None, "big"))["header"].to_plotly_json()["data"])
+    assert "evenly spaced order statistics" in header and "Prefill iterations binned" in header
+
+
+def test_order_statistics_keep_the_distribution():
+    v = np.random.default_rng(3).lognormal(size=100_001)
+    s, sampled = order_statistics(v, 1001)
+    assert sampled and len(s) == 1001 and s[0] == v.min() and s[-1] == v.max()
+    for q in (0.1, 0.5, 0.9, 0.99):
+        assert abs(np.mean(v <= np.quantile(s, q)) - q) < 2 / 1001
+    small, sampled = order_statistics(v[:10], MAX_POINTS)
+    assert not sampled and len(small) == 10
+
+
+def test_bin_rows_means_of_consecutive_rows():
+    import pandas as pd
+    f = pd.DataFrame({"start_ns": np.arange(10) * 10, "a": np.arange(10.0)})
+    out, k = bin_rows(f, ["a"], limit=4)
+    assert k == 3 and list(out["a"]) == [1.0, 4.0, 7.0, 9.0] and list(out["start_ns"]) == [0, 30, 60, 90]
+
+
+# -- the command -------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trace_files(tmp_path_factory):
+    d = tmp_path_factory.mktemp("traces")
+    paths = []
+    for i, t in enumerate(synthetic_aba(checkpoints=20), start=1):
+        p = d / f"leg{i}.parquet"
+        write_trace(p, t.events, t.meta)
+        paths.append(p)
+    return paths
+
+
+def test_command_writes_the_report_and_prints_its_path(trace_files, tmp_path):
+    out = tmp_path / "report.html"
+    r = CliRunner().invoke(cli, ["dashboard", *map(str, trace_files), "-o", str(out), "--title", "A/B/A"],
+                           catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    assert r.output.strip() == str(out)
+    html = out.read_text()
+    assert html.count("Plotly.newPlot(") == len(ALL_PANELS)  # the comparison panel is there
+
+
+def test_command_three_labels_still_draws_and_warns(trace_files, tmp_path):
+    third = tmp_path / "third.parquet"
+    t = synthetic_trace("other", checkpoints=10, seed=9)
+    write_trace(third, t.events, t.meta)
+    out = tmp_path / "r.html"
+    r = CliRunner().invoke(cli, ["dashboard", *map(str, trace_files), str(third), "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "no comparison" in r.stderr and out.exists()
+
+
+def test_help_has_examples():
+    r = CliRunner().invoke(cli, ["dashboard", "--help"])
+    assert r.exit_code == 0 and "Examples:" in r.output and "ckptrace dashboard" in r.output
+
+
+@pytest.mark.parametrize("case", ["missing", "garbage", "no_dir", "not_html"])
+def test_bad_input_is_one_line(case, trace_files, tmp_path):
+    garbage = tmp_path / "garbage.parquet"
+    garbage.write_bytes(b"not parquet at all")
+    args = {
+        "missing": [str(tmp_path / "nope.parquet"), "-o", str(tmp_path / "r.html")],
+        "garbage": [str(garbage), "-o", str(tmp_path / "r.html")],
+        "no_dir": [str(trace_files[0]), "-o", str(tmp_path / "no" / "such" / "r.html")],
+        "not_html": [str(trace_files[0]), "-o", str(tmp_path / "r.png")],
+    }[case]
+    p = subprocess.run([sys.executable, "-m", "ckptrace", "dashboard", *args], capture_output=True, text=True)
+    assert p.returncode != 0
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptrace: error: "), p.stderr
+    assert not (tmp_path / "r.html").exists()
+
+
+# -- in a real browser ---------------------------------------------------------------------------
+
+needs_chromium = pytest.mark.skipif(not chromium_available(), reason="chromium not installed (apt-get install chromium)")
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory):
+    """A dashboard of two traces, one with a hostile label, loaded in headless Chromium."""
+    d = tmp_path_factory.mktemp("browser")
+    traces = [synthetic_trace(HOSTILE, checkpoints=12, seed=1),
+              synthetic_trace(MARKUP, checkpoints=12, pool=True, seed=2)]
+    analyses = [analyze_trace(t) for t in traces]
+    html = write_dashboard(analyses, compare(analyses), d / "report.html", HOSTILE_TITLE)
+    with Browser(width=1400, height=1600) as b:
+        b.open(html)
+        ready = b.wait_until("[...document.querySelectorAll('.plotly-graph-div')]"
+                             ".every(d => d._fullLayout && d.querySelector('.main-svg'))")
+        plots = b.evaluate("""[...document.querySelectorAll('.plotly-graph-div')].map(d => ({
+            id: d.id, svgs: d.querySelectorAll('.main-svg').length, data: d.data.length,
+            traces: d.querySelectorAll('g.trace').length, tables: d.querySelectorAll('g.table').length}))""")
+        texts = b.evaluate("[...document.querySelectorAll('svg text')].map(t => t.textContent)")
+        result = {
+            "ready": ready, "plots": plots, "texts": texts, "title": b.evaluate("document.title"),
+            "imgs": b.evaluate("document.querySelectorAll('img').length"),
+            "svg_links": b.evaluate("document.querySelectorAll('svg a').length"),
+            "bold": b.evaluate("[...document.querySelectorAll('svg tspan')].filter(t => "
+                               "(t.getAttribute('style') || '').includes('bold')).length"),
+            "dom": b.evaluate("document.documentElement.outerHTML"),
+            "errors": b.errors(), "requests": b.requests(), "html": html.read_text(),
+            "png": b.screenshot(d / "shot.png"),
+        }
+    return result
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_browser_loads_without_javascript_errors(rendered):
+    assert rendered["ready"]
+    assert rendered["errors"] == []
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_browser_renders_every_plot(rendered):
+    plots = {p["id"]: p for p in rendered["plots"]}
+    assert set(plots) == {f"ckptrace-{p}" for p in ALL_PANELS}
+    for pid, p in plots.items():
+        assert p["svgs"] >= 1, pid
+        if pid.removeprefix("ckptrace-") in {"header", "summary", "metadata"}:
+            assert p["tables"] == 1, pid
+        else:  # every data trace of a chart became an SVG trace group
+            assert p["traces"] == p["data"] - p["tables"] > 0, pid
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_browser_hostile_label_stays_text(rendered):
+    assert rendered["title"] == "ckptrace report"  # neither onerror nor the title's script ran
+    assert rendered["imgs"] == 0
+    assert any(HOSTILE in t for t in rendered["texts"])
+    assert any(HOSTILE_TITLE in t for t in rendered["texts"])
+    assert any(MARKUP in t for t in rendered["texts"])
+    assert rendered["svg_links"] == 0 and rendered["bold"] == 0
+    assert "<img" not in rendered["dom"] and "&lt;img src=x onerror" in rendered["dom"]
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_browser_loads_nothing_from_the_network(rendered):
+    assert rendered["requests"] and all(u.startswith("file://") for u in rendered["requests"]), rendered["requests"]
+    assert 'src="http' not in rendered["html"]
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_browser_screenshot_is_not_blank(rendered):
+    px = read_png(rendered["png"])
+    assert px.shape[:2] == (1600, 1400)
+    assert distinct_colours(px) > 200
+    flat = px.reshape(-1, px.shape[-1])[:, :3]
+    white = np.all(flat >= 250, axis=1).mean()
+    assert white < 0.9  # plots, not an empty page
