@@ -12,7 +12,7 @@ import pandas as pd
 from ckptrace.trace import Trace
 
 from .checkpoints import CHECKPOINT_COLUMNS, checkpoint_table
-from .iterations import ITERATION_COLUMNS, iteration_table, unassigned_checkpoints
+from .iterations import ITERATION_COLUMNS, iteration_spans, iteration_table, unassigned_checkpoints
 from .summary import summarize
 
 __all__ = ["Analysis", "analyze_trace", "checkpoint_table", "iteration_table", "unassigned_checkpoints",
@@ -32,6 +32,7 @@ class Analysis:
 
 
 def analyze_trace(trace: Trace) -> Analysis:
-    checkpoints = checkpoint_table(trace.events)
-    iterations = iteration_table(trace.events, checkpoints)
+    spans = iteration_spans(trace.events)
+    checkpoints = checkpoint_table(trace.events, spans)
+    iterations = iteration_table(trace.events, checkpoints, spans)
     return Analysis(trace, checkpoints, iterations, summarize(checkpoints, iterations, trace.meta))

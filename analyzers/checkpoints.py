@@ -66,8 +66,10 @@ def _per_checkpoint(spans: pd.DataFrame, fallback_ns: float) -> pd.DataFrame:
                          "faults": faults, "timed": timed, "n": 1}).groupby("ckpt").sum()
 
 
-def checkpoint_table(events: pd.DataFrame) -> pd.DataFrame:
-    """One row per checkpoint (CHECKPOINT_COLUMNS), sorted by start_ns."""
+def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per checkpoint (CHECKPOINT_COLUMNS), sorted by start_ns.
+
+    `spans`: iteration_spans(events) when the caller already has it (saves a pass)."""
     ck = events.loc[kind_mask(events, "checkpoint"),
                     ["ckpt", "tid", "iter", "start_ns", "end_ns", "bytes", "draft", "faults"]]
     if not len(ck):
@@ -102,6 +104,6 @@ def checkpoint_table(events: pd.DataFrame) -> pd.DataFrame:
     t["mmaps"] = ids.map(sys["ckpt"][is_mmap].value_counts()).fillna(0).astype("int64")
     t["munmaps"] = ids.map(sys["ckpt"][~is_mmap].value_counts()).fillna(0).astype("int64")
 
-    t["iter"] = assign_iterations(t, iteration_spans(events))
+    t["iter"] = assign_iterations(t, iteration_spans(events) if spans is None else spans)
     t = t[list(CHECKPOINT_COLUMNS)].astype(CHECKPOINT_COLUMNS)
     return t.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)

@@ -136,9 +136,12 @@ def assign_iterations(rows: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
     return out
 
 
-def iteration_table(events: pd.DataFrame, checkpoints: pd.DataFrame) -> pd.DataFrame:
-    """One row per iteration (ITERATION_COLUMNS), sorted by start_ns; checkpoints from checkpoint_table."""
-    spans = iteration_spans(events)
+def iteration_table(events: pd.DataFrame, checkpoints: pd.DataFrame, spans: pd.DataFrame | None = None
+                    ) -> pd.DataFrame:
+    """One row per iteration (ITERATION_COLUMNS), sorted by start_ns; checkpoints from checkpoint_table.
+
+    `spans`: iteration_spans(events) when the caller already has it (saves a pass)."""
+    spans = iteration_spans(events) if spans is None else spans
     if not len(spans):
         return empty_frame(ITERATION_COLUMNS)
     ck = checkpoints.loc[checkpoints["iter"] != 0]
@@ -160,7 +163,7 @@ def iteration_table(events: pd.DataFrame, checkpoints: pd.DataFrame) -> pd.DataF
     t["span_ns"] = t["end_ns"] - t["start_ns"]
     t["other_ns"] = t["span_ns"] - t["fill_ns"] - t["copy_ns"]
     prefill = (t["checkpoints"] > 0) | (t["prompt_tokens"] > 0)
-    t["kind"] = np.where(prefill.to_numpy(), "prefill", "decode")
+    t["kind"] = pd.Categorical.from_codes(np.where(prefill.to_numpy(), 0, 1), dtype=ITERATION_COLUMNS["kind"])
     return t[list(ITERATION_COLUMNS)].astype(ITERATION_COLUMNS).reset_index(drop=True)
 
 
