@@ -131,10 +131,9 @@ def timeline_panel(legs: list[Leg]) -> Panel:
             notes.append(f"{leg.name}: timeline shows the first {MAX_TIMELINE_ROWS} of {len(ck)} checkpoints.")
             ck = ck.iloc[:MAX_TIMELINE_ROWS]
         ev = leg.analysis.trace.events
-        kind = ev["kind"].astype(str).to_numpy()
         in_ck = ev["ckpt"].isin(ck["ckpt"]).to_numpy()
-        spans = ev.loc[((kind == "fill") | (kind == "copy")) & in_ck]
-        dec = ev.loc[(kind == "decode") & (ev["tid"] == tid).to_numpy()
+        spans = ev.loc[ev["kind"].isin(["fill", "copy"]).to_numpy() & in_ck]
+        dec = ev.loc[(ev["kind"] == "decode").to_numpy() & (ev["tid"] == tid).to_numpy()
                      & (ev["start_ns"] >= t0).to_numpy() & (ev["end_ns"] <= t1).to_numpy()]
         ck_row = {int(c): f"ckpt {int(c)}" for c in ck["ckpt"]}
         y_order = ["iteration"] + (["llama_decode"] if len(dec) else []) + list(ck_row.values())
@@ -233,7 +232,7 @@ def comparison_panel(comparison) -> Panel:
     drift = m["drift_pct"].astype("float64").to_numpy() if "drift_pct" in m else np.full(len(m), np.nan)
     verdicts = [str(v) for v in m["verdict"]]
 
-    chart_px, table_px, gap_px = 60 + 44 * len(m), 40 + 2 * ROW_PX * (len(m) + 2), 110
+    chart_px, table_px, gap_px = 60 + 44 * len(m), 30 + (ROW_PX + 6) * (len(m) + 1), 90
     height = 130 + chart_px + gap_px + table_px
     fig = make_subplots(rows=2, cols=1, row_heights=[chart_px, table_px], vertical_spacing=gap_px / height,
                         specs=[[{"type": "xy"}], [{"type": "table"}]],

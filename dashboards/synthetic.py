@@ -131,7 +131,7 @@ def main(argv=None) -> None:
     a = ap.parse_args(argv)
     traces = synthetic_aba(checkpoints=max(1, a.checkpoints // 3))
     analyses = [analyze_trace(t) for t in traces]
-    path = write_dashboard(analyses, compare(analyses), a.output, "synthetic A/B/A")
+    path = write_dashboard(analyses, compare(analyses), a.output, "synthetic A/B/A (made-up numbers, not a recording)")
     print(f"{path}: {path.stat().st_size / 1e6:.2f} MB, {sum(len(x.checkpoints) for x in analyses)} checkpoints")
 
 
