@@ -45,7 +45,7 @@ def _fill_fault_per_iteration(leg: Leg) -> pd.Series:
 def iterations_panel(legs: list[Leg]) -> Panel:
     shown = [leg for leg in legs if len(leg.prefill)]
     if not shown:
-        return Panel(None, "no prefill iterations (the trace has no update_slots or llama_decode boundaries)")
+        return Panel(None, "no prefill iterations (no update_slots or llama_decode boundary held prompt tokens or a checkpoint)")
     notes = []
     row_px, gap_px = 230, 70
     height = 150 + row_px * len(shown) + gap_px * (len(shown) - 1)

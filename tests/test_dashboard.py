@@ -259,3 +259,14 @@ def test_browser_screenshot_is_not_blank(rendered):
     flat = px.reshape(-1, px.shape[-1])[:, :3]
     white = np.all(flat >= 250, axis=1).mean()
     assert white < 0.9  # plots, not an empty page
+
+
+def test_empty_trace_still_gives_a_page_that_says_what_is_missing(tmp_path):
+    from ckptrace.trace import Trace, empty_events
+    a = analyze_trace(Trace(events=empty_events(), meta={"label": "empty"}, path="empty.parquet"))
+    parts = build_panels([a], None, "t")
+    assert set(figures(parts)) == {"header", "summary", "metadata"}
+    header = json.dumps(figures(parts)["header"].to_plotly_json()["data"])
+    for pid in ("iterations", "timeline", "distributions", "churn"):
+        assert f"Panel '{pid}' omitted" in header
+    assert write_dashboard([a], None, tmp_path / "e.html", "empty").stat().st_size > 0
