@@ -73,6 +73,8 @@ def test_report_fits_80_columns_and_truncates(tmp_path):
     assert max(map(len, lines)) <= 80
     assert "... 10 more (--all shows every row)" in lines
     assert "30 checkpoints" in r.output and "30 prefill" in r.output
+    none = run("analyze", p, "--rows", "0")
+    assert none.exit_code == 0 and "... 30 more" in none.output
     full = run("analyze", p, "--all")
     assert "more (--all" not in full.output
     assert sum(1 for ln in full.output.splitlines() if ln.strip().endswith((" no", " yes"))) == 30
@@ -124,3 +126,40 @@ def test_subprocess_json_and_errors(slots_path, tmp_path):
     assert r.stderr.startswith("ckptrace: error: ") and len(r.stderr.strip().splitlines()) == 1
     r = subprocess.run([CKPTRACE, "analyze", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "Examples:" in r.stdout
+
+
+def _record(workload, tmp_path, name: str, pool: str, *extra) -> tuple[Path, list[dict]]:
+    out, truth = tmp_path / f"{name}.parquet", tmp_path / f"{name}.jsonl"
+    r = subprocess.run([CKPTRACE, "record", "-o", out, "--label", f"pool-{pool}", "--quiet", "--",
+                        workload, "--pool", pool, "--truth", truth, *extra],
+                       capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    return out, [json.loads(line) for line in truth.read_text().splitlines() if line.strip()]
+
+
+@pytest.mark.ebpf
+def test_recorded_workload_matches_its_truth(require_root_ebpf, workload, tmp_path):
+    """End to end on the real kernel: the analyzer's figures against the workload's own clock."""
+    legs = {}
+    for name, pool in (("off1", "off"), ("on", "on"), ("off2", "off")):
+        path, truth = _record(workload, tmp_path, name, pool, "--iterations", "15")
+        legs[name] = path
+        doc = json.loads(subprocess.run([CKPTRACE, "analyze", path, "--json"], capture_output=True,
+                                        text=True, timeout=120, check=True).stdout)
+        t_ck = [t for t in truth if t["type"] == "checkpoint"]
+        t_it = [t for t in truth if t["type"] == "iteration"]
+        its = doc["iterations"]
+        assert sum(i["kind"] == "prefill" for i in its) == sum(t["kind"] == "prefill" for t in t_it)
+        assert len(doc["checkpoints"]) == len(t_ck)
+        assert sum(c["pool_hit"] for c in doc["checkpoints"]) == sum(t["pool_hit"] for t in t_ck)
+        truth_fill = sum(t["fill_ns"] for t in t_ck)
+        ours_fill = sum(i["fill_ns"] for i in its if i["kind"] == "prefill")
+        assert ours_fill == pytest.approx(truth_fill, rel=0.05, abs=1_000_000)
+        assert sum(c["fill_faults"] for c in doc["checkpoints"]) == sum(t["fill_faults"] for t in t_ck)
+        for i in its:
+            assert i["fill_ns"] + i["copy_ns"] <= i["end_ns"] - i["start_ns"]
+    r = subprocess.run([CKPTRACE, "compare", legs["off1"], legs["on"], legs["off2"], "--json"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    m = {x["metric"]: x for x in json.loads(r.stdout)["metrics"]}
+    assert m["checkpoint_fill_ns"]["verdict"] == "faster" and m["checkpoint_fill_ns"]["ci_high_pct"] < 0

@@ -87,12 +87,13 @@ def checkpoint_lines(analysis, limit: int | None) -> list[str]:
         "hit": shown["pool_hit"].map({True: "yes", False: "no"}),
     }
     minimum = {"ckpt": 4, "iter": 5, "at s": 7, "faults": 7, "MiB": 6, "mm/un": 5}
-    widths = {k: max(len(k), minimum.get(k, 8 if k != "hit" else 3), int(v.str.len().max()))
+    widths = {k: max(len(k), minimum.get(k, 8 if k != "hit" else 3), int(v.str.len().max()) if len(v) else 0)
               for k, v in cols.items()}
     head = " ".join(k.rjust(widths[k]) for k in cols)
-    body = pd.Series([""] * len(shown), index=shown.index)
+    body = pd.Series([""] * len(shown), index=shown.index, dtype="str")
     for i, (k, v) in enumerate(cols.items()):
-        body = body + (" " if i else "") + v.str.rjust(widths[k])
+        if len(shown):
+            body = body + (" " if i else "") + v.astype("str").str.rjust(widths[k])
     lines = ["Checkpoints (times in ms; d = draft; mm/un = mmaps/munmaps inside)", head, *body.tolist()]
     if len(shown) < len(ck):
         lines.append(f"... {len(ck) - len(shown)} more (--all shows every row)")
