@@ -69,6 +69,8 @@ def iterations_panel(legs: list[Leg]) -> Panel:
             notes.append(f"{leg.name} {len(it):,} as {len(parts):,} bars of {k}")
         t0 = _time_origin(leg)
         x = ((parts["start_ns"].to_numpy() - t0) / 1e9).astype("float32")
+        # plotly.js aligns auto ticks to the bars (0.11, 0.246, ...); ask for round steps.
+        fig.update_xaxes(tick0=0, dtick=_nice_step(float(x.max() - x.min()) if len(x) else 1.0), row=row, col=1)
         for phase, label in (("fill", "fill (excl. faults)"), ("copy", "copy (excl. faults)"),
                              ("faults", "page faults"), ("other", "other")):
             fig.add_trace(go.Bar(x=x, y=ms(parts[phase]), name=label, legendgroup=phase, showlegend=row == 1,
@@ -83,6 +85,13 @@ def iterations_panel(legs: list[Leg]) -> Panel:
         notes = [f"Prefill iterations binned (over {MAX_BARS:,} per leg): each bar is the mean of k "
                  f"consecutive iterations; " + "; ".join(notes) + "."]
     return Panel(fig, notes=notes)
+
+
+def _nice_step(span: float, ticks: int = 8) -> float:
+    """1, 2 or 5 times a power of ten, giving about `ticks` ticks over `span`."""
+    raw = max(span, 1e-9) / ticks
+    power = 10 ** math.floor(math.log10(raw))
+    return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
 
 
 def _time_origin(leg: Leg) -> int:
@@ -211,7 +220,7 @@ def _fmt_value(unit: str, v) -> str:
         return "-"
     if unit == "ns":
         return f"{v / 1e6:.3f} ms"
-    return f"{v:,.4g}"
+    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
 
 
 def _fmt_pct(v) -> str:
@@ -232,7 +241,7 @@ def comparison_panel(comparison) -> Panel:
     drift = m["drift_pct"].astype("float64").to_numpy() if "drift_pct" in m else np.full(len(m), np.nan)
     verdicts = [str(v) for v in m["verdict"]]
 
-    chart_px, table_px, gap_px = 60 + 44 * len(m), 30 + (ROW_PX + 6) * (len(m) + 1), 90
+    chart_px, table_px, gap_px = 60 + 44 * len(m), 24 + (ROW_PX + 1) * (len(m) + 1), 90
     height = 130 + chart_px + gap_px + table_px
     fig = make_subplots(rows=2, cols=1, row_heights=[chart_px, table_px], vertical_spacing=gap_px / height,
                         specs=[[{"type": "xy"}], [{"type": "table"}]],
