@@ -12,7 +12,7 @@ from ckptrace.errors import AnalysisError, CkptraceError
 Examples:
   ckptrace dashboard run.parquet -o report.html
   ckptrace dashboard off1.parquet on.parquet off2.parquet -o report.html
-  ckptrace dashboard off.parquet on.parquet -o ab.html --title "pool, 32 slots"
+  ckptrace dashboard off.parquet on.parquet -o ab.html --title "32 slots"
 
 \b
 Traces are legs in run order, grouped by label: the first label is the
