@@ -71,16 +71,16 @@ def normalize_events(df: pd.DataFrame) -> pd.DataFrame:
     n = len(df)
     for col, dtype in COLUMNS.items():
         if col in df.columns:
-            s = df[col]
+            values = df[col].to_numpy()  # positional: the caller's index must not reorder rows
         elif col == "phase":
-            s = pd.Series(["none"] * n)
+            values = np.full(n, "none", dtype=object)
         elif col == "draft":
-            s = pd.Series(np.zeros(n, dtype=bool))
+            values = np.zeros(n, dtype=bool)
         else:
-            s = pd.Series(np.zeros(n, dtype="int64"))
-        out[col] = pd.Series(s.to_numpy() if not isinstance(dtype, pd.CategoricalDtype) else s,
-                             index=range(n)).astype(dtype)
-    return pd.DataFrame(out)
+            values = np.zeros(n, dtype="int64")
+        s = pd.Series(values, copy=False)
+        out[col] = s if s.dtype == dtype else s.astype(dtype)
+    return pd.DataFrame(out, copy=False)
 
 
 def write_trace(path: str | os.PathLike, events: pd.DataFrame, meta: dict) -> None:
@@ -143,7 +143,9 @@ def read_trace(path: str | os.PathLike) -> Trace:
         table = pq.read_table(path, columns=list(COLUMNS))
     except (pa.ArrowException, OSError) as e:
         raise TraceFormatError(f"{path}: trace is damaged ({_first_line(e)})") from None
-    df = table.to_pandas()
+    # split_blocks + self_destruct hand Arrow's buffers to pandas instead of copying them.
+    df = table.to_pandas(split_blocks=True, self_destruct=True)
+    del table
     try:
         df = normalize_events(df)
     except (ValueError, TypeError) as e:

@@ -1,7 +1,6 @@
 """Load checkpoint.bpf.c into the kernel, attach it to one process, and stream its events to a trace."""
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import datetime as dt
 import os
@@ -97,7 +96,7 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
 
     try:
         bpf = _load(bcc, target, offsets, opts)
-        attached = _attach(bpf, plan, target)
+        attached, attach_retries = _attach(bpf, plan, target)
     except BaseException:
         if child:
             child.abandon()
@@ -163,6 +162,7 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
             "partial_spans": counters[C_PARTIAL],
             "abandoned_spans": counters[C_ABANDONED],
             "open_at_stop": {"checkpoints": open_ckpt, "iterations": open_iter},
+            "attach_retries": attach_retries,
             "fault_sample_every": opts.fault_sample,
             "fault_time_definition": FAULT_TIME_DEFINITION if opts.fault_sample else None,
             "events": int(len(events)),
@@ -220,45 +220,56 @@ def _load(bcc, target: int, offsets: dict, opts: RecordOptions):
         f"-DFAULT_SAMPLE={int(opts.fault_sample)}",
         f"-DRINGBUF_PAGES={int(pages)}",
     ]
-    # clang and libbpf write straight to fd 2; keep it for the one-line error instead.
-    with tempfile.TemporaryFile(mode="w+b") as err, _stderr_to(err):
-        try:
-            bpf = bcc.BPF(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
-            # Load every uprobe program now, so a verifier rejection is reported here, in one line.
-            for enter, ret in PROGRAMS.values():
-                for fn in (enter, ret):
-                    bpf.load_func(fn.encode(), bcc.BPF.KPROBE)
-            return bpf
-        except Exception as e:  # bcc raises bare Exception
-            err.seek(0)
-            lines = [ln for ln in err.read().decode(errors="replace").splitlines() if ln.strip()]
-            first = next((ln for ln in lines if "error" in ln.lower()), lines[0] if lines else str(e))
-            raise EbpfUnavailable(f"the BPF program did not compile or load: {first.strip()}") from None
+    bpf = kernel.load_bpf(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
+    # Load every uprobe program now, so a verifier rejection is reported here, in one line.
+    for enter, ret in PROGRAMS.values():
+        for fn in (enter, ret):
+            _quietly(f"the kernel rejected the BPF program {fn}", bpf.load_func, fn.encode(), bcc.BPF.KPROBE)
+    return bpf
 
 
-@contextlib.contextmanager
-def _stderr_to(fileobj):
-    sys.stderr.flush()
-    saved = os.dup(2)
-    os.dup2(fileobj.fileno(), 2)
-    try:
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+def _quietly(what: str, call, *args, **kwargs):
+    """Run a bcc call with libbcc's own printing captured; failures become one line."""
+    with tempfile.NamedTemporaryFile("r", prefix="ckptrace-bcc-", suffix=".log") as log:
+        failure = None
+        with kernel._output_to(log.name):
+            try:
+                return call(*args, **kwargs)
+            except Exception as e:  # bcc raises bare Exception
+                failure = e
+        text = log.read()
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    # A verifier log ends with "processed N insns"; the reason is the line before it.
+    reason = next((lines[i - 1] for i, ln in enumerate(lines) if ln.startswith("processed ") and i), None)
+    raise EbpfUnavailable(f"{what}: {reason or failure}")
 
 
-def _attach(bpf, plan, target: int) -> int:
-    n = 0
+def _attach(bpf, plan, target: int) -> tuple[int, int]:
+    from ckptrace.probes.symbols import verify_with_bcc
+
+    verify_with_bcc(plan, target)  # bcc maps vaddr -> file offset itself; make sure it agrees
+    n = retries = 0
     for p in plan.points:
         enter, ret = PROGRAMS[p.point]
-        try:
-            bpf.attach_uprobe(name=p.object.encode(), addr=p.vaddr, fn_name=enter.encode(), pid=target)
-            bpf.attach_uretprobe(name=p.object.encode(), addr=p.vaddr, fn_name=ret.encode(), pid=target)
-        except Exception as e:
-            raise EbpfUnavailable(f"could not attach a uprobe to {p.symbol} in {p.object}: {e}") from None
-        n += 2
-    return n
+        what = f"could not attach a uprobe to {p.symbol} in {p.object}"
+        for attach, fn in ((bpf.attach_uprobe, enter), (bpf.attach_uretprobe, ret)):
+            # The kernel has refused an attach here now and then (libbcc hides the errno) and
+            # accepted the same one a moment later: retry with backoff, and count it.
+            for delay in (0.1, 0.3, 0.9, 0.0):
+                try:
+                    _quietly(what, attach, name=p.object.encode(), addr=p.vaddr, fn_name=fn.encode(),
+                             pid=target)
+                    break
+                except EbpfUnavailable:
+                    if not _alive(target):
+                        raise TargetError(f"PID {target} exited while the probes were being attached; "
+                                          "nothing was recorded") from None
+                    if not delay:
+                        raise
+                    retries += 1
+                    time.sleep(delay)
+            n += 1
+    return n, retries
 
 
 class _Session:
