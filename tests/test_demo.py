@@ -11,7 +11,7 @@ pytestmark = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
 
 
 def test_demo_records_checks_compares_and_writes_the_report(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "ckptrace", "demo", "--out", str(tmp_path), "--iterations", "12",
+    p = subprocess.run([sys.executable, "-m", "ckptrace", "demo", "--out", str(tmp_path), "--iterations", "24",
                         "--json"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
