@@ -20,12 +20,24 @@ import urllib.request
 from contextlib import contextmanager
 from pathlib import Path
 
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pandas as pd
 import pytest
+from click.testing import CliRunner
+
+from ckptrace.cli import cli
+from ckptrace.commands.drive import make_prompt, run_load
 
 from ckptrace.trace import read_trace
 
-pytestmark = [pytest.mark.llama, pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
+
+
+def e2e(test):
+    """Marks of the tests that build and trace a real server (the driver tests need neither)."""
+    return pytest.mark.llama(pytest.mark.ebpf(pytest.mark.usefixtures("require_root_ebpf")(test)))
+
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLE = REPO / "samples" / "llama-server"
@@ -173,6 +185,7 @@ def checkpoint_rows(leg: dict) -> pd.DataFrame:
 
 
 @pytest.mark.parametrize("leg_index", [0, 1, 2])
+@e2e
 def test_every_logged_checkpoint_is_recorded_with_its_size(legs, leg_index):
     leg = legs[leg_index]
     logged, ck = leg["logged"], checkpoint_rows(leg)
@@ -186,6 +199,7 @@ def test_every_logged_checkpoint_is_recorded_with_its_size(legs, leg_index):
     assert (ck["iter"] > 0).all() and (ck["iter_kind"] == "prefill").all(), ck[["iter", "iter_kind"]]
 
 
+@e2e
 def test_pool_off_fills_every_checkpoint_with_faults(legs):
     for leg in (legs[0], legs[2]):
         ck = checkpoint_rows(leg)
@@ -193,6 +207,7 @@ def test_pool_off_fills_every_checkpoint_with_faults(legs):
         assert (ck["fill_ns"] > 0).all() and (ck["fill_faults"] > 0).all()
 
 
+@e2e
 def test_pool_on_hits_without_fill_faults_after_warm_up(legs):
     ck = checkpoint_rows(legs[1])
     # warm-up: each slot's first prompt finds the pool empty (2 checkpoints a prompt); a slot
@@ -206,7 +221,116 @@ def test_pool_on_hits_without_fill_faults_after_warm_up(legs):
     assert (ck.iloc[:warm_up]["fill_faults"] > 0).all()
 
 
+@e2e
 def test_compare_reads_faster_for_fill(legs):
     p = _run([*CKPTRACE, "compare", *(leg["path"] for leg in legs), "--json"], timeout=120)
     metrics = {m["metric"]: m for m in json.loads(p.stdout)["metrics"]}
     assert metrics["checkpoint_fill_ns"]["verdict"] == "faster", metrics["checkpoint_fill_ns"]
+
+
+# The load driver, against a stand-in server speaking /completion's SSE stream.
+
+class FakeCompletion(BaseHTTPRequestHandler):
+    """Answers /health, and /completion with `n_predict` chunks after `first_delay_s`."""
+
+    protocol_version = "HTTP/1.1"
+    first_delay_s = 0.05
+    lock = threading.Lock()
+    prompts: list[str] = []
+    in_flight = 0
+    max_in_flight = 0
+
+    def log_message(self, *args):
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "2")
+        self.end_headers()
+        self.wfile.write(b"{}")
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        cls = type(self)
+        with cls.lock:
+            cls.prompts.append(body["prompt"])
+            cls.in_flight += 1
+            cls.max_in_flight = max(cls.max_in_flight, cls.in_flight)
+        try:
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            time.sleep(cls.first_delay_s)
+            for _ in range(body["n_predict"]):
+                self._chunk({"content": "tok", "stop": False})
+            self._chunk({"content": "", "stop": True, "tokens_evaluated": len(body["prompt"].split())})
+        finally:
+            with cls.lock:
+                cls.in_flight -= 1
+        self.close_connection = True
+
+    def _chunk(self, obj):
+        self.wfile.write(b"data: " + json.dumps(obj).encode() + b"\n\n")
+        self.wfile.flush()
+
+
+@pytest.fixture
+def fake_server():
+    handler = type("Handler", (FakeCompletion,), {"prompts": [], "lock": threading.Lock()})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield handler, f"http://127.0.0.1:{srv.server_address[1]}"
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def test_drive_sends_distinct_prompts_and_times_first_token(fake_server):
+    handler, url = fake_server
+    df = run_load(url, clients=3, requests=7, prompt_tokens=20, n_predict=3, timeout_s=60, seed=5)
+    assert list(df["request"]) == list(range(7))
+    assert (df["status"] == "ok").all()
+    assert len(set(handler.prompts)) == 7 and handler.max_in_flight <= 3
+    assert set(df["client"]) <= {0, 1, 2}
+    # the stand-in waits first_delay_s before the first chunk
+    assert (df["ttft_ns"] >= handler.first_delay_s * 1e9).all()
+    assert (df["ttft_ns"] <= df["total_ns"]).all()
+    assert sorted(df["prompt_tokens"]) == sorted(len(p.split()) for p in handler.prompts)
+    # the same seed gives the same prompts, another seed others
+    assert set(handler.prompts) == {make_prompt(i, 20, 5) for i in range(7)}
+    assert not set(handler.prompts) & {make_prompt(i, 20, 6) for i in range(7)}
+
+
+def test_drive_stops_at_the_time_bound(fake_server):
+    handler, url = fake_server
+    handler.first_delay_s = 3.0
+    df = run_load(url, clients=2, requests=50, prompt_tokens=8, n_predict=1, timeout_s=1.0)
+    assert len(df) == 2 and (df["status"] == "timeout").all(), df
+    assert df["ttft_ns"].isna().all()
+
+
+def test_drive_json_fields(fake_server):
+    _, url = fake_server
+    r = CliRunner().invoke(cli, ["drive", url, "--clients", "2", "--requests", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = json.loads(r.output)
+    assert {k for row in rows for k in row} == {"request", "client", "prompt_tokens", "start_unix_ns",
+                                                "start_ns", "ttft_ns", "total_ns", "status"}
+
+
+@pytest.mark.parametrize("url", ["http://10.0.0.1:8080", "http://example.com", "https://127.0.0.1:8080",
+                                 "http://127.0.0.2:8080"])
+def test_drive_refuses_any_other_target(url):
+    r = CliRunner().invoke(cli, ["drive", url])
+    assert r.exit_code == 2 and "Invalid value for 'URL'" in r.output, r.output
+
+
+def test_drive_says_when_nothing_listens():
+    port = free_port()
+    p = subprocess.run([*CKPTRACE, "drive", f"http://127.0.0.1:{port}", "--timeout", "1"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "Traceback" not in p.stderr
+    assert p.stderr.startswith("ckptrace: error: nothing listens at"), p.stderr
