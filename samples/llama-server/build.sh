@@ -50,7 +50,7 @@ fi
 [ "$static" = 1 ] && key="$key-static"
 DIR="$ROOT/$key"
 BIN="$DIR/build/bin/llama-server"
-mkdir -p "$DIR"
+mkdir -p "$DIR" 2>/dev/null || { log "cannot create $DIR: run as root or set CKPTRACE_CACHE to a writable folder"; exit 1; }
 
 # One builder per cache folder; a second caller waits, then reuses the result.
 exec 9>"$DIR/.lock"
@@ -64,19 +64,22 @@ fi
 
 # The sdist is shared by every key of one version.
 SDIST_DIR="$ROOT/sdist-$VERSION"
-sdist="$(ls "$SDIST_DIR"/llama_cpp_python-"$VERSION".tar.gz 2>/dev/null || true)"
-if [ -z "$sdist" ]; then
+sdist="$SDIST_DIR/llama_cpp_python-$VERSION.tar.gz"
+exec 8>"$ROOT/.sdist.lock"
+flock 8  # the pool-off and pool-on builds may start together
+if [ ! -f "$sdist" ]; then
     if [ -x /work/main/.venv/bin/pip ]; then PIP=(/work/main/.venv/bin/pip); else PIP=(python3 -m pip); fi
     log "fetching llama-cpp-python==$VERSION sdist"
     mkdir -p "$SDIST_DIR"
     # Only llama-cpp-python itself must be a source archive; its build tools (needed by
     # pip to read the sdist's metadata) may come as wheels.
+    rm -rf "$SDIST_DIR.tmp"
     "${PIP[@]}" download --no-deps --no-binary llama-cpp-python -d "$SDIST_DIR.tmp" \
         "llama-cpp-python==$VERSION" >&2
     mv "$SDIST_DIR.tmp"/llama_cpp_python-"$VERSION".tar.gz "$SDIST_DIR"/
     rm -rf "$SDIST_DIR.tmp"
-    sdist="$SDIST_DIR/llama_cpp_python-$VERSION.tar.gz"
 fi
+flock -u 8
 
 # Source tree: extracted (and patched) once; .src-ready marks it complete.
 if [ ! -f "$DIR/.src-ready" ]; then
@@ -95,7 +98,7 @@ fi
 
 shared=ON
 [ "$static" = 1 ] && shared=OFF
-if [ ! -f "$DIR/build/CMakeCache.txt" ]; then
+if [ ! -f "$DIR/build/Makefile" ]; then  # (re)configure until a configure has finished
     log "configuring (BUILD_SHARED_LIBS=$shared)"
     cmake -S "$DIR/src" -B "$DIR/build" \
         -DCMAKE_BUILD_TYPE=Release \
