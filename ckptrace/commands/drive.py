@@ -208,8 +208,9 @@ def format_table(df: pd.DataFrame) -> str:
 @click.command("drive", epilog="""\b
 Examples:
   ckptrace drive http://127.0.0.1:8080 --clients 3 --requests 6
-  ckptrace drive http://localhost:8080 --clients 4 --requests 40 --prompt-tokens 480
-  ckptrace drive http://127.0.0.1:8080 --clients 3 --requests 6 --json > ttft.json
+  ckptrace drive http://localhost:8080 --clients 4 --requests 40 \\
+      --prompt-tokens 480 --n-predict 16
+  ckptrace drive http://127.0.0.1:8080 --requests 6 --json > ttft.json
 """)
 @click.argument("url", type=LocalURL())
 @click.option("--clients", type=click.IntRange(1, 256), default=3, show_default=True,
