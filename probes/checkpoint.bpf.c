@@ -5,11 +5,13 @@
  *   TARGET_TGID     process to trace
  *   MIN_FLT_OFF     byte offset of task_struct.min_flt in the RUNNING kernel (from its BTF; the
  *   MAJ_FLT_OFF     installed headers are for another kernel version, so never take it from them)
- *   FAULT_SAMPLE    time 1 in N faults inside a checkpoint; 0 compiles the fault programs out
  *   RINGBUF_PAGES   ring buffer size in pages (power of two)
  */
 #include <uapi/linux/ptrace.h>
 #include "checkpoint.h"
+
+/* A fault's own accounting comes within microseconds; a longer gap is a sample that lost its pair. */
+#define MAX_FAULT_NS 1000000ULL
 
 struct span {
     u64 start;
@@ -29,7 +31,6 @@ struct tstate {
     u64 it_prompt;
     u64 timed;         /* faults timed so far on this thread, and their summed ns */
     u64 timed_ns;
-    u64 fault_seq;
     u64 sc_len;        /* pending mmap/mremap length and start between syscall enter and exit */
     u64 sc_start;
     u32 phase;         /* P_NONE, P_FILL or P_COPY inside a checkpoint */
@@ -382,8 +383,10 @@ int decode_return(struct pt_regs *ctx)
  * next kmem:rss_stat on the same thread, i.e. until the new page is accounted: a lower bound that
  * leaves out trap entry/exit and the hypervisor's own faults. Counts come from min_flt instead,
  * so these programs are the only per-fault work, and they stay tiny. */
-#if FAULT_SAMPLE > 0
-RAW_TRACEPOINT_PROBE(page_fault_user)
+/* Both programs run on every fault of every process while they are attached, so the recorder
+ * attaches them only during sampled time slices (--fault-sample), and the common path here is a
+ * tgid compare, or one per-CPU slot read in rss_stat. */
+int fault_enter(struct bpf_raw_tracepoint_args *ctx)
 {
     u32 tid;
     if (!target_tid(&tid))
@@ -395,26 +398,24 @@ RAW_TRACEPOINT_PROBE(page_fault_user)
     struct armed *a = armed_fault.lookup(&zero);
     if (!a)
         return 0;
-    if (++s->fault_seq % FAULT_SAMPLE == 0) {
-        a->tid = tid;
-        a->t0 = bpf_ktime_get_ns();
-    } else if (a->tid == tid) {
-        a->tid = 0; /* an earlier sample never saw its rss_stat: don't pair across faults */
-    }
+    a->tid = tid;
+    a->t0 = bpf_ktime_get_ns();
     return 0;
 }
 
-RAW_TRACEPOINT_PROBE(rss_stat)
+int fault_accounted(struct bpf_raw_tracepoint_args *ctx)
 {
-    u32 tid;
-    if (!target_tid(&tid))
-        return 0;
     u32 zero = 0;
     struct armed *a = armed_fault.lookup(&zero);
-    if (!a || a->tid != tid)
+    if (!a || !a->tid)
+        return 0;
+    u32 tid = (u32)bpf_get_current_pid_tgid();
+    if (a->tid != tid)
         return 0;
     u64 d = bpf_ktime_get_ns() - a->t0;
     a->tid = 0;
+    if (d > MAX_FAULT_NS)
+        return 0; /* not this fault's accounting (it never came): don't pair across faults */
     struct tstate *s = threads.lookup(&tid);
     if (!s)
         return 0;
@@ -422,7 +423,6 @@ RAW_TRACEPOINT_PROBE(rss_stat)
     s->timed_ns += d;
     return 0;
 }
-#endif
 
 /* ---- mmap / munmap / mremap of the target, attributed to the thread's phase ---- */
 

@@ -37,9 +37,12 @@ PROGRAMS = {
 C_LOST, C_PARTIAL, C_NEXT_ID, C_ABANDONED = 0, 1, 2, 3
 
 FAULT_SAMPLE_CHOICES = (0, 1, 2, 4, 8, 16, 64)
+SLICE_S = 0.25  # fault timing is on for one slice of this length in every --fault-sample slices
+FAULT_PROGRAMS = (("rss_stat", "fault_accounted"), ("page_fault_user", "fault_enter"))  # attach order
 FAULT_TIME_DEFINITION = (
     "per timed fault: exceptions:page_fault_user to the next kmem:rss_stat on the same thread "
-    "(the new page accounted); a lower bound without trap entry/exit or hypervisor faults"
+    "(the new page accounted); a lower bound without trap entry/exit or hypervisor faults. "
+    "Faults are timed during one 0.25 s slice in every fault_sample_every slices"
 )
 NO_CHECKPOINT_HINT_S = 30.0
 POLL_S = 0.05  # drain period; events are submitted without wakeups
@@ -50,7 +53,7 @@ class RecordOptions:
     output: Path
     label: str = ""
     duration_s: float | None = None
-    fault_sample: int = 1
+    fault_sample: int = 8
     ringbuf_pages: int = 512
     status: bool = True  # live status line (only drawn on a terminal)
     no_checkpoint_hint_s: float = NO_CHECKPOINT_HINT_S
@@ -106,7 +109,8 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
     attach_ns = time.monotonic_ns()
     start_time = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
     what = f"command {command[0]!r} (pid {target})" if child else f"PID {target} ({plan.target})"
-    faults_txt = (f"page faults (service time of 1 in {opts.fault_sample})" if opts.fault_sample
+    faults_txt = ("page faults (service time always)" if opts.fault_sample == 1 else
+                  f"page faults (service time in 1 of {opts.fault_sample} slices)" if opts.fault_sample
                   else "page faults (counts only)")
     _say(f"ckptrace: tracing {what}: {attached} uprobes in {len({p.object for p in plan.points})} "
          f"objects, {faults_txt}, mmap/munmap/mremap. "
@@ -118,6 +122,8 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
     for s in old:
         signal.signal(s, session.request_stop)
     try:
+        if opts.fault_sample:
+            session.set_fault_timing(True)  # the first slice is a timed one, from the first instruction
         if child:
             child.release()
         stop_reason = session.run(child, target)
@@ -164,6 +170,7 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
             "open_at_stop": {"checkpoints": open_ckpt, "iterations": open_iter},
             "attach_retries": attach_retries,
             "fault_sample_every": opts.fault_sample,
+            "fault_slices_timed": session.fault_slices,
             "fault_time_definition": FAULT_TIME_DEFINITION if opts.fault_sample else None,
             "events": int(len(events)),
         }
@@ -217,7 +224,6 @@ def _load(bcc, target: int, offsets: dict, opts: RecordOptions):
         f"-DTARGET_TGID={int(target)}",
         f"-DMIN_FLT_OFF={int(offsets['min_flt'])}",
         f"-DMAJ_FLT_OFF={int(offsets['maj_flt'])}",
-        f"-DFAULT_SAMPLE={int(opts.fault_sample)}",
         f"-DRINGBUF_PAGES={int(pages)}",
     ]
     bpf = kernel.load_bpf(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
@@ -287,6 +293,8 @@ class _Session:
         self.ckpt_faults = 0
         self.stop_reason: str | None = None
         self.tty = opts.status and sys.stderr.isatty()
+        self.fault_on = False
+        self.fault_slices = 0
         self.status_drawn = False
         bpf["events"].open_ring_buffer(self._on_event)
 
@@ -303,11 +311,26 @@ class _Session:
     def request_stop(self, signum, frame):
         self.stop_reason = "interrupted" if signum == signal.SIGINT else "terminated"
 
+    def set_fault_timing(self, on: bool) -> None:
+        """Attach or detach the per-fault programs: their cost is paid only while attached."""
+        if on == self.fault_on:
+            return
+        for tp, fn in (FAULT_PROGRAMS if on else reversed(FAULT_PROGRAMS)):
+            if on:
+                self.bpf.attach_raw_tracepoint(tp=tp.encode(), fn_name=fn.encode())
+            else:
+                self.bpf.detach_raw_tracepoint(tp=tp.encode())
+        self.fault_on = on
+        self.fault_slices += on
+
     def run(self, child: HeldChild | None, target: int) -> str:
         t0 = time.monotonic()
         last_status = 0.0
         hinted = False
+        every = self.opts.fault_sample
         while True:
+            if every:
+                self.set_fault_timing(int((time.monotonic() - t0) / SLICE_S) % every == 0)
             time.sleep(POLL_S)
             self.bpf.ring_buffer_consume()
             now = time.monotonic()
