@@ -256,18 +256,16 @@ class FakeCompletion(BaseHTTPRequestHandler):
             cls.prompts.append(body["prompt"])
             cls.in_flight += 1
             cls.max_in_flight = max(cls.max_in_flight, cls.in_flight)
-        try:
-            self.send_response(200)
-            self.send_header("Content-Type", "text/event-stream")
-            self.send_header("Connection", "close")
-            self.end_headers()
-            time.sleep(cls.first_delay_s)
-            for _ in range(body["n_predict"]):
-                self._chunk({"content": "tok", "stop": False})
-            self._chunk({"content": "", "stop": True, "tokens_evaluated": len(body["prompt"].split())})
-        finally:
-            with cls.lock:
-                cls.in_flight -= 1
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Connection", "close")
+        self.end_headers()
+        time.sleep(cls.first_delay_s)
+        for _ in range(body["n_predict"]):
+            self._chunk({"content": "tok", "stop": False})
+        with cls.lock:  # before the last chunk: the client may send its next request on seeing it
+            cls.in_flight -= 1
+        self._chunk({"content": "", "stop": True, "tokens_evaluated": len(body["prompt"].split())})
         self.close_connection = True
 
     def _chunk(self, obj):
