@@ -4,8 +4,8 @@
   (`llama_state_seq_get_data_ext`) rows carrying the checkpoint's id, faults included; several
   rows of a kind add up. `other_ns = total_ns - fill_ns - copy_ns`.
 - `pool_hit`: the checkpoint has no fill row (the buffer did not need to grow).
-- Fault time, per fill/copy span: `faults * fault_timed_ns / fault_timed` (the recorder times 1
-  in N faults, see the trace's `fault_time_definition`). A span with no timed fault uses the
+- Fault time, per fill/copy span: `faults * fault_timed_ns / fault_timed` (the recorder times
+  faults in sampled time slices, see the trace's `fault_time_definition`). A span with no timed fault uses the
   trace-wide mean ns per timed fault of its kind, else of fill and copy together, else 0 (then
   nothing was timed: `fault_timed` is 0 everywhere). An estimate never exceeds its span.
 - `faults`: the whole checkpoint's fault count; `fill_faults`/`copy_faults` those of its spans.
