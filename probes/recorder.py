@@ -134,9 +134,7 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
             signal.signal(s, h)
         if child:
             if child.poll() is None:
-                child.terminate()
-                if stop_reason == "target exited":
-                    stop_reason = "target exited"
+                child.terminate()  # we started it: we stop it
             exit_code = child.exit_code
         stop_ns = time.monotonic_ns()
         session.drain()

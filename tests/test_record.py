@@ -293,6 +293,19 @@ def test_duration(tmp_path, workload):
     assert time.monotonic() - t0 < 30
 
 
+def test_no_checkpoint_hint(tmp_path, workload):
+    wl = start_waiting_workload(workload, tmp_path, "--iterations", "3")  # idle: never signalled
+    try:
+        p = subprocess.run([*CKPTRACE, "record", "--quiet", "--pid", str(wl.pid), "--duration", "3",
+                            "--hint-after", "1", "-o", str(tmp_path / "h.parquet")],
+                           capture_output=True, text=True, timeout=60)
+    finally:
+        wl.kill()
+    assert p.returncode == 0, p.stderr
+    assert "no checkpoint seen in 1 s" in p.stderr and "recurrent state or SWA" in p.stderr
+    assert read_trace(tmp_path / "h.parquet").meta["stop_reason"] == "duration"
+
+
 def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> None:
     assert p.returncode != 0
     lines = p.stderr.strip().splitlines()
