@@ -426,7 +426,7 @@ int fault_accounted(struct bpf_raw_tracepoint_args *ctx)
 
 /* ---- mmap / munmap / mremap of the target, attributed to the thread's phase ---- */
 
-TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
+static __always_inline int syscall_enter(u32 kind, u64 len)
 {
     u32 tid;
     if (!target_tid(&tid))
@@ -434,26 +434,31 @@ TRACEPOINT_PROBE(syscalls, sys_enter_mmap)
     struct tstate *s = state_of(tid);
     if (!s)
         return 0;
-    s->sc_len = args->len;
-    s->sc_kind = K_MMAP;
+    s->sc_len = len;
+    s->sc_kind = kind;
     s->sc_start = bpf_ktime_get_ns();
     return 0;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_exit_mmap)
+static __always_inline int syscall_exit(u32 kind, s64 ret)
 {
     u32 tid;
     if (!target_tid(&tid))
         return 0;
     struct tstate *s = threads.lookup(&tid);
-    if (!s || s->sc_kind != K_MMAP)
+    if (!s || s->sc_kind != kind)
         return 0;
     s->sc_kind = 0;
-    if ((s64)args->ret < 0 && (s64)args->ret > -4096)
-        return 0; /* failed */
-    emit_syscall(K_MMAP, tid, s, s->sc_start, s->sc_len, args->ret);
+    if (ret < 0 && ret > -4096)
+        return 0; /* failed: nothing was mapped */
+    emit_syscall(kind, tid, s, s->sc_start, s->sc_len, (u64)ret);
     return 0;
 }
+
+TRACEPOINT_PROBE(syscalls, sys_enter_mmap) { return syscall_enter(K_MMAP, args->len); }
+TRACEPOINT_PROBE(syscalls, sys_exit_mmap) { return syscall_exit(K_MMAP, args->ret); }
+TRACEPOINT_PROBE(syscalls, sys_enter_mremap) { return syscall_enter(K_MREMAP, args->new_len); }
+TRACEPOINT_PROBE(syscalls, sys_exit_mremap) { return syscall_exit(K_MREMAP, args->ret); }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
 {
@@ -464,34 +469,5 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
     if (!s)
         return 0;
     emit_syscall(K_MUNMAP, tid, s, bpf_ktime_get_ns(), args->len, args->addr);
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
-{
-    u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = state_of(tid);
-    if (!s)
-        return 0;
-    s->sc_len = args->new_len;
-    s->sc_kind = K_MREMAP;
-    s->sc_start = bpf_ktime_get_ns();
-    return 0;
-}
-
-TRACEPOINT_PROBE(syscalls, sys_exit_mremap)
-{
-    u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
-    if (!s || s->sc_kind != K_MREMAP)
-        return 0;
-    s->sc_kind = 0;
-    if ((s64)args->ret < 0 && (s64)args->ret > -4096)
-        return 0;
-    emit_syscall(K_MREMAP, tid, s, s->sc_start, s->sc_len, args->ret);
     return 0;
 }

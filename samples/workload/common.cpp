@@ -1,6 +1,7 @@
 // libsample-common.so: stand-in for libllama-common.so, common_prompt_checkpoint and its pool.
 
 #include "common.h"
+#include "truth.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,18 +12,7 @@
 
 #include <algorithm>
 
-static int64_t now_ns() {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
-// The calling thread's own fault counter, what a tracer reads from task_struct.min_flt.
-static int64_t thread_faults() {
-    struct rusage ru;
-    getrusage(RUSAGE_THREAD, &ru);
-    return ru.ru_minflt + ru.ru_majflt;
-}
 
 // The body of update_tgt()/update_dft(), inlined into each so that the resize and the copy are
 // calls made from inside the probed function, as in llama.cpp's common.cpp.

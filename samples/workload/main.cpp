@@ -5,6 +5,7 @@
 // minor+major faults over all iterations.
 
 #include "common.h"
+#include "truth.h"
 #include "llama.h"
 #include "server.h"
 
@@ -29,17 +30,7 @@
 
 static const char * prog = "ckpt-workload";
 
-static int64_t now_ns() {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
-static int64_t thread_faults() {
-    struct rusage ru;
-    getrusage(RUSAGE_THREAD, &ru);
-    return ru.ru_minflt + ru.ru_majflt;
-}
 
 [[noreturn]] static void usage_error(const char * fmt, ...) {
     va_list ap;
