@@ -4,6 +4,8 @@
   (`llama_state_seq_get_data_ext`) rows carrying the checkpoint's id, faults included; several
   rows of a kind add up. `other_ns = total_ns - fill_ns - copy_ns`.
 - `pool_hit`: the checkpoint has no fill row (the buffer did not need to grow).
+- An update_tgt/update_dft call that made no state copy (update_dft without a draft model
+  returns at once) saved nothing and is not a checkpoint: it is left out.
 - Fault time, per fill/copy span: `faults * fault_timed_ns / fault_timed` (the recorder times
   faults in sampled time slices, see the trace's `fault_time_definition`). A span with no timed fault uses the
   trace-wide mean ns per timed fault of its kind, else of fill and copy together, else 0 (then
@@ -82,6 +84,11 @@ def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame | None = None) ->
 
     fills = events.loc[kind_mask(events, "fill"), _SPAN_COLS]
     copies = events.loc[kind_mask(events, "copy"), _SPAN_COLS]
+    # An update that copied no state saved nothing: llama-server calls update_dft on every
+    # checkpoint, and without a draft model it returns at once. Not a checkpoint.
+    ck = ck[ck["ckpt"].isin(copies["ckpt"]).to_numpy()]
+    if not len(ck):
+        return empty_frame(CHECKPOINT_COLUMNS)
     both = _mean_ns_per_timed_fault(fills, copies)
     fill = _per_checkpoint(fills, _mean_ns_per_timed_fault(fills) or both)
     copy = _per_checkpoint(copies, _mean_ns_per_timed_fault(copies) or both)

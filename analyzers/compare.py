@@ -16,6 +16,8 @@ Rules:
   percent of the baseline median (`drift_pct`).
 - Verdict: interval includes 0 -> "no change"; else |change| <= drift -> "within drift"; else
   "faster" (change < 0) or "slower". Every metric is a time or a fault count, so lower is faster.
+  An arm with no samples (no prefill iteration, or fault time not measured in any of its legs:
+  such legs are left out of checkpoint_fault_ns rather than counted as 0) -> "not measured".
 """
 from __future__ import annotations
 
@@ -85,6 +87,8 @@ def _plain(v):
 
 def _samples(a: Analysis, metric: str) -> np.ndarray:
     source, cols, _ = METRICS[metric]
+    if metric == "checkpoint_fault_ns" and not a.summary.get("fault_time_measured", True):
+        return np.empty(0)  # unmeasured is not zero: leave the leg out of this metric
     df = a.checkpoints if source == "checkpoint" else a.iterations.loc[a.iterations["kind"] == "prefill"]
     return df[list(cols)].sum(axis=1).to_numpy(dtype="float64")
 
@@ -127,10 +131,10 @@ def _metric_row(name: str, i: int, base_legs: list[np.ndarray], cand_legs: list[
     b, c = np.concatenate(base_legs), np.concatenate(cand_legs)
     row = {"metric": name, "unit": unit, "sample": sample, "samples_baseline": len(b), "samples_candidate": len(c)}
     nan = float("nan")
-    if not len(b) or not len(c):  # e.g. no prefill iterations in one arm
+    if not len(b) or not len(c):  # e.g. no prefill iterations, or fault time not measured, in one arm
         return {**row, "baseline_median": nan if not len(b) else float(np.median(b)),
                 "candidate_median": nan if not len(c) else float(np.median(c)), "change_pct": nan,
-                "ci_low_pct": nan, "ci_high_pct": nan, "drift_pct": nan, "verdict": "no change",
+                "ci_low_pct": nan, "ci_high_pct": nan, "drift_pct": nan, "verdict": "not measured",
                 "diff_median": nan, "diff_ci_low": nan, "diff_ci_high": nan, "drift_abs": nan}
     bm, cm = float(np.median(b)), float(np.median(c))
     rng = np.random.default_rng([seed, i])

@@ -64,6 +64,7 @@ def test_report_fits_80_columns_and_truncates(tmp_path):
         t = k * 100 * MS
         rows += [dict(kind="checkpoint", tid=7, start_ns=t + MS, end_ns=t + 20 * MS, ckpt=k + 1, bytes=33 * MIB),
                  dict(kind="fill", tid=7, start_ns=t + 2 * MS, end_ns=t + 15 * MS, ckpt=k + 1, bytes=33 * MIB),
+                 dict(kind="copy", tid=7, start_ns=t + 15 * MS, end_ns=t + 19 * MS, ckpt=k + 1, bytes=33 * MIB),
                  dict(kind="decode", tid=7, start_ns=t + 30 * MS, end_ns=t + 90 * MS, tokens=64, prompt_tokens=63)]
     p = tmp_path / "many.parquet"
     write_trace(p, make_events(rows), {"label": "many"})

@@ -80,6 +80,7 @@ def decode_rows() -> list[dict]:
         dict(kind="copy", tid=300, start_ns=30 * MS, end_ns=34 * MS, ckpt=2, bytes=8 * MIB),
         dict(kind="decode", tid=300, start_ns=40 * MS, end_ns=60 * MS, tokens=1),
         dict(kind="checkpoint", tid=300, start_ns=70 * MS, end_ns=71 * MS, ckpt=3, bytes=8 * MIB),
+        dict(kind="copy", tid=300, start_ns=70 * MS + 100_000, end_ns=70 * MS + 900_000, ckpt=3, bytes=8 * MIB),
     ]
 
 
@@ -162,9 +163,20 @@ def test_decode_boundaries_without_update_slots():
 def test_fault_estimate_never_exceeds_span():
     rows = [dict(kind="checkpoint", tid=1, start_ns=0, end_ns=10_000, ckpt=1, faults=100),
             dict(kind="fill", tid=1, start_ns=1000, end_ns=2000, ckpt=1, faults=100, fault_timed=1,
-                 fault_timed_ns=50_000)]
+                 fault_timed_ns=50_000),
+            dict(kind="copy", tid=1, start_ns=2000, end_ns=9000, ckpt=1, bytes=MIB)]
     ck = checkpoint_table(make_events(rows))
     assert ck.loc[0, "fill_fault_ns"] == 1000
+
+
+def test_an_update_that_copied_nothing_is_not_a_checkpoint():
+    # llama-server calls update_dft after update_tgt; without a draft model it returns at once.
+    rows = [dict(kind="checkpoint", tid=1, start_ns=0, end_ns=10 * MS, ckpt=1, bytes=MIB),
+            dict(kind="fill", tid=1, start_ns=MS, end_ns=5 * MS, ckpt=1, bytes=MIB),
+            dict(kind="copy", tid=1, start_ns=5 * MS, end_ns=9 * MS, ckpt=1, bytes=MIB),
+            dict(kind="checkpoint", tid=1, start_ns=10 * MS + 10, end_ns=10 * MS + 900, ckpt=2, draft=True)]
+    ck = checkpoint_table(make_events(rows))
+    assert ck["ckpt"].tolist() == [1] and not ck["pool_hit"].any()
 
 
 def test_nothing_timed_reports_fault_time_unmeasured():
@@ -234,7 +246,8 @@ def test_kernel_id_outside_its_iteration_is_unassigned():
     # call after lost events): it must not be counted inside iteration 1's span.
     rows = [dict(kind="iteration", tid=1, start_ns=0, end_ns=100, iter=1),
             dict(kind="checkpoint", tid=1, start_ns=150, end_ns=400, ckpt=1, iter=1),
-            dict(kind="fill", tid=1, start_ns=160, end_ns=390, ckpt=1, iter=1)]
+            dict(kind="fill", tid=1, start_ns=160, end_ns=390, ckpt=1, iter=1),
+            dict(kind="copy", tid=1, start_ns=390, end_ns=399, ckpt=1, iter=1)]
     ev = make_events(rows)
     ck = checkpoint_table(ev)
     assert ck["iter"].tolist() == [0]
