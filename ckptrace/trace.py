@@ -100,6 +100,18 @@ def write_trace(path: str | os.PathLike, events: pd.DataFrame, meta: dict) -> No
     os.replace(tmp, path)
 
 
+def time_origin(meta: dict, events: pd.DataFrame) -> int:
+    """Where a recording's time axis starts: probes in place (attach_ns), else the first event."""
+    for key in ("attach_ns", "first_event_ns"):
+        if isinstance(meta.get(key), int) and meta[key] > 0:
+            return meta[key]
+    return int(events["start_ns"].min()) if len(events) else 0
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number a trace can hold")
+
+
 def read_meta(path: str | os.PathLike) -> dict:
     """Metadata only, with the same checks as read_trace."""
     path = Path(path)
@@ -117,10 +129,12 @@ def read_meta(path: str | os.PathLike) -> dict:
     if raw is None:
         raise TraceFormatError(f"{path}: a Parquet file, but not a ckptrace trace (no '{META_KEY}' metadata)")
     try:
-        meta = json.loads(raw)
+        meta = json.loads(raw, parse_constant=_no_constant)  # NaN/Infinity would break --json later
     except ValueError:
         raise TraceFormatError(f"{path}: ckptrace metadata is not valid JSON") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+    if not isinstance(meta, dict):
+        raise TraceFormatError(f"{path}: ckptrace metadata is not a JSON object")
+    if meta.get("format") != FORMAT:
         raise TraceFormatError(f"{path}: not a ckptrace trace (format is {meta.get('format')!r})")
     version = meta.get("version")
     min_reader = meta.get("min_reader_version", version)

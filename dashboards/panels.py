@@ -15,6 +15,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ckptrace.trace import time_origin
+
 from .legs import (MAX_BARS, MAX_POINTS, PHASE_COLOURS, VERDICT_COLOURS, Leg, bin_rows, ms,
                    order_statistics, plain)
 
@@ -67,7 +69,7 @@ def iterations_panel(legs: list[Leg]) -> Panel:
         parts, k = bin_rows(parts, ["fill", "copy", "faults", "other"])
         if k > 1:
             notes.append(f"{leg.name} {len(it):,} as {len(parts):,} bars of {k}")
-        t0 = _time_origin(leg)
+        t0 = time_origin(leg.meta, leg.analysis.trace.events)
         x = ((parts["start_ns"].to_numpy() - t0) / 1e9).astype("float32")
         # plotly.js aligns auto ticks to the bars (0.11, 0.246, ...); ask for round steps.
         fig.update_xaxes(tick0=0, dtick=_nice_step(float(x.max() - x.min()) if len(x) else 1.0), row=row, col=1)
@@ -94,12 +96,10 @@ def _nice_step(span: float, ticks: int = 8) -> float:
     return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
 
 
-def _time_origin(leg: Leg) -> int:
-    m = leg.meta
-    for key in ("first_event_ns", "attach_ns"):
-        if isinstance(m.get(key), int) and m[key] > 0:
-            return m[key]
-    return int(leg.iterations["start_ns"].min())
+def _fault_timing(every) -> str:
+    if every == 1:
+        return "every fault timed"
+    return f"faults timed in 1 of {every} 0.25 s slices" if every else "not timed (counts only)"
 
 
 # -- one iteration as a timeline -----------------------------------------------------------------
@@ -399,7 +399,7 @@ def metadata_panel(legs: list[Leg]) -> Panel:
         row("lost events", lambda leg: plain(leg.meta.get("lost_events", "-"))),
         row("partial spans / open at stop",
             lambda leg: plain(f"{leg.meta.get('partial_spans', '-')} / {leg.meta.get('open_at_stop', '-')}")),
-        row("fault timing", lambda leg: plain(f"1 in {leg.meta.get('fault_sample_every', '-')} faults timed")),
+        row("fault timing", lambda leg: plain(_fault_timing(leg.meta.get("fault_sample_every")))),
         row("probe points", probes),
         row("checkpoints / prefill iterations",
             lambda leg: f"{len(leg.checkpoints):,} / {len(leg.prefill):,}"),

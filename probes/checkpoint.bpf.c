@@ -98,7 +98,10 @@ static __always_inline int target_tid(u32 *tid)
 static __always_inline struct tstate *state_of(u32 tid)
 {
     struct tstate zero = {};
-    return threads.lookup_or_try_init(&tid, &zero);
+    struct tstate *s = threads.lookup_or_try_init(&tid, &zero);
+    if (!s)
+        count(C_LOST); /* the per-thread map is full: what this thread does next is not seen */
+    return s;
 }
 
 static __always_inline void open_span(struct span *sp, struct tstate *s)

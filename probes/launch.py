@@ -1,11 +1,14 @@
 """Start a command held before its first instruction, so probes can be attached first."""
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
 import signal
 
 from ckptrace.errors import TargetError
+
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
 class HeldChild:
@@ -22,14 +25,17 @@ class HeldChild:
         self.path = os.path.realpath(path)
         self.exit_code: int | None = None
         r, w = os.pipe()
+        recorder = os.getpid()
         pid = os.fork()
         if pid == 0:  # child: wait for the go byte, then become the command
             os.close(w)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             try:
+                # If the recorder dies (even SIGKILL), the command it started goes with it.
+                ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
                 go = os.read(r, 1)
-                if go != b"g":
-                    os._exit(125)  # the recorder gave up before starting us
+                if go != b"g" or os.getppid() != recorder:
+                    os._exit(125)  # the recorder gave up (or died) before starting us
                 os.close(r)
                 os.execv(path, argv)
             except BaseException:

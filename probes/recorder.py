@@ -77,6 +77,11 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
 
     if opts.fault_sample not in FAULT_SAMPLE_CHOICES:
         raise TargetError(f"--fault-sample must be one of {', '.join(map(str, FAULT_SAMPLE_CHOICES))}")
+    out_dir = Path(opts.output).resolve().parent
+    if not out_dir.is_dir():
+        raise TargetError(f"output folder {out_dir} does not exist")
+    if not os.access(out_dir, os.W_OK):
+        raise TargetError(f"can't write the trace into {out_dir}: choose another -o")
     kernel.require_privileges()
     bcc = kernel.import_bcc()
     kernel.kernel_headers_dir()
@@ -130,8 +135,8 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
     except KeyboardInterrupt:
         stop_reason = "interrupted"
     finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+        # Our handlers stay in place until the trace is written: a second Ctrl-C while we stop
+        # only asks again, it does not lose the recording.
         if child:
             if child.poll() is None:
                 child.terminate()  # we started it: we stop it
@@ -172,8 +177,12 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
             "fault_time_definition": FAULT_TIME_DEFINITION if opts.fault_sample else None,
             "events": int(len(events)),
         }
-        write_trace(opts.output, events, meta)
+        written = _write_or_rescue(opts.output, events, meta)
         bpf.cleanup()
+        for s, h in old.items():
+            signal.signal(s, h)
+    if written != Path(opts.output):
+        raise TargetError(f"could not write {opts.output}; the recording was saved to {written}")
 
     n_ckpt = int((events["kind"] == "checkpoint").sum())
     n_iter = int((events["kind"] == "iteration").sum())
@@ -190,6 +199,18 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
          + ("; " + "; ".join(notes) if notes else ""))
     return RecordResult(Path(opts.output), len(events), n_ckpt, n_iter, counters[C_LOST],
                         stop_reason, exit_code, meta)
+
+
+def _write_or_rescue(path: Path, events: pd.DataFrame, meta: dict) -> Path:
+    """Write the trace; if that fails (disk full, folder gone), write it under the temp folder."""
+    try:
+        write_trace(path, events, meta)
+        return Path(path)
+    except OSError:
+        fd, rescue = tempfile.mkstemp(prefix="ckptrace-rescued-", suffix=".parquet")
+        os.close(fd)
+        write_trace(rescue, events, meta)
+        return Path(rescue)
 
 
 def _say(text: str) -> None:

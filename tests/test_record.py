@@ -279,6 +279,44 @@ def test_stop_by_signal_keeps_what_was_recorded(tmp_path, workload, sig, reason)
     assert trace.meta["exit_code"] is not None  # the command we started was stopped, not left behind
 
 
+def test_second_ctrl_c_while_stopping_keeps_the_trace(tmp_path, workload):
+    rec, trace_path = start_recorder(tmp_path, "--", str(workload), "--iterations", "100000",
+                                     "--decode-us", "500")
+    time.sleep(1.5)
+    rec.send_signal(signal.SIGINT)
+    time.sleep(0.05)
+    rec.send_signal(signal.SIGINT)
+    _, err = rec.communicate(timeout=60)
+    assert rec.returncode == 0 and "Traceback" not in err, err
+    assert read_trace(trace_path).meta["stop_reason"] == "interrupted"
+
+
+def test_a_killed_recorder_takes_its_command_with_it(tmp_path, workload):
+    rec = subprocess.Popen([*CKPTRACE, "record", "--quiet", "-o", str(tmp_path / "k.parquet"), "--",
+                            str(workload), "--iterations", "1000000"], stderr=subprocess.PIPE, text=True)
+    line = rec.stderr.readline()
+    child = int(line.split("(pid ")[1].split(")")[0])
+    rec.kill()
+    rec.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{child}").exists():
+        time.sleep(0.1)
+    assert not Path(f"/proc/{child}").exists(), "the launched command outlived its recorder"
+
+
+def test_unwritable_output_is_rescued(tmp_path, workload):
+    p = subprocess.run([*CKPTRACE, "record", "--quiet", "-o", "/proc/ckptrace-test.parquet", "--",
+                        str(workload), "--iterations", "3"], capture_output=True, text=True, timeout=120)
+    last = p.stderr.strip().splitlines()[-1]  # it recorded first, so the error is the last line
+    assert p.returncode != 0 and "Traceback" not in p.stderr
+    assert last.startswith("ckptrace: error: could not write /proc/ckptrace-test.parquet")
+    rescued = Path(last.split("saved to ")[1].strip())
+    try:
+        assert (read_trace(rescued).events["kind"] == "checkpoint").sum() == 2
+    finally:
+        rescued.unlink()
+
+
 def test_duration(tmp_path, workload):
     wl = start_waiting_workload(workload, tmp_path, "--iterations", "100000")
     try:

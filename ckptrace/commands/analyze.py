@@ -10,7 +10,7 @@ import click
 import pandas as pd
 
 from ckptrace.errors import CkptraceError
-from ckptrace.trace import read_trace
+from ckptrace.trace import read_trace, time_origin
 
 WIDTH = 80
 MIB = 1 << 20
@@ -32,13 +32,6 @@ def records(df: pd.DataFrame) -> list[dict]:
 def analysis_json(analysis) -> dict:
     return {"trace": analysis.trace.meta, "checkpoints": records(analysis.checkpoints),
             "iterations": records(analysis.iterations), "summary": analysis.summary}
-
-
-def _time_zero(meta: dict, events: pd.DataFrame) -> int:
-    for key in ("attach_ns", "first_event_ns"):
-        if isinstance(meta.get(key), int) and meta[key] > 0:
-            return meta[key]
-    return int(events["start_ns"].min()) if len(events) else 0
 
 
 def _duration_s(meta: dict, events: pd.DataFrame) -> float | None:
@@ -70,7 +63,7 @@ def checkpoint_lines(analysis, limit: int | None) -> list[str]:
     ck = analysis.checkpoints
     if not len(ck):
         return ["No checkpoints in this trace (was update_tgt probed and called?)."]
-    t0 = _time_zero(analysis.trace.meta, analysis.trace.events)
+    t0 = time_origin(analysis.trace.meta, analysis.trace.events)
     shown = ck if limit is None else ck.head(limit)
     # Column formatting is vectorised; only the final join walks the (bounded) rows.
     cols = {
@@ -137,7 +130,7 @@ def summary_lines(s: dict) -> list[str]:
         figures.append(f"per MiB of state: {s['faults_per_mib']:.1f} faults, {s['ns_per_mib'] / 1e6:.3f} ms "
                        f"(fill {s['fill_ns_per_mib'] / 1e6:.3f}, copy {s['copy_ns_per_mib'] / 1e6:.3f})")
     every = s.get("fault_sample_every")
-    figures.append("fault time: " + ("measured" + (f" (1 in {every} faults timed)" if every else "")
+    figures.append("fault time: " + ("measured" + (f" (in 1 of {every} 0.25 s slices)" if every and every != 1 else "")
                                      if s["fault_time_measured"] else "not measured"))
     lines += [wrap(f) for f in figures]
     lines.append(wrap(("reliability: ok, " if s["reliable"] else "reliability: WARNING: ") + s["reliability"]))

@@ -1,7 +1,9 @@
-"""`ckptrace demo`: the main job: record the sample A/B/A, check it, analyze, compare, dashboard."""
+"""`ckptrace demo`: the main job: record A/B/A (the sample, or a real llama-server), check, analyze, compare, dashboard."""
 from __future__ import annotations
 
 import json
+import signal
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
@@ -23,37 +25,102 @@ def truth_check(trace, truth_path: Path) -> str:
             f"fill {rec_fill_ms:.1f} ms (workload clock: {t['fill_ns'].sum() / 1e6:.1f} ms)")
 
 
+def server_log_check(analysis, log: Path) -> str:
+    """One line: the checkpoints recorded beside the server's own log lines and their sizes."""
+    from ckptrace.samples.llama_server import logged_checkpoints
+
+    logged = logged_checkpoints(log)
+    ck = analysis.checkpoints[~analysis.checkpoints["draft"]]
+    # the server prints size() in MiB with 3 decimals: the same rounding of the recorded bytes
+    recorded = (ck["bytes"] / 2**20).map("{:.3f}".format).value_counts()
+    both = pd.concat([recorded, logged["size_text"].astype(str).value_counts()], axis=1).fillna(0)
+    same = int(both.min(axis=1).sum())
+    sizes = "/".join(sorted(logged["size_text"].astype(str).unique())) or "-"
+    return (f"checkpoints {len(ck)} (server log: {len(logged)}), {same} with the logged size "
+            f"({sizes} MiB), pool hits {int(ck['pool_hit'].sum())}, fill {ck['fill_ns'].sum() / 1e6:.1f} ms "
+            f"({int(ck['fill_faults'].sum())} faults)")
+
+
+@contextmanager
+def sigterm_raises():
+    """SIGTERM as an exception while recording, so every process started is stopped on the way out."""
+    def handler(signum, frame):
+        raise SystemExit(128 + signum)
+
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def llama_server_legs(out_dir: Path, say) -> tuple[list, list[str]]:
+    """Record the llama-server A/B/A legs; return the analyses and one check line per leg."""
+    from ckptrace.analyzers import analyze_trace
+    from ckptrace.samples.llama_server import log_path, run_legs
+    from ckptrace.trace import read_trace
+
+    with sigterm_raises():
+        paths = run_legs(out_dir, say=say)
+    analyses, checks = [], []
+    for i, path in enumerate(paths, 1):
+        analyses.append(analyze_trace(read_trace(path)))
+        checks.append(server_log_check(analyses[-1], log_path(path)))
+        say(f"  check leg {i}: {checks[-1]}")
+    return analyses, checks
+
+
 @click.command(epilog="""\b
 Examples:
   ckptrace demo                       # sample workload, results in ./ckptrace-demo/
   ckptrace demo --out /tmp/demo --iterations 60
   ckptrace demo --json                # machine-readable summary on stdout
+  ckptrace demo --llama-server        # a real llama-server, in ./ckptrace-demo/llama-server/
 """)
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=Path("ckptrace-demo"),
-              show_default=True, help="Folder for the traces, ground truth and report.html.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder for the traces, logs and report.html (default: ./ckptrace-demo, or "
+                   "its llama-server/ subfolder with --llama-server).")
+@click.option("--llama-server", "llama", is_flag=True,
+              help="Trace a real llama-server (built from PyPI's llama.cpp, pool-off and pool-on; "
+                   "a first build takes 10-20 minutes) instead of the sample workload.")
 @click.option("--iterations", type=click.IntRange(min=3), default=45, show_default=True,
               help="update_slots() calls per leg of the sample workload.")
 @click.option("--ckpt-mib", type=click.IntRange(min=1), default=64, show_default=True,
               help="Checkpoint size of the sample workload (stay above glibc's 32 MiB mmap threshold).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of the text report.")
-def command(out_dir: Path, iterations: int, ckpt_mib: int, as_json: bool):
+@click.pass_context
+def command(ctx, out_dir: Path | None, llama: bool, iterations: int, ckpt_mib: int, as_json: bool):
     """Record the sample workload pool-off, pool-on, pool-off (A/B/A) and report what the pool did.
 
     Builds the sample if needed, records each leg with the probes in place from its first
     instruction, checks each recording against the workload's own clock and fault counts, then
     analyzes, compares and writes a self-contained dashboard. Needs root.
+
+    With --llama-server: builds or reuses both servers and a tiny mamba model, then per leg
+    starts a server, attaches `record --pid`, drives 6 prompts from 3 clients and stops it all;
+    each recording is checked against the checkpoints the server logs.
     """
+    if llama:
+        given = [f"--{p.replace('_', '-')}" for p in ("iterations", "ckpt_mib")
+                 if ctx.get_parameter_source(p) != click.core.ParameterSource.DEFAULT]
+        if given:
+            raise click.UsageError(f"{' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} "
+                                   f"to the sample workload, not to --llama-server")
+    out_dir = out_dir or (Path("ckptrace-demo") / "llama-server" if llama else Path("ckptrace-demo"))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    say = (lambda s: click.echo(s, err=True)) if as_json else click.echo
+    if llama:
+        say(f"ckptrace demo: a real llama-server, pool-off / pool-on / pool-off, in {out_dir}")
+        analyses, checks = llama_server_legs(out_dir, say)
+        finish(analyses, checks, out_dir, as_json,
+               "ckptrace demo: llama-server, pool-off / pool-on / pool-off")
+        return
     from ckptrace.analyzers import analyze_trace
-    from ckptrace.analyzers.compare import compare
-    from ckptrace.commands.compare import render
-    from ckptrace.dashboards.report import write_dashboard
     from ckptrace.probes.recorder import RecordOptions, record
     from ckptrace.samples import workload_binary
     from ckptrace.trace import read_trace
 
-    out_dir.mkdir(parents=True, exist_ok=True)
     workload = workload_binary()
-    say = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     say(f"ckptrace demo: sample workload {workload}")
     traces, checks = [], []
     for i, (label, pool) in enumerate(LEGS, 1):
@@ -68,13 +135,21 @@ def command(out_dir: Path, iterations: int, ckpt_mib: int, as_json: bool):
         say(f"  check: {checks[-1]}")
         traces.append(trace)
 
-    analyses = [analyze_trace(t) for t in traces]
+    finish([analyze_trace(t) for t in traces], checks, out_dir, as_json,
+           "ckptrace demo: sample workload, pool-off / pool-on / pool-off")
+
+
+def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, title: str) -> None:
+    """Compare the legs, write the dashboard, print the comparison (or the JSON summary)."""
+    from ckptrace.analyzers.compare import compare
+    from ckptrace.commands.compare import render
+    from ckptrace.dashboards.report import write_dashboard
+
     comparison = compare(analyses)
-    report = write_dashboard(analyses, comparison, out_dir / "report.html",
-                             title="ckptrace demo: sample workload, pool-off / pool-on / pool-off",
+    report = write_dashboard(analyses, comparison, out_dir / "report.html", title=title,
                              notes=[f"leg {i}: {c}" for i, c in enumerate(checks, 1)])
     if as_json:
-        click.echo(json.dumps({"traces": [t.path for t in traces], "checks": checks,
+        click.echo(json.dumps({"traces": [a.trace.path for a in analyses], "checks": checks,
                                "comparison": comparison.to_dict(), "report": str(report)}, default=str))
         return
     click.echo("")

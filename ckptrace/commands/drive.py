@@ -18,6 +18,8 @@ from ckptrace.errors import TargetError
 
 # The network policy allows no other target: the server must be on this machine.
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
+# No proxies: urllib would honour http_proxy and send "local" requests to another host.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 # Short common English words: about one GPT-2 style token each, so a prompt of T words is
 # close to T tokens. The server's own count is what the results report.
@@ -88,7 +90,7 @@ def _one_request(base: str, body: dict, deadline: float) -> dict:
     out["start_ns"], out["start_unix_ns"] = t0, time.time_ns()
     first_chunk_ns = None
     try:
-        with urllib.request.urlopen(req, timeout=remaining) as resp:
+        with _OPENER.open(req, timeout=remaining) as resp:
             for raw in resp:
                 if time.monotonic() > deadline:
                     out["status"] = "timeout"
@@ -132,7 +134,7 @@ def wait_ready(base: str, deadline: float) -> None:
     refused_until = min(deadline, time.monotonic() + 10.0)  # a server just started may not listen yet
     while time.monotonic() < deadline:
         try:
-            with urllib.request.urlopen(base + "/health", timeout=max(0.1, min(5.0, deadline - time.monotonic()))) as r:
+            with _OPENER.open(base + "/health", timeout=max(0.1, min(5.0, deadline - time.monotonic()))) as r:
                 if r.status == 200:
                     return
         except urllib.error.HTTPError as e:

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import click
 
-from ckptrace.errors import TargetError
 
-FAULT_SAMPLE_CHOICES = ["0", "1", "2", "4", "8", "16", "64"]
+from ckptrace.probes.recorder import FAULT_SAMPLE_CHOICES
 
 
 @click.command(
@@ -30,7 +29,7 @@ Examples:
 @click.option("--label", default="", help="Name of this leg, e.g. pool-off (compare groups legs by it).")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop after this many seconds.")
-@click.option("--fault-sample", type=click.Choice(FAULT_SAMPLE_CHOICES), default="8", show_default=True,
+@click.option("--fault-sample", type=click.Choice([str(n) for n in FAULT_SAMPLE_CHOICES]), default="8", show_default=True,
               help="Time page faults during 1 in N slices of 0.25 s (1 = always, about 10% overhead "
                    "on fault-bound code; 0 = counts only). Fault counts are always exact.")
 @click.option("--hint-after", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
@@ -46,8 +45,6 @@ def command(pid, output, label, duration, fault_sample, hint_after, as_json, qui
     """
     if bool(pid) == bool(command):
         raise click.UsageError("give exactly one of --pid PID or -- COMMAND [ARGS...]")
-    if output.parent and not output.parent.exists():
-        raise TargetError(f"output folder {output.parent} does not exist")
     from ckptrace.probes.recorder import RecordOptions, record
 
     opts = RecordOptions(output=output, label=label, duration_s=duration,
