@@ -13,8 +13,8 @@ STAMP=$VENV/.ckptrace-setup-stamp
 
 APT_PACKAGES=(python3-bpfcc bpfcc-tools linux-headers-amd64 bpftool bpftrace python3-venv
               python3-pip g++ make cmake libc6-dev util-linux)
-# Headless Chromium for the dashboard tests.
-APT_TEST_PACKAGES=(chromium fonts-liberation)
+# Headless Chromium for the dashboard tests; ccache lets the pool-on llama-server build reuse pool-off objects.
+APT_TEST_PACKAGES=(chromium fonts-liberation ccache)
 
 step() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
