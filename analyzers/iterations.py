@@ -14,7 +14,7 @@ Where an iteration comes from (per thread):
 Kind rule: an iteration is `prefill` when it made at least one checkpoint or its batches carried
 prompt tokens (`prompt_tokens > 0`, tokens that ask for no logits); otherwise `decode`.
 
-Per iteration: `fill_ns`, `copy_ns`, `fault_ns`, `bytes`, `faults` (whole-checkpoint fault
+Per iteration: `fill_ns`, `copy_ns`, `fault_ns` (= `fill_fault_ns` + `copy_fault_ns`), `bytes`, `faults` (whole-checkpoint fault
 counts) are sums over its checkpoints; `other_ns = span_ns - fill_ns - copy_ns`; `mmaps` and
 `munmaps` count the syscalls made anywhere in it; `span_faults` is the boundary span's own fault
 count (the whole update_slots call, or only the llama_decode call for decode boundaries).
@@ -37,6 +37,8 @@ ITERATION_COLUMNS: dict[str, object] = {
     "fill_ns": np.dtype("int64"),
     "copy_ns": np.dtype("int64"),
     "fault_ns": np.dtype("int64"),
+    "fill_fault_ns": np.dtype("int64"),
+    "copy_fault_ns": np.dtype("int64"),
     "other_ns": np.dtype("int64"),
     "checkpoints": np.dtype("int64"),
     "bytes": np.dtype("int64"),
@@ -146,7 +148,8 @@ def iteration_table(events: pd.DataFrame, checkpoints: pd.DataFrame, spans: pd.D
         return empty_frame(ITERATION_COLUMNS)
     ck = checkpoints.loc[checkpoints["iter"] != 0]
     per = ck.groupby("iter").agg(fill_ns=("fill_ns", "sum"), copy_ns=("copy_ns", "sum"),
-                                 fault_ns=("fault_ns", "sum"), checkpoints=("ckpt", "size"),
+                                 fault_ns=("fault_ns", "sum"), fill_fault_ns=("fill_fault_ns", "sum"),
+                                 copy_fault_ns=("copy_fault_ns", "sum"), checkpoints=("ckpt", "size"),
                                  bytes=("bytes", "sum"), faults=("faults", "sum"))
     sys = events.loc[kind_mask(events, "mmap", "munmap"), ["kind", "tid", "start_ns", "end_ns", "iter"]]
     sys_iter = assign_iterations(sys, spans)
@@ -158,7 +161,8 @@ def iteration_table(events: pd.DataFrame, checkpoints: pd.DataFrame, spans: pd.D
     t = spans.join(per, on="iter")
     t["mmaps"] = t["iter"].map(mm)
     t["munmaps"] = t["iter"].map(mu)
-    for c in ["fill_ns", "copy_ns", "fault_ns", "checkpoints", "bytes", "faults", "mmaps", "munmaps"]:
+    for c in ["fill_ns", "copy_ns", "fault_ns", "fill_fault_ns", "copy_fault_ns", "checkpoints", "bytes",
+              "faults", "mmaps", "munmaps"]:
         t[c] = t[c].fillna(0).astype("int64")
     t["span_ns"] = t["end_ns"] - t["start_ns"]
     t["other_ns"] = t["span_ns"] - t["fill_ns"] - t["copy_ns"]

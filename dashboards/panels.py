@@ -39,11 +39,6 @@ def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
 
 # -- per prefill iteration, stacked over time ---------------------------------------------------
 
-def _fill_fault_per_iteration(leg: Leg) -> pd.Series:
-    ck = leg.checkpoints
-    return ck.loc[ck["iter"] != 0].groupby("iter")["fill_fault_ns"].sum()
-
-
 def iterations_panel(legs: list[Leg]) -> Panel:
     shown = [leg for leg in legs if len(leg.prefill)]
     if not shown:
@@ -55,7 +50,7 @@ def iterations_panel(legs: list[Leg]) -> Panel:
                         subplot_titles=[leg.name for leg in shown])
     for row, leg in enumerate(shown, start=1):
         it = leg.prefill
-        fill_fault = it["iter"].map(_fill_fault_per_iteration(leg)).fillna(0).to_numpy()
+        fill_fault = it["fill_fault_ns"].to_numpy()
         # Fault time split back onto the phase it happened in, so the stack adds up to the span.
         fill_fault = np.clip(fill_fault, 0, it["fill_ns"].to_numpy())
         copy_fault = np.clip(it["fault_ns"].to_numpy() - fill_fault, 0, it["copy_ns"].to_numpy())
