@@ -1,0 +1,301 @@
+"""A real llama-server, built, modelled, started, traced by PID and driven: the pieces the demo and the e2e test share.
+
+Builds come from samples/llama-server/build.sh (cached under ${CKPTRACE_CACHE:-/var/cache/ckptrace}/
+llama-server/), models from make_model.py (cached under models/ there). `run_legs` records the A/B/A
+legs: per leg a fresh server, `ckptrace record --pid` attached before `ckptrace drive`'s load, and
+everything stopped on the way out, error or Ctrl-C included. The truth to check a trace against is
+the server's own log: `created context checkpoint N of M (..., size = X MiB)` at -lv 4.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pandas as pd
+
+from ckptrace.errors import CkptraceError, TargetError
+
+HERE = Path(__file__).resolve().parent / "llama-server"
+BUILD_SH = HERE / "build.sh"
+MAKE_MODEL = HERE / "make_model.py"
+
+LEGS = [("pool-off", False), ("pool-on", True), ("pool-off", False)]
+UBATCH = 16  # checkpoints are made n_ubatch + 4 and 4 tokens before a prompt's end: 2 per short prompt
+CKPT_LINE = re.compile(r"created context checkpoint (\d+) of (\d+) \(pos_min = (-?\d+), "
+                       r"pos_max = (-?\d+), n_tokens = (\d+), size = ([0-9.]+) MiB\)")
+LOGGED_COLUMNS = {"n": "int64", "of": "int64", "pos_min": "int64", "pos_max": "int64",
+                  "n_tokens": "int64", "size_mib": "float64", "size_text": "string"}
+
+# /health and the load are on 127.0.0.1: never through an http_proxy from the environment.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("CKPTRACE_CACHE", "/var/cache/ckptrace")) / "llama-server"
+
+
+def _tail(lines, n: int = 1) -> str:
+    text = [ln.strip() for ln in lines if ln.strip()]
+    return " | ".join(text[-n:]) if text else "no output"
+
+
+def build_server(pool: bool, progress: Callable[[str], None] | None = None) -> Path:
+    """Path of llama-server (pool-on with `pool`), built by build.sh unless cached (10-20 min).
+
+    `progress` gets build.sh's stderr lines as they come (None: kept quiet)."""
+    argv = ["bash", str(BUILD_SH), *(["--pool"] if pool else [])]
+    last: deque[str] = deque(maxlen=5)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    try:
+        for line in proc.stderr:  # stdout holds only the binary's path: it cannot fill its pipe
+            last.append(line)
+            if progress:
+                progress(line.rstrip("\n"))
+        out = proc.stdout.read()
+        rc = proc.wait()
+    finally:
+        _stop(proc, signal.SIGTERM, grace=10)
+    if rc != 0:
+        raise CkptraceError(f"{BUILD_SH} {' '.join(argv[2:])} failed ({_tail(last)}): "
+                            f"run it by hand to see the whole log")
+    lines = out.strip().splitlines()
+    binary = Path(lines[-1]) if lines else None
+    if binary is None or not binary.is_file():
+        raise CkptraceError(f"{BUILD_SH} printed no llama-server path ({_tail(last)}): run it by hand")
+    return binary
+
+
+def make_model(path: Path, d_model: int | None = None, layers: int | None = None,
+               d_state: int | None = None) -> Path:
+    """Write a tiny random mamba GGUF with make_model.py (None: its default, 48.094 MiB checkpoints).
+
+    Written aside and renamed, so an interrupted run never leaves a half model under `path`."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    argv = [sys.executable, str(MAKE_MODEL), str(tmp)]
+    for flag, value in (("--d-model", d_model), ("--layers", layers), ("--d-state", d_state)):
+        if value is not None:
+            argv += [flag, str(value)]
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
+        if p.returncode != 0:
+            raise CkptraceError(f"make_model.py failed ({_tail((p.stderr or p.stdout).splitlines())}); "
+                                f"it needs gguf==0.19.0: pip install -e '.[llama]'")
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return path
+
+
+def cached_model(d_model: int | None = None, layers: int | None = None, d_state: int | None = None) -> Path:
+    """The model of that shape under the cache folder, made now if missing.
+
+    Keyed by the shape and by make_model.py's own hash: a changed generator makes a new file."""
+    shape = "default" if (d_model, layers, d_state) == (None, None, None) else \
+        f"{d_model or 'd'}x{layers or 'd'}-s{d_state or 'd'}"
+    key = hashlib.sha256(MAKE_MODEL.read_bytes()).hexdigest()[:12]
+    path = cache_dir() / "models" / f"mamba-{shape}-{key}.gguf"
+    if not path.exists():
+        make_model(path, d_model, layers, d_state)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def server_argv(binary: Path, model: Path, port: int, slots: int = 3, threads: int = 2) -> list[str]:
+    """The server's command line; why each flag: samples/llama-server/README.md."""
+    return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
+            "-np", str(slots), "-c", str(slots * 1024), "-b", "64", "-ub", str(UBATCH),
+            "-t", str(threads), "-lv", "4", "--cache-ram", "0", "--no-webui"]
+
+
+def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 20.0) -> None:
+    """Stop a process we started: `sig`, then SIGKILL after `grace` seconds."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(grace)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def _spawn(argv: list[str], **kw) -> subprocess.Popen:
+    # Own process group: a terminal's Ctrl-C reaches only us, and we stop the children in order
+    # (recorder first, so its trace is complete, then the server).
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, process_group=0, **kw)
+
+
+@dataclass
+class Server:
+    proc: subprocess.Popen
+    url: str
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+
+@contextmanager
+def llama_server(binary: Path, model: Path, log: Path, slots: int = 3,
+                 ready_timeout_s: float = 120.0) -> Iterator[Server]:
+    """A started llama-server whose /health answers 200, logging to `log`; always stopped on the way out."""
+    port = free_port()
+    with open(log, "w") as f:
+        proc = _spawn(server_argv(binary, model, port, slots), stdout=f, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + ready_timeout_s
+        while True:
+            if proc.poll() is not None:
+                raise TargetError(f"llama-server exited ({proc.returncode}) before it was ready: "
+                                  f"see {log}")
+            if time.monotonic() > deadline:
+                raise TargetError(f"llama-server did not answer {url}/health in {ready_timeout_s:.0f} s: "
+                                  f"see {log}")
+            try:
+                with _OPENER.open(f"{url}/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:  # refused while it starts, HTTP 503 while the model loads
+                pass
+            time.sleep(0.3)
+        yield Server(proc, url, log)
+    finally:
+        _stop(proc)
+
+
+@dataclass
+class Recording:
+    """A running `ckptrace record --pid`; `returncode`, `stdout` (its --json summary) once stopped."""
+
+    proc: subprocess.Popen
+    out: Path
+    stderr: list[str] = field(default_factory=list)
+    stdout: str = ""
+    returncode: int | None = None
+
+
+@contextmanager
+def recorder(pid: int, out: Path, label: str, fault_sample: int | None = None,
+             attach_timeout_s: float = 180.0) -> Iterator[Recording]:
+    """`ckptrace record --pid` attached (its "ckptrace: tracing" line seen); stopped with SIGINT
+    on the way out, its trace written. Raises if it fails to attach or to write the trace.
+
+    `fault_sample`: record's --fault-sample (None: its default)."""
+    argv = [sys.executable, "-m", "ckptrace", "record", "--quiet", "--json", "--pid", str(pid),
+            "-o", str(out), "--label", label]
+    if fault_sample is not None:
+        argv += ["--fault-sample", str(fault_sample)]
+    proc = _spawn(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    rec = Recording(proc, Path(out))
+    started = threading.Event()
+
+    def drain() -> None:  # keeps reading after the start line, so hints never block the recorder
+        for line in proc.stderr:
+            rec.stderr.append(line)
+            if line.startswith("ckptrace: tracing"):
+                started.set()
+        started.set()  # EOF: it exited
+
+    reader = threading.Thread(target=drain, daemon=True, name="record-stderr")
+    reader.start()
+    try:
+        if not started.wait(attach_timeout_s):
+            raise CkptraceError(f"ckptrace record did not attach to {pid} in {attach_timeout_s:.0f} s "
+                                f"({_tail(rec.stderr)})")
+        if proc.poll() is not None or not any(ln.startswith("ckptrace: tracing") for ln in rec.stderr):
+            proc.wait(10)
+            raise CkptraceError(f"ckptrace record --pid {pid} failed: {_tail(rec.stderr)}")
+        yield rec
+    finally:
+        _stop(proc, signal.SIGINT, grace=60)
+        rec.stdout = proc.stdout.read()
+        reader.join(10)
+        rec.returncode = proc.returncode
+    if rec.returncode != 0 or not rec.out.exists():
+        raise CkptraceError(f"ckptrace record --pid {pid} ended with {rec.returncode}: {_tail(rec.stderr)}")
+
+
+def logged_checkpoints(log: Path) -> pd.DataFrame:
+    """The server log's `created context checkpoint` lines, in order (LOGGED_COLUMNS).
+
+    `size_text` is the size exactly as printed (MiB, 3 decimals), to match recorded bytes
+    formatted the same way."""
+    rows = [m.groups() for m in CKPT_LINE.finditer(Path(log).read_text(errors="replace"))]
+    df = pd.DataFrame(rows, columns=[c for c in LOGGED_COLUMNS if c != "size_text"])
+    df["size_text"] = df["size_mib"]
+    return df.astype(LOGGED_COLUMNS)
+
+
+def log_path(trace: Path) -> Path:
+    """The server log run_legs keeps next to a trace."""
+    return Path(trace).with_suffix(".log")
+
+
+def ttft_path(trace: Path) -> Path:
+    """The load driver's per-request results (TTFT) run_legs keeps next to a trace."""
+    return Path(trace).with_suffix(".ttft.parquet")
+
+
+def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 3, requests: int = 6,
+             prompt_tokens: int = 64, n_predict: int = 4, model: Path | None = None,
+             fault_sample: int | None = 1, timeout_s: float = 600.0,
+             say: Callable[[str], None] | None = None) -> list[Path]:
+    """Record each (label, pool) leg in turn against a fresh server; return the trace paths.
+
+    Per leg i (from 1): `{i}-{label}.parquet`, its server log (log_path) and the driver's
+    results (ttft_path) in `out_dir`. `model`: None for make_model.py's default shape.
+    `fault_sample` 1 times every fault: a leg makes only about 12 checkpoints in 20 s, too few
+    for record's default 1-in-8 time slices (here 2 of 3 legs had no fault timed). Every process started
+    is stopped before this returns or raises."""
+    from ckptrace.commands.drive import run_load
+
+    say = say or (lambda s: None)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    binaries = {}
+    for pool in dict.fromkeys(p for _, p in legs):
+        say(f"llama-server {'pool-on' if pool else 'pool-off'}: build or reuse "
+            f"(a first build takes 10-20 minutes)")
+        binaries[pool] = build_server(pool, progress=lambda s: say(f"  {s}"))
+    if model is None:
+        say("model: make_model.py's default (48.094 MiB checkpoints)")
+        model = cached_model()
+    say(f"  {model}")
+    traces = []
+    for i, (label, pool) in enumerate(legs, 1):
+        trace = out_dir / f"{i}-{label}.parquet"
+        say(f"leg {i}/{len(legs)}: {label}: start the server, attach, drive {requests} requests")
+        with llama_server(binaries[pool], model, log_path(trace), slots=clients) as srv:
+            with recorder(srv.pid, trace, label, fault_sample):
+                df = run_load(srv.url, clients, requests, prompt_tokens, n_predict, timeout_s, seed=i)
+        df.to_parquet(ttft_path(trace), index=False)
+        bad = df[df["status"] != "ok"]
+        if len(df) < requests or len(bad):
+            why = bad["status"].iloc[0] if len(bad) else "not sent in time"
+            raise TargetError(f"leg {i} ({label}): {requests - len(df) + len(bad)} of {requests} requests "
+                              f"failed ({why}): see {log_path(trace)}")
+        traces.append(trace)
+    return traces
