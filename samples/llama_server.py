@@ -267,9 +267,9 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
 
     Per leg i (from 1): `{i}-{label}.parquet`, its server log (log_path) and the driver's
     results (ttft_path) in `out_dir`. `model`: None for make_model.py's default shape.
-    `fault_sample` 1 times every fault: a leg makes only about 12 checkpoints in 20 s, too few
-    for record's default 1-in-8 time slices (here 2 of 3 legs had no fault timed). Every process started
-    is stopped before this returns or raises."""
+    `fault_sample` 1 times every fault: a leg makes only about 12 checkpoints, too few for
+    record's default 1-in-8 time slices (here 2 of 3 legs had no fault timed). Every process
+    started is stopped before this returns or raises."""
     from ckptrace.commands.drive import run_load
 
     say = say or (lambda s: None)
