@@ -14,8 +14,10 @@ Rules:
   (`diff_ci_low`, `diff_ci_high`, in the metric's unit) and the drift in that unit.
 - Drift, with >= 2 baseline legs: the largest difference between baseline legs' medians, in
   percent of the baseline median (`drift_pct`).
-- Verdict: interval includes 0 -> "no change"; else |change| <= drift -> "within drift"; else
-  "faster" (change < 0) or "slower". Every metric is a time or a fault count, so lower is faster.
+- Verdict: interval includes 0 -> "no change"; else |change| <= max(drift, min_effect_pct) ->
+  "within drift"; else "faster" (change < 0) or "slower". The floor (default 20%) is there
+  because two baseline legs give a single, often tiny, drift estimate, while whole runs of the same
+  workload moved by up to 18% between legs on this project's shared 2-core VM (A/A/A, README). Every metric is a time or a fault count, so lower is faster.
   An arm with no samples (no prefill iteration, or fault time not measured in any of its legs:
   such legs are left out of checkpoint_fault_ns rather than counted as 0) -> "not measured".
 """
@@ -66,6 +68,7 @@ class Comparison:
     samples: str = SAMPLES_NOTE
     seed: int = 0
     n_boot: int = 2000
+    min_effect_pct: float = 0.0
     analyses: list[Analysis] = field(default_factory=list, repr=False)
 
     def to_dict(self) -> dict:
@@ -73,7 +76,7 @@ class Comparison:
         for leg in legs:
             leg["build_ids"] = [b for b in leg["build_ids"].split(",") if b]
         return {"baseline": self.baseline, "candidate": self.candidate, "samples": self.samples,
-                "seed": self.seed, "n_boot": self.n_boot, "legs": legs,
+                "seed": self.seed, "n_boot": self.n_boot, "min_effect_pct": self.min_effect_pct, "legs": legs,
                 "metrics": [{k: _plain(v) for k, v in m.items()} for m in self.metrics.to_dict("records")],
                 "warnings": list(self.warnings), "explanation": self.explanation}
 
@@ -117,16 +120,16 @@ def _interval(v: np.ndarray) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _verdict(lo: float, hi: float, change: float, drift: float) -> str:
+def _verdict(lo: float, hi: float, change: float, drift: float, floor: float = 0.0) -> str:
     if lo <= 0 <= hi:
         return "no change"
-    if not math.isnan(drift) and abs(change) <= drift:
+    if abs(change) <= max(0.0 if math.isnan(drift) else drift, floor):
         return "within drift"
     return "faster" if change < 0 else "slower"
 
 
 def _metric_row(name: str, i: int, base_legs: list[np.ndarray], cand_legs: list[np.ndarray],
-                seed: int, n_boot: int) -> dict:
+                seed: int, n_boot: int, min_effect_pct: float = 0.0) -> dict:
     sample, _, unit = METRICS[name]
     b, c = np.concatenate(base_legs), np.concatenate(cand_legs)
     row = {"metric": name, "unit": unit, "sample": sample, "samples_baseline": len(b), "samples_candidate": len(c)}
@@ -147,7 +150,7 @@ def _metric_row(name: str, i: int, base_legs: list[np.ndarray], cand_legs: list[
         change = float(_pct(cm, bm))
         lo, hi = _interval(_pct(cb, bb))
         drift = 100.0 * drift_abs / abs(bm) if bm != 0 else (0.0 if drift_abs == 0 else nan)
-        verdict = _verdict(lo, hi, change, drift)
+        verdict = _verdict(lo, hi, change, drift, min_effect_pct)
     else:  # baseline median 0, candidate's not: no percentage; judge the plain difference
         change = lo = hi = drift = nan
         verdict = _verdict(d_lo, d_hi, diff, drift_abs)
@@ -237,7 +240,10 @@ def _explain(m: pd.DataFrame, analyses: list[Analysis], arms: list[str], baselin
     return head + tail
 
 
-def compare(traces: list, seed: int = 0, n_boot: int = 2000) -> Comparison:
+MIN_EFFECT_PCT = 20.0
+
+
+def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: float = MIN_EFFECT_PCT) -> Comparison:
     """Compare the legs (Trace or Analysis objects, in run order); see the module docstring."""
     if len(traces) < 2:
         raise AnalysisError(f"compare needs at least two traces, a baseline and a candidate label "
@@ -272,9 +278,10 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000) -> Comparison:
     for i, name in enumerate(METRICS):  # six metrics: the work is inside, vectorised
         per_leg = [_samples(a, name) for a in analyses]
         rows.append(_metric_row(name, i, [x for x, arm in zip(per_leg, arms) if arm == "baseline"],
-                                [x for x, arm in zip(per_leg, arms) if arm == "candidate"], seed, n_boot))
+                                [x for x, arm in zip(per_leg, arms) if arm == "candidate"], seed, n_boot,
+                                min_effect_pct))
     metrics = pd.DataFrame(rows, columns=list(METRIC_COLUMNS)).astype(METRIC_COLUMNS)
     return Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
                       warnings=_warnings(analyses, arms),
                       explanation=_explain(metrics, analyses, arms, baseline, candidate),
-                      seed=seed, n_boot=n_boot, analyses=analyses)
+                      seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, analyses=analyses)

@@ -75,17 +75,20 @@ Examples:
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed (same seed, same output).")
 @click.option("--resamples", "n_boot", type=click.IntRange(min=100), default=2000, show_default=True,
               help="Bootstrap resamples per arm and metric.")
-def command(traces, as_json, seed, n_boot):
+@click.option("--min-effect", "min_effect", type=click.FloatRange(min=0), default=20.0, show_default=True,
+              help="Changes up to this many percent read 'within drift' even when the baseline legs agree "
+                   "more closely (two legs give one drift estimate).")
+def command(traces, as_json, seed, n_boot, min_effect):
     """Compare baseline and candidate legs, given in run order (A/B/A).
 
     Legs are grouped by their label: the first label is the baseline, the second the candidate.
     Each metric gets both arms' medians, the change in percent with a bootstrap 95% interval,
     and a verdict: "no change" when the interval includes 0, "within drift" when the spread
-    between baseline legs could explain it, else "faster" or "slower".
+    between baseline legs (or --min-effect) could explain it, else "faster" or "slower".
     """
     from ckptrace.analyzers.compare import compare
 
-    c = compare([read_trace(t) for t in traces], seed=seed, n_boot=n_boot)
+    c = compare([read_trace(t) for t in traces], seed=seed, n_boot=n_boot, min_effect_pct=min_effect)
     if as_json:
         click.echo(json.dumps(c.to_dict(), allow_nan=False))
     else:
