@@ -1,8 +1,9 @@
-"""`ckptrace demo`: the main job: record A/B/A (the sample, or a real llama-server), check, analyze, compare, dashboard."""
+"""`ckptrace demo`: record A/B/A (sample or real llama-server), check it, analyze, compare, dashboard."""
 from __future__ import annotations
 
 import json
 import signal
+import textwrap
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -66,7 +67,7 @@ def llama_server_legs(out_dir: Path, say) -> tuple[list, list[str]]:
     for i, path in enumerate(paths, 1):
         analyses.append(analyze_trace(read_trace(path)))
         checks.append(server_log_check(analyses[-1], log_path(path)))
-        say(f"  check leg {i}: {checks[-1]}")
+        say(textwrap.fill(checks[-1], 80, initial_indent=f"  check leg {i}: ", subsequent_indent="    "))
     return analyses, checks
 
 
@@ -97,7 +98,7 @@ def command(ctx, out_dir: Path | None, llama: bool, iterations: int, ckpt_mib: i
     analyzes, compares and writes a self-contained dashboard. Needs root.
 
     With --llama-server: builds or reuses both servers and a tiny mamba model, then per leg
-    starts a server, attaches `record --pid`, drives 6 prompts from 3 clients and stops it all;
+    starts a server, attaches `record --pid`, drives 12 prompts from 3 clients, stops it all;
     each recording is checked against the checkpoints the server logs.
     """
     if llama:
