@@ -30,7 +30,7 @@ Examples:
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop after this many seconds.")
 @click.option("--fault-sample", type=click.Choice([str(n) for n in FAULT_SAMPLE_CHOICES]), default="8", show_default=True,
-              help="Time page faults during 1 in N slices of 0.25 s (1 = always, about 10% overhead "
+              help="Time page faults during 1 in N slices of 0.25 s (1 = always, about 9% overhead "
                    "on fault-bound code; 0 = counts only). Fault counts are always exact.")
 @click.option("--hint-after", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
               help="Say why, if no checkpoint has been seen after this many seconds.")
