@@ -11,6 +11,11 @@ from ckptrace.errors import TargetError
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
+def die_with_parent(sig: int = signal.SIGTERM) -> None:
+    """In a child before exec: get `sig` when the process that forked us dies, even by SIGKILL."""
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
 class HeldChild:
     """fork() now, exec() on release(): the pid is known (and stays the same across exec) before
     the program runs, so the probes filter on it and miss nothing."""
@@ -31,8 +36,7 @@ class HeldChild:
             os.close(w)
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             try:
-                # If the recorder dies (even SIGKILL), the command it started goes with it.
-                ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+                die_with_parent()  # if the recorder dies (even SIGKILL), its command goes with it
                 go = os.read(r, 1)
                 if go != b"g" or os.getppid() != recorder:
                     os._exit(125)  # the recorder gave up (or died) before starting us

@@ -28,6 +28,7 @@ from typing import Callable, Iterator
 import pandas as pd
 
 from ckptrace.errors import CkptraceError, TargetError
+from ckptrace.probes.launch import die_with_parent
 
 HERE = Path(__file__).resolve().parent / "llama-server"
 BUILD_SH = HERE / "build.sh"
@@ -146,8 +147,9 @@ def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 20.0
 
 def _spawn(argv: list[str], **kw) -> subprocess.Popen:
     # Own process group: a terminal's Ctrl-C reaches only us, and we stop the children in order
-    # (recorder first, so its trace is complete, then the server).
-    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, process_group=0, **kw)
+    # (recorder first, so its trace is complete, then the server). If we are killed outright,
+    # they get SIGTERM from the kernel instead of running on.
+    return subprocess.Popen(argv, stdin=subprocess.DEVNULL, process_group=0, preexec_fn=die_with_parent, **kw)
 
 
 @dataclass
