@@ -73,10 +73,10 @@ def llama_server_legs(out_dir: Path, say) -> tuple[list, list[str]]:
 
 @click.command(epilog="""\b
 Examples:
-  ckptrace demo                       # sample workload, results in ./ckptrace-demo/
+  ckptrace demo                  # sample workload, into ./ckptrace-demo/
   ckptrace demo --out /tmp/demo --iterations 60
-  ckptrace demo --json                # machine-readable summary on stdout
-  ckptrace demo --llama-server        # a real llama-server, in ./ckptrace-demo/llama-server/
+  ckptrace demo --json           # machine-readable summary on stdout
+  ckptrace demo --llama-server   # a real llama-server, pool off/on/off
 """)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for the traces, logs and report.html (default: ./ckptrace-demo, or "
