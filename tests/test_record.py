@@ -63,15 +63,15 @@ def checkpoints_vs_truth(trace, truth, draft: bool = False) -> pd.DataFrame:
     })
 
 
-def assert_matches_truth(m: pd.DataFrame) -> None:
+def assert_matches_truth(m: pd.DataFrame, timing: bool = True) -> None:
     assert (m["tid"] == m["truth_tid"]).all()
     assert (m["bytes"] == m["truth_bytes"]).all()
     # A checkpoint has a fill row exactly when the workload's resize had to grow.
     assert (m["has_fill"] == ~m["truth_pool_hit"]).all()
-    for col in ("fill_ns", "copy_ns"):
+    for col in ("fill_ns", "copy_ns") if timing else ():
         err = (m[col] - m[f"truth_{col}"]).abs()
         bad = m[err > FILL_COPY_TOL(m[f"truth_{col}"])]
-        assert bad.empty, f"{col} off the workload's clock:\n{bad}"
+        assert bad.empty, f"{col} off the workload's clock:\n{bad[[col, f'truth_{col}']].to_string()}"
     for col in ("fill_faults", "copy_faults"):
         err = (m[col] - m[f"truth_{col}"]).abs()
         assert (err <= 0.01 * m[f"truth_{col}"]).all(), m[[col, f"truth_{col}"]]
@@ -119,8 +119,10 @@ def test_other_threads_growing_vectors_are_not_checkpoints(tmp_path, workload):
     trace, truth, _, _ = run_record(
         tmp_path, [str(workload), "--iterations", "9", "--noise-threads", "2", "--draft"])
     assert truth["summary"]["noise_calls"].iloc[0] > 0
+    # Three busy threads on two cores: the workload's clock reads around each call can be
+    # preempted, so times are checked in the other tests; here counts, sizes and faults.
     for draft in (False, True):
-        assert_matches_truth(checkpoints_vs_truth(trace, truth, draft=draft))
+        assert_matches_truth(checkpoints_vs_truth(trace, truth, draft=draft), timing=False)
     ev = trace.events
     phases = ev[ev["kind"].isin(["fill", "copy"])]
     assert (phases["ckpt"] > 0).all()
