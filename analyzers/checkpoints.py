@@ -20,8 +20,9 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.errors import AnalysisError
+from ckptrace.trace import empty_frame
 
-from .iterations import assign_iterations, empty_frame, iteration_spans, kind_mask
+from .iterations import assign_iterations, iteration_spans, kind_mask
 
 CHECKPOINT_COLUMNS: dict[str, object] = {
     "ckpt": np.dtype("int64"),

@@ -24,6 +24,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ckptrace.trace import empty_frame
+
 BOUNDARIES = ["update_slots", "decode"]
 ITERATION_KINDS = ["prefill", "decode"]
 
@@ -61,10 +63,6 @@ SPAN_COLUMNS: dict[str, object] = {
     "span_faults": np.dtype("int64"),
     "boundary": pd.CategoricalDtype(BOUNDARIES),
 }
-
-
-def empty_frame(columns: dict[str, object]) -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in columns.items()})
 
 
 def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:

@@ -61,8 +61,13 @@ class Trace:
         return str(self.meta.get("label") or Path(self.path or "trace").stem)
 
 
+def empty_frame(columns: dict[str, object]) -> pd.DataFrame:
+    """No rows, but every column with its declared dtype."""
+    return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in columns.items()})
+
+
 def empty_events() -> pd.DataFrame:
-    return pd.DataFrame({c: pd.Series([], dtype=t) for c, t in COLUMNS.items()})
+    return empty_frame(COLUMNS)
 
 
 def normalize_events(df: pd.DataFrame) -> pd.DataFrame:

@@ -29,8 +29,7 @@ enum ckpt_counter {
     C_PARTIAL = 1,   /* a return whose entry was not seen (attached mid-span): dropped */
     C_NEXT_ID = 2,   /* id allocator for checkpoints and iterations */
     C_ABANDONED = 3, /* an entry that never returned before the next one (exception) */
-    C_FAULTS_TIMED = 4,
-    N_COUNTERS = 5,
+    N_COUNTERS = 4,
 };
 
 struct ckpt_event {
