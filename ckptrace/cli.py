@@ -8,6 +8,7 @@ import click
 
 from ckptrace import __version__
 from ckptrace.errors import CkptraceError
+from ckptrace.terminal import printable
 
 # name -> module under ckptrace.commands defining a click command called `command`.
 # Imported lazily so `analyze` works on a machine without bcc.
@@ -65,17 +66,26 @@ def cli():
     """
 
 
+def usage_line(e: click.ClickException) -> str:
+    """Click's message as one printable line, naming the --help to read for a usage error."""
+    line = printable(e.format_message())
+    ctx = getattr(e, "ctx", None)
+    if isinstance(e, click.UsageError) and ctx is not None:
+        line = f"{line.rstrip('.')}; see '{printable(ctx.command_path)} --help'"
+    return line
+
+
 def main(argv=None):
     try:
         cli.main(args=argv, prog_name="ckptrace", standalone_mode=False)
     except CkptraceError as e:
-        click.echo(f"ckptrace: error: {e}", err=True)
+        click.echo(f"ckptrace: error: {printable(e)}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Abort:
         click.echo("ckptrace: interrupted", err=True)
         sys.exit(130)
     except click.ClickException as e:
-        e.show()
+        click.echo(f"ckptrace: error: {usage_line(e)}", err=True)
         sys.exit(e.exit_code)
     except click.exceptions.Exit as e:
         sys.exit(e.exit_code)

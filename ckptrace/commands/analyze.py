@@ -10,6 +10,7 @@ import click
 import pandas as pd
 
 from ckptrace.errors import CkptraceError
+from ckptrace.terminal import echo, printable
 from ckptrace.trace import read_trace, time_origin
 
 WIDTH = 80
@@ -47,8 +48,8 @@ def header_lines(analysis) -> list[str]:
     t, s = analysis.trace, analysis.summary
     meta, ev = t.meta, t.events
     dur = _duration_s(meta, ev)
-    lines = [wrap(f"trace {t.path or '-'}")]
-    parts = [f"label {t.label}", f"pid {meta.get('pid', '-')}",
+    lines = [wrap(f"trace {printable(t.path or '-')}")]
+    parts = [f"label {printable(t.label)}", f"pid {meta.get('pid', '-')}",
              f"duration {dur:.2f} s" if dur is not None else "duration -",
              f"lost events {s['lost_events']}"]
     lines.append(wrap("   ".join(parts)))
@@ -183,8 +184,8 @@ def command(trace, as_json, csv_dir, show_all, rows):
     if csv_dir:
         paths = write_csv(analysis, csv_dir)
         if not as_json:
-            click.echo(f"wrote {paths[0]} and {paths[1]}", err=True)
+            click.echo(f"wrote {printable(paths[0])} and {printable(paths[1])}", err=True)
     if as_json:
         click.echo(json.dumps(analysis_json(analysis), default=str, allow_nan=False))
     else:
-        click.echo(render_report(analysis, None if show_all else rows))
+        echo(render_report(analysis, None if show_all else rows))

@@ -6,6 +6,7 @@ import math
 
 import click
 
+from ckptrace.terminal import echo, printable
 from ckptrace.trace import read_trace
 
 from .analyze import wrap
@@ -33,7 +34,7 @@ def _arm_line(c, arm: str) -> str:
     legs = c.legs.loc[c.legs["arm"] == arm]
     nums = ", ".join(str(n) for n in legs["leg"].tolist())
     label = c.baseline if arm == "baseline" else c.candidate
-    return (f"{arm} {label}: leg{'s' if len(legs) > 1 else ''} {nums} ({int(legs['checkpoints'].sum())} "
+    return (f"{arm} {printable(label)}: leg{'s' if len(legs) > 1 else ''} {nums} ({int(legs['checkpoints'].sum())} "
             f"checkpoints, {int(legs['prefill_iterations'].sum())} prefill iterations)")
 
 
@@ -92,4 +93,4 @@ def command(traces, as_json, seed, n_boot, min_effect):
     if as_json:
         click.echo(json.dumps(c.to_dict(), allow_nan=False))
     else:
-        click.echo(render(c))
+        echo(render(c))
