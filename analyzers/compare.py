@@ -30,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.errors import AnalysisError
+from ckptrace.meta import TraceMeta
 from ckptrace.trace import Trace
 
 from . import Analysis, analyze_trace
@@ -159,14 +160,12 @@ def _metric_row(name: str, i: int, base_legs: list[np.ndarray], cand_legs: list[
             "diff_ci_low": d_lo, "diff_ci_high": d_hi, "drift_abs": drift_abs}
 
 
-def _build_ids(meta: dict) -> list[str]:
-    objs = meta.get("objects") or []
-    return sorted({str(o.get("build_id")) for o in objs if isinstance(o, dict) and o.get("build_id")})
+def _build_ids(meta: TraceMeta) -> list[str]:
+    return sorted({o.build_id for o in meta.objects if o.build_id})
 
 
-def _probe_points(meta: dict) -> frozenset:
-    probes = meta.get("probes") or []
-    return frozenset(str(p.get("point")) for p in probes if isinstance(p, dict) and p.get("point"))
+def _probe_points(meta: TraceMeta) -> frozenset:
+    return frozenset(p.point for p in meta.probes)
 
 
 def _leg_name(i: int, a: Analysis) -> str:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ckptrace.meta import TraceMeta
+
 MIB = 1 << 20
 
 STAT_METRICS = {
@@ -33,23 +35,11 @@ def describe(values) -> dict:
             "p90": float(p90), "p99": float(p99)}
 
 
-def _count(value) -> int:
-    """Meta counters may be an int, a {kind: n} dict or a list of spans, depending on the recorder."""
-    if isinstance(value, dict):
-        return sum(_count(v) for v in value.values())
-    if isinstance(value, (list, tuple)):
-        return len(value)
-    try:
-        return int(value or 0)
-    except (TypeError, ValueError):
-        return 0
-
-
 def _ratio(num: float, den: float) -> float | None:
     return float(num) / float(den) if den else None
 
 
-def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: dict) -> dict:
+def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMeta) -> dict:
     prefill = iterations.loc[iterations["kind"] == "prefill"]
     frames = {"checkpoints": checkpoints, "prefill": prefill}
     stats = {name: describe(frames[src][col].to_numpy()) for name, (src, col) in STAT_METRICS.items()}
@@ -60,9 +50,7 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: dict) -
     in_prefill = checkpoints["iter"].isin(prefill["iter"])
     fault_measured = bool(checkpoints["fault_timed"].sum() > 0)
 
-    lost = _count(meta.get("lost_events"))
-    partial = _count(meta.get("partial_spans"))
-    open_ = _count(meta.get("open_at_stop"))
+    lost, partial, open_ = meta.lost_events, meta.partial_spans, meta.open_at_stop.total
     problems = []
     if lost:
         problems.append(f"{lost} events were lost (ring buffer full): counts and times may be low "
@@ -99,7 +87,7 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: dict) -
         "fill_ns_per_mib": _ratio(checkpoints["fill_ns"].sum(), mib),
         "copy_ns_per_mib": _ratio(checkpoints["copy_ns"].sum(), mib),
         "fault_time_measured": fault_measured,
-        "fault_sample_every": meta.get("fault_sample_every"),
+        "fault_sample_every": meta.fault_sample_every,
         "lost_events": lost,
         "partial_spans": partial,
         "open_at_stop": open_,

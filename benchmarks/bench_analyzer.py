@@ -76,8 +76,9 @@ def synthetic_events(n: int, seed: int = 0) -> pd.DataFrame:
 
 
 def generate(path: str, n: int) -> None:
+    from ckptrace.meta import TraceMeta
     from ckptrace.trace import write_trace
-    write_trace(path, synthetic_events(n), {"label": "bench", "lost_events": 0, "fault_sample_every": 8})
+    write_trace(path, synthetic_events(n), TraceMeta(label="bench", fault_sample_every=8))
 
 
 def measure(path: str) -> dict:

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ckptrace.errors import TraceFormatError
+from ckptrace.meta import TraceMeta
 
 FORMAT = "ckptrace-trace"
 VERSION = 1
@@ -53,12 +54,12 @@ COLUMNS: dict[str, object] = {
 @dataclass
 class Trace:
     events: pd.DataFrame
-    meta: dict
+    meta: TraceMeta
     path: str | None = None
 
     @property
     def label(self) -> str:
-        return str(self.meta.get("label") or Path(self.path or "trace").stem)
+        return self.meta.label or Path(self.path or "trace").stem
 
 
 def empty_frame(columns: dict[str, object]) -> pd.DataFrame:
@@ -88,12 +89,12 @@ def normalize_events(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, copy=False)
 
 
-def write_trace(path: str | os.PathLike, events: pd.DataFrame, meta: dict) -> None:
+def write_trace(path: str | os.PathLike, events: pd.DataFrame, meta: TraceMeta) -> None:
     """Write atomically: a reader never sees a half-written trace."""
     events = normalize_events(events)
-    meta = {**meta, "format": FORMAT, "version": VERSION, "min_reader_version": MIN_READER_VERSION}
+    doc = {**meta.to_json(), "format": FORMAT, "version": VERSION, "min_reader_version": MIN_READER_VERSION}
     table = pa.Table.from_pandas(events, preserve_index=False)
-    blob = json.dumps(meta, default=str)
+    blob = json.dumps(doc, default=_plain)
     md = dict(table.schema.metadata or {})
     md[META_KEY.encode()] = blob.encode()
     # pandas restores DataFrame.attrs from this key, so plain read_parquet sees the metadata.
@@ -105,11 +106,16 @@ def write_trace(path: str | os.PathLike, events: pd.DataFrame, meta: dict) -> No
     os.replace(tmp, path)
 
 
-def time_origin(meta: dict, events: pd.DataFrame) -> int:
+def _plain(value):
+    """numpy scalars as Python numbers; anything else JSON can't hold as text, never a failed write."""
+    return value.item() if isinstance(value, np.generic) else str(value)
+
+
+def time_origin(meta: TraceMeta, events: pd.DataFrame) -> int:
     """Where a recording's time axis starts: probes in place (attach_ns), else the first event."""
-    for key in ("attach_ns", "first_event_ns"):
-        if isinstance(meta.get(key), int) and meta[key] > 0:
-            return meta[key]
+    for ns in (meta.attach_ns, meta.first_event_ns):
+        if ns:
+            return ns
     return int(events["start_ns"].min()) if len(events) else 0
 
 
@@ -117,7 +123,7 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a number a trace can hold")
 
 
-def read_meta(path: str | os.PathLike) -> dict:
+def read_meta(path: str | os.PathLike) -> TraceMeta:
     """Metadata only, with the same checks as read_trace."""
     path = Path(path)
     if not path.exists():
@@ -153,7 +159,10 @@ def read_meta(path: str | os.PathLike) -> dict:
     missing = [c for c in COLUMNS if c not in schema.names]
     if missing:
         raise TraceFormatError(f"{path}: trace lacks columns {', '.join(missing)}")
-    return meta
+    try:
+        return TraceMeta.from_json(meta)
+    except TraceFormatError as e:
+        raise TraceFormatError(f"{path}: {e}") from None
 
 
 def read_trace(path: str | os.PathLike) -> Trace:

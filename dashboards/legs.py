@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ckptrace.meta import TraceMeta
+
 # Above this many rows per leg, distributions show evenly spaced order statistics and the
 # per-iteration panel shows bins: keeps 100k checkpoints well under 10 MB of HTML.
 MAX_POINTS = 20_000
@@ -53,7 +55,7 @@ class Leg:
         return it.loc[(it["kind"] == "prefill").to_numpy()]
 
     @property
-    def meta(self) -> dict:
+    def meta(self) -> TraceMeta:
         return self.analysis.trace.meta
 
     @property

@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ckptrace.meta import TraceMeta
 from ckptrace.trace import time_origin
 
 from .legs import (MAX_BARS, MAX_POINTS, PHASE_COLOURS, VERDICT_COLOURS, Leg, bin_rows, ms,
@@ -340,9 +341,13 @@ def _lines(items, escape: bool = True) -> str:
     return "<br>".join(plain(x) if escape else x for x in items) if items else "-"
 
 
-def _recording_s(meta: dict) -> str:
-    stop, begin = meta.get("stop_ns"), meta.get("first_event_ns") or meta.get("attach_ns")
-    if isinstance(stop, int) and isinstance(begin, int) and stop >= begin:
+def _or_dash(value) -> str:
+    return "-" if value is None or value == "" else plain(value)
+
+
+def _recording_s(meta: TraceMeta) -> str:
+    stop, begin = meta.stop_ns, meta.first_event_ns or meta.attach_ns
+    if stop is not None and begin is not None and stop >= begin:
         return f"{(stop - begin) / 1e9:.2f} s"
     return "-"
 
@@ -365,36 +370,33 @@ def metadata_panel(legs: list[Leg]) -> Panel:
         return name, [fn(leg) for leg in legs]
 
     def probes(leg):
-        return _lines(f"{p.get('point')}: {p.get('symbol')} in {os.path.basename(str(p.get('object', '')))}"
-                      for p in leg.meta.get("probes") or [])
+        return _lines(f"{p.point}: {p.symbol} in {os.path.basename(p.object)}" for p in leg.meta.probes)
 
     def builds(leg):
-        return _lines(f"{os.path.basename(str(o.get('path', '')))} {o.get('build_id') or '(no build-id)'}"
-                      for o in leg.meta.get("objects") or [])
+        return _lines(f"{os.path.basename(o.path)} {o.build_id or '(no build-id)'}" for o in leg.meta.objects)
 
     def get(key):
-        return lambda leg: plain(leg.meta.get(key, "-")) if leg.meta.get(key) not in (None, "") else "-"
+        return lambda leg: _or_dash(getattr(leg.meta, key))
 
     def cmd(leg):
-        c = leg.meta.get("command")
-        return plain(" ".join(map(str, c)) if isinstance(c, list) else (c or "-"))
+        return plain(" ".join(leg.meta.command) if leg.meta.command else "-")
 
     rows = [
         row("label", lambda leg: leg.arm_name),
         row("file", lambda leg: plain(leg.analysis.trace.path or "-")),
         row("mode", get("mode")),
         row("command", cmd),
-        row("pid / exit code", lambda leg: plain(f"{leg.meta.get('pid', '-')} / {leg.meta.get('exit_code', '-')}")),
+        row("pid / exit code", lambda leg: f"{_or_dash(leg.meta.pid)} / {_or_dash(leg.meta.exit_code)}"),
         row("build-ids", builds),
         row("kernel", get("kernel")),
         row("host", get("host")),
         row("started (UTC)", get("start_time")),
         row("recording length", lambda leg: _recording_s(leg.meta)),
         row("stop reason", get("stop_reason")),
-        row("lost events", lambda leg: plain(leg.meta.get("lost_events", "-"))),
+        row("lost events", get("lost_events")),
         row("partial spans / open at stop",
-            lambda leg: plain(f"{leg.meta.get('partial_spans', '-')} / {leg.meta.get('open_at_stop', '-')}")),
-        row("fault timing", lambda leg: plain(_fault_timing(leg.meta.get("fault_sample_every")))),
+            lambda leg: plain(f"{leg.meta.partial_spans} / {leg.meta.open_at_stop.total}")),
+        row("fault timing", lambda leg: plain(_fault_timing(leg.meta.fault_sample_every))),
         row("probe points", probes),
         row("checkpoints / prefill iterations",
             lambda leg: f"{len(leg.checkpoints):,} / {len(leg.prefill):,}"),

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ckptrace.meta import ObjectInfo, ProbeInfo, TraceMeta
 from ckptrace.trace import Trace, normalize_events
 
 MIB = 1 << 20
@@ -94,19 +95,17 @@ def synthetic_trace(label: str, *, checkpoints: int = 60, per_iteration: int = 2
     ev = ev.fillna({c: 0 for c in ev.columns if c not in ("kind", "phase")} | {"phase": "none"})
     events = normalize_events(ev)
     stop = int(it_end[-1]) + 1_000_000
-    meta = {
-        "format": "ckptrace-trace", "version": 1, "tool_version": "synthetic", "label": label,
-        "mode": "launch", "command": ["ckpt-workload", "--pool", "on" if pool else "off"],
-        "pid": 1000 + seed, "exit_code": 0, "executable": "/opt/sample/ckpt-workload",
-        "objects": [{"path": "/opt/sample/libsample-common.so", "build_id": build_id}],
-        "probes": [{"point": p, "symbol": p, "object": "/opt/sample/libsample-common.so",
-                    "vaddr": 0x1000 * (i + 1), "offset": 0x1000 * (i + 1), "build_id": build_id}
-                   for i, p in enumerate(["checkpoint", "fill", "copy", "iteration", "decode"])],
-        "kernel": "6.18.0-synthetic", "host": "synthetic", "clock": "CLOCK_MONOTONIC",
-        "start_time": "2026-11-29T00:00:00Z", "attach_ns": t0 - 1_000_000, "stop_ns": stop,
-        "first_event_ns": t0, "stop_reason": "exited", "lost_events": 0, "partial_spans": 0,
-        "open_at_stop": 0, "fault_sample_every": 1, "fault_time_definition": "synthetic",
-    }
+    lib = "/opt/sample/libsample-common.so"
+    meta = TraceMeta(
+        tool_version="synthetic", label=label, mode="launch",
+        command=["ckpt-workload", "--pool", "on" if pool else "off"], pid=1000 + seed, exit_code=0,
+        executable="/opt/sample/ckpt-workload", objects=[ObjectInfo(lib, build_id)],
+        probes=[ProbeInfo(p, p, lib, 0x1000 * (i + 1), 0x1000 * (i + 1), build_id)
+                for i, p in enumerate(["update_tgt", "resize_grow", "state_copy", "update_slots", "llama_decode"])],
+        kernel="6.18.0-synthetic", host="synthetic", start_time="2026-11-29T00:00:00Z",
+        attach_ns=t0 - 1_000_000, stop_ns=stop, first_event_ns=t0, stop_reason="target exited",
+        fault_sample_every=1, fault_time_definition="synthetic", events=len(events),
+    )
     return Trace(events=events, meta=meta, path=f"{label}.parquet")
 
 

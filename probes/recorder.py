@@ -10,7 +10,7 @@ import socket
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +18,7 @@ import pandas as pd
 
 from ckptrace import __version__
 from ckptrace.errors import EbpfUnavailable, TargetError
+from ckptrace.meta import OpenSpans, ProbeInfo, TraceMeta
 from ckptrace.probes import kernel
 from ckptrace.probes.launch import HeldChild
 from ckptrace.trace import KINDS, PHASES, write_trace
@@ -68,40 +69,13 @@ class RecordResult:
     lost_events: int
     stop_reason: str
     exit_code: int | None
-    meta: dict = field(default_factory=dict)
+    meta: TraceMeta
 
 
 def record(opts: RecordOptions, pid: int | None = None, command: list[str] | None = None) -> RecordResult:
     """Record one process (attach by pid, or launch command held until the probes are in)."""
-    from ckptrace.probes import symbols
-
-    if opts.fault_sample not in FAULT_SAMPLE_CHOICES:
-        raise TargetError(f"--fault-sample must be one of {', '.join(map(str, FAULT_SAMPLE_CHOICES))}")
-    out_dir = Path(opts.output).resolve().parent
-    if not out_dir.is_dir():
-        raise TargetError(f"output folder {out_dir} does not exist")
-    if not os.access(out_dir, os.W_OK):
-        raise TargetError(f"can't write the trace into {out_dir}: choose another -o")
-    kernel.require_privileges()
-    bcc = kernel.import_bcc()
-    kernel.kernel_headers_dir()
-    kernel.tracefs_dir()
-    offsets = kernel.task_struct_offsets()
-
-    child = None
-    if command:
-        child = HeldChild(command)
-        target = child.pid
-        try:
-            plan = symbols.resolve_binary(child.path)
-        except BaseException:
-            child.abandon()
-            raise
-    else:
-        target = pid
-        _require_alive(target)
-        plan = symbols.resolve_pid(target)
-
+    bcc, offsets = _preflight(opts)
+    child, target, plan = _resolve_target(pid, command)
     try:
         bpf = _load(bcc, target, offsets, opts)
         attached, attach_retries = _attach(bpf, plan, target)
@@ -111,18 +85,10 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
         raise
 
     session = _Session(bpf, opts)
-    attach_ns = time.monotonic_ns()
-    start_time = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
-    what = f"command {command[0]!r} (pid {target})" if child else f"PID {target} ({plan.target})"
-    faults_txt = ("page faults (service time always)" if opts.fault_sample == 1 else
-                  f"page faults (service time in 1 of {opts.fault_sample} slices)" if opts.fault_sample
-                  else "page faults (counts only)")
-    _say(f"ckptrace: tracing {what}: {attached} uprobes in {len({p.object for p in plan.points})} "
-         f"objects, {faults_txt}, mmap/munmap/mremap. "
-         + ("Ctrl-C to stop." if not opts.duration_s else f"{opts.duration_s:g} s, or Ctrl-C to stop."))
+    meta = _trace_meta(opts, plan, target, command, attach_retries)
+    _say(_start_line(opts, plan, child, command, target, attached))
 
     stop_reason = "interrupted"
-    exit_code = None
     old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     for s in old:
         signal.signal(s, session.request_stop)
@@ -137,71 +103,121 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
     finally:
         # Our handlers stay in place until the trace is written: a second Ctrl-C while we stop
         # only asks again, it does not lose the recording.
-        if child:
-            if child.poll() is None:
-                child.terminate()  # we started it: we stop it
-            exit_code = child.exit_code
-        stop_ns = time.monotonic_ns()
+        if child and child.poll() is None:
+            child.terminate()  # we started it: we stop it
+        meta.exit_code = child.exit_code if child else None
+        meta.stop_ns = time.monotonic_ns()
         session.drain()
         session.clear_status()
-        counters = [int(v.value) for v in bpf["counters"].values()]
-        open_ckpt, open_iter = session.open_spans()
         events = session.frame()
-        meta = {
-            "tool_version": __version__,
-            "label": opts.label,
-            "mode": "launch" if child else "attach",
-            "command": list(command) if command else None,
-            "pid": target,
-            "exit_code": exit_code,
-            "executable": plan.target,
-            "objects": [{"path": o.path, "build_id": o.build_id} for o in plan.objects],
-            "probes": [{"point": p.point, "symbol": p.symbol, "object": p.object, "vaddr": p.vaddr,
-                        "offset": p.offset, "build_id": p.build_id} for p in plan.points],
-            "missing_optional": list(plan.missing_optional),
-            "kernel": platform.release(),
-            "host": socket.gethostname(),
-            "clock": "CLOCK_MONOTONIC",
-            "start_time": start_time,
-            "attach_ns": attach_ns,
-            "stop_ns": stop_ns,
-            "first_event_ns": int(events["start_ns"].min()) if len(events) else None,
-            "stop_reason": stop_reason,
-            "lost_events": counters[C_LOST],
-            "partial_spans": counters[C_PARTIAL],
-            "abandoned_spans": counters[C_ABANDONED],
-            "open_at_stop": {"checkpoints": open_ckpt, "iterations": open_iter},
-            "attach_retries": attach_retries,
-            "fault_sample_every": opts.fault_sample,
-            "fault_slices_timed": session.fault_slices,
-            "fault_time_definition": FAULT_TIME_DEFINITION if opts.fault_sample else None,
-            "events": int(len(events)),
-        }
+        _note_stop(meta, session, events, stop_reason)
         written = _write_or_rescue(opts.output, events, meta)
         bpf.cleanup()
         for s, h in old.items():
             signal.signal(s, h)
     if written != Path(opts.output):
         raise TargetError(f"could not write {opts.output}; the recording was saved to {written}")
+    result = RecordResult(Path(opts.output), len(events), int((events["kind"] == "checkpoint").sum()),
+                          int((events["kind"] == "iteration").sum()), meta.lost_events, stop_reason,
+                          meta.exit_code, meta)
+    _say(_end_line(result))
+    return result
 
-    n_ckpt = int((events["kind"] == "checkpoint").sum())
-    n_iter = int((events["kind"] == "iteration").sum())
-    tail = f", exit code {exit_code}" if exit_code is not None else ""
+
+def _preflight(opts: RecordOptions):
+    """Every check that needs no target, so a bad option or machine fails before anything starts."""
+    if opts.fault_sample not in FAULT_SAMPLE_CHOICES:
+        raise TargetError(f"--fault-sample must be one of {', '.join(map(str, FAULT_SAMPLE_CHOICES))}")
+    out_dir = Path(opts.output).resolve().parent
+    if not out_dir.is_dir():
+        raise TargetError(f"output folder {out_dir} does not exist")
+    if not os.access(out_dir, os.W_OK):
+        raise TargetError(f"can't write the trace into {out_dir}: choose another -o")
+    kernel.require_privileges()
+    bcc = kernel.import_bcc()
+    kernel.kernel_headers_dir()
+    kernel.tracefs_dir()
+    return bcc, kernel.task_struct_offsets()
+
+
+def _resolve_target(pid: int | None, command: list[str] | None):
+    """(held child or None, target pid, probe plan); a launched child is held before its exec."""
+    from ckptrace.probes import symbols
+
+    if not command:
+        _require_alive(pid)
+        return None, pid, symbols.resolve_pid(pid)
+    child = HeldChild(command)
+    try:
+        return child, child.pid, symbols.resolve_binary(child.path)
+    except BaseException:
+        child.abandon()
+        raise
+
+
+def _trace_meta(opts: RecordOptions, plan, target: int, command: list[str] | None,
+                attach_retries: int) -> TraceMeta:
+    """The trace's metadata as known once the probes are in; _note_stop adds the rest."""
+    return TraceMeta(
+        tool_version=__version__,
+        label=opts.label,
+        mode="launch" if command else "attach",
+        command=list(command) if command else None,
+        pid=target,
+        executable=plan.target,
+        objects=list(plan.objects),
+        probes=[ProbeInfo(p.point, p.symbol, p.object, p.vaddr, p.offset, p.build_id) for p in plan.points],
+        missing_optional=list(plan.missing_optional),
+        kernel=platform.release(),
+        host=socket.gethostname(),
+        start_time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
+        attach_ns=time.monotonic_ns(),
+        attach_retries=attach_retries,
+        fault_sample_every=opts.fault_sample,
+        fault_time_definition=FAULT_TIME_DEFINITION if opts.fault_sample else None,
+    )
+
+
+def _note_stop(meta: TraceMeta, session: _Session, events: pd.DataFrame, stop_reason: str) -> None:
+    """What the recording learned by its end: counters, spans left open, how it stopped."""
+    counters = [int(v.value) for v in session.bpf["counters"].values()]
+    open_ckpt, open_iter = session.open_spans()
+    meta.first_event_ns = int(events["start_ns"].min()) if len(events) else None
+    meta.stop_reason = stop_reason
+    meta.lost_events = counters[C_LOST]
+    meta.partial_spans = counters[C_PARTIAL]
+    meta.abandoned_spans = counters[C_ABANDONED]
+    meta.open_at_stop = OpenSpans(open_ckpt, open_iter)
+    meta.fault_slices_timed = session.fault_slices
+    meta.events = int(len(events))
+
+
+def _start_line(opts: RecordOptions, plan, child, command, target: int, attached: int) -> str:
+    what = f"command {command[0]!r} (pid {target})" if child else f"PID {target} ({plan.target})"
+    faults = ("page faults (service time always)" if opts.fault_sample == 1 else
+              f"page faults (service time in 1 of {opts.fault_sample} slices)" if opts.fault_sample
+              else "page faults (counts only)")
+    return (f"ckptrace: tracing {what}: {attached} uprobes in {len({p.object for p in plan.points})} "
+            f"objects, {faults}, mmap/munmap/mremap. "
+            + ("Ctrl-C to stop." if not opts.duration_s else f"{opts.duration_s:g} s, or Ctrl-C to stop."))
+
+
+def _end_line(r: RecordResult) -> str:
+    meta = r.meta
+    tail = f", exit code {r.exit_code}" if r.exit_code is not None else ""
     notes = []
-    if counters[C_LOST]:
-        notes.append(f"{counters[C_LOST]} events LOST")
-    if counters[C_PARTIAL]:
-        notes.append(f"{counters[C_PARTIAL]} partial spans dropped (entered before recording)")
-    if open_ckpt or open_iter:
-        notes.append(f"{open_ckpt + open_iter} spans still open at stop, dropped")
-    _say(f"ckptrace: wrote {opts.output}: {n_ckpt} checkpoints, {n_iter} iterations, "
-         f"{len(events)} events, {counters[C_LOST]} lost (stopped: {stop_reason}{tail})"
-         + ("; " + "; ".join(notes) if notes else ""))
-    return RecordResult(Path(opts.output), len(events), n_ckpt, n_iter, counters[C_LOST],
-                        stop_reason, exit_code, meta)
+    if meta.lost_events:
+        notes.append(f"{meta.lost_events} events LOST")
+    if meta.partial_spans:
+        notes.append(f"{meta.partial_spans} partial spans dropped (entered before recording)")
+    if meta.open_at_stop.total:
+        notes.append(f"{meta.open_at_stop.total} spans still open at stop, dropped")
+    return (f"ckptrace: wrote {r.path}: {r.checkpoints} checkpoints, {r.iterations} iterations, "
+            f"{r.events} events, {meta.lost_events} lost (stopped: {r.stop_reason}{tail})"
+            + ("; " + "; ".join(notes) if notes else ""))
 
 
-def _write_or_rescue(path: Path, events: pd.DataFrame, meta: dict) -> Path:
+def _write_or_rescue(path: Path, events: pd.DataFrame, meta: TraceMeta) -> Path:
     """Write the trace; if that fails (disk full, folder gone), write it under the temp folder."""
     try:
         write_trace(path, events, meta)

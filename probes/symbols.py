@@ -15,6 +15,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from ckptrace.errors import NotPermitted, SymbolError, TargetError
+from ckptrace.meta import ObjectInfo  # the trace records the plan's objects as they are
 
 __all__ = ["POINTS", "ProbePoint", "ObjectInfo", "ProbePlan", "resolve_binary", "resolve_pid",
            "format_plan", "verify_with_bcc"]
@@ -64,12 +65,6 @@ class ProbePoint:
     offset: int  # file offset: vaddr - p_vaddr + p_offset of the PT_LOAD holding it
     build_id: str
     binding: str  # GLOBAL | WEAK | LOCAL
-
-
-@dataclass(frozen=True)
-class ObjectInfo:
-    path: str
-    build_id: str
 
 
 @dataclass

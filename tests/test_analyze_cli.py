@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from ckptrace.cli import cli
 from ckptrace.errors import TraceFormatError
+from ckptrace.meta import TraceMeta
 from ckptrace.trace import write_trace
 from test_analyzers import MIB, MS, META, decode_rows, make_events, slots_rows
 
@@ -67,7 +68,7 @@ def test_report_fits_80_columns_and_truncates(tmp_path):
                  dict(kind="copy", tid=7, start_ns=t + 15 * MS, end_ns=t + 19 * MS, ckpt=k + 1, bytes=33 * MIB),
                  dict(kind="decode", tid=7, start_ns=t + 30 * MS, end_ns=t + 90 * MS, tokens=64, prompt_tokens=63)]
     p = tmp_path / "many.parquet"
-    write_trace(p, make_events(rows), {"label": "many"})
+    write_trace(p, make_events(rows), TraceMeta(label="many"))
     r = run("analyze", p)
     assert r.exit_code == 0
     lines = r.output.splitlines()
@@ -101,7 +102,7 @@ def test_csv(slots_path, tmp_path):
 
 def test_lost_events_flagged(tmp_path):
     p = tmp_path / "lossy.parquet"
-    write_trace(p, make_events(decode_rows()), {"label": "lossy", "lost_events": 5})
+    write_trace(p, make_events(decode_rows()), TraceMeta(label="lossy", lost_events=5))
     out = run("analyze", p).output
     assert "reliability: WARNING: 5 events were lost" in out
     doc = json.loads(run("analyze", p, "--json").output)

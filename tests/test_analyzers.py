@@ -8,6 +8,7 @@ import pytest
 from ckptrace.analyzers import (CHECKPOINT_COLUMNS, ITERATION_COLUMNS, analyze_trace, checkpoint_table,
                                 iteration_table, summarize, unassigned_checkpoints)
 from ckptrace.errors import AnalysisError
+from ckptrace.meta import OpenSpans, TraceMeta
 from ckptrace.trace import Trace, normalize_events, read_trace, write_trace
 
 MS = 1_000_000
@@ -84,8 +85,7 @@ def decode_rows() -> list[dict]:
     ]
 
 
-META = {"label": "pool-off", "pid": 4242, "lost_events": 0, "partial_spans": 0, "open_at_stop": 0,
-        "fault_sample_every": 1}
+META = TraceMeta(label="pool-off", pid=4242, fault_sample_every=1)
 
 
 @pytest.fixture
@@ -186,7 +186,7 @@ def test_nothing_timed_reports_fault_time_unmeasured():
     ev = make_events(rows)
     ck = checkpoint_table(ev)
     assert (ck["fault_ns"] == 0).all() and (ck["fill_ns"] > 0).any()
-    s = summarize(ck, iteration_table(ev, ck), {})
+    s = summarize(ck, iteration_table(ev, ck), TraceMeta())
     assert s["fault_time_measured"] is False
     assert any("not measured" in n for n in s["notes"])
 
@@ -211,9 +211,9 @@ def test_summary_figures(slots_trace):
 
 
 @pytest.mark.parametrize("meta, words", [
-    ({"lost_events": 12}, "12 events were lost"),
-    ({"partial_spans": 1, "open_at_stop": 2}, "3 spans were cut off"),
-    ({"open_at_stop": {"checkpoint": 1, "iteration": 1}}, "2 spans were cut off"),
+    (TraceMeta(lost_events=12), "12 events were lost"),
+    (TraceMeta(partial_spans=1, open_at_stop=OpenSpans(checkpoints=2)), "3 spans were cut off"),
+    (TraceMeta(open_at_stop=OpenSpans(checkpoints=1, iterations=1)), "2 spans were cut off"),
 ])
 def test_summary_reliability(slots_trace, meta, words):
     a = analyze_trace(slots_trace)
@@ -229,7 +229,7 @@ def test_empty_trace_keeps_columns():
     assert len(it) == 1 and it["kind"].tolist() == ["decode"]
     none = iteration_table(make_events([dict(kind="mmap", tid=1, start_ns=0, end_ns=10)]), ck)
     assert len(none) == 0 and dict(none.dtypes) == ITERATION_COLUMNS
-    s = summarize(ck, it, {})
+    s = summarize(ck, it, TraceMeta())
     assert s["checkpoints"] == 0 and s["pool_hit_rate"] is None
     assert s["stats"]["checkpoint_fill_ns"]["median"] is None
 

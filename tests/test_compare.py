@@ -15,6 +15,7 @@ from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.compare import METRICS, compare
 from ckptrace.cli import cli
 from ckptrace.errors import AnalysisError, TraceFormatError
+from ckptrace.meta import ObjectInfo, ProbeInfo, TraceMeta
 from ckptrace.trace import read_trace, write_trace
 from test_analyzers import MIB, MS, make_events
 
@@ -56,8 +57,8 @@ def leg_events(seed: int, n: int = 40, fill_ms: float = 24.0, copy_ms: float = 6
 def leg(tmp_path, name: str, label: str, build: str = "aaaa", points=("update_tgt", "fill", "copy"),
         **kw) -> Path:
     p = tmp_path / f"{name}.parquet"
-    meta = {"label": label, "lost_events": 0, "objects": [{"path": "/lib/libx.so", "build_id": build}],
-            "probes": [{"point": x} for x in points]}
+    meta = TraceMeta(label=label, objects=[ObjectInfo("/lib/libx.so", build)],
+                     probes=[ProbeInfo(x, x, "/lib/libx.so", 0x1000, 0x1000, build) for x in points])
     write_trace(p, leg_events(**kw), meta)
     return p
 
@@ -139,7 +140,7 @@ def test_warnings(tmp_path):
              leg(tmp_path, "on", "on", seed=2, points=("update_tgt", "copy")),
              leg(tmp_path, "off2", "off", seed=3, build="cccc")]
     traces = [read_trace(p) for p in paths]
-    traces[2].meta["lost_events"] = 7
+    traces[2].meta.lost_events = 7
     w = "\n".join(compare(traces).warnings)
     assert "different builds" in w
     assert "leg 2 (on) was recorded with a different probe set" in w
@@ -163,7 +164,7 @@ def test_bad_input(tmp_path):
     with pytest.raises(AnalysisError, match="two labels"):
         compare([read_trace(p), read_trace(p)])
     empty = tmp_path / "empty.parquet"
-    write_trace(empty, make_events([dict(kind="decode", tid=1, start_ns=0, end_ns=5)]), {"label": "on"})
+    write_trace(empty, make_events([dict(kind="decode", tid=1, start_ns=0, end_ns=5)]), TraceMeta(label="on"))
     with pytest.raises(AnalysisError, match="no checkpoints"):
         compare([read_trace(p), read_trace(empty)])
     three = [read_trace(leg(tmp_path, n, n, seed=i)) for i, n in enumerate("abc")]
@@ -193,7 +194,7 @@ def test_cli_bad_input_subprocess(tmp_path):
     junk = tmp_path / "junk.parquet"
     junk.write_bytes(b"\x00garbage")
     future = tmp_path / "future.parquet"
-    write_trace(future, leg_events(1), {"label": "on"})
+    write_trace(future, leg_events(1), TraceMeta(label="on"))
     # Rewrite the metadata as a newer recorder would: needs a reader of version 99.
     import pyarrow.parquet as pq
     t = pq.read_table(future)

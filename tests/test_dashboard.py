@@ -19,6 +19,7 @@ from ckptrace.cli import cli
 from ckptrace.dashboards.legs import MAX_POINTS, bin_rows, order_statistics, plain
 from ckptrace.dashboards.report import build_panels, write_dashboard
 from ckptrace.dashboards.synthetic import synthetic_aba, synthetic_trace
+from ckptrace.meta import TraceMeta
 from ckptrace.trace import write_trace
 
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
@@ -263,7 +264,7 @@ def test_browser_screenshot_is_not_blank(rendered):
 
 def test_empty_trace_still_gives_a_page_that_says_what_is_missing(tmp_path):
     from ckptrace.trace import Trace, empty_events
-    a = analyze_trace(Trace(events=empty_events(), meta={"label": "empty"}, path="empty.parquet"))
+    a = analyze_trace(Trace(events=empty_events(), meta=TraceMeta(label="empty"), path="empty.parquet"))
     parts = build_panels([a], None, "t")
     assert set(figures(parts)) == {"header", "summary", "metadata"}
     header = json.dumps(figures(parts)["header"].to_plotly_json()["data"])

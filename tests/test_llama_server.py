@@ -62,7 +62,7 @@ def test_every_logged_checkpoint_is_recorded_with_its_size(legs, leg_index):
     leg = legs[leg_index]
     logged, ck = leg["logged"], checkpoint_rows(leg)
     assert len(logged) >= 6, f"the server made only {len(logged)} checkpoints; see {leg['log']}"
-    assert leg["trace"].meta["lost_events"] == 0
+    assert leg["trace"].meta.lost_events == 0
     assert len(ck) == len(logged), f"{len(ck)} recorded, {len(logged)} in {leg['log']}"
     # the server prints size() in MiB with 3 decimals; the same rounding of the recorded bytes
     recorded = sorted(f"{b / 1024 / 1024:.3f}" for b in ck["bytes"])

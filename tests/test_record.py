@@ -89,7 +89,7 @@ def test_fresh_buffers_match_the_workload(tmp_path, workload):
     # Each fill mmap()s its buffer: the mmap happens inside the fill phase.
     mm = trace.events[(trace.events["kind"] == "mmap") & (trace.events["phase"] == "fill")]
     assert len(mm) == len(m) and (mm["bytes"] >= m["bytes"].min()).all()
-    assert trace.meta["label"] == "pool-off" and trace.meta["lost_events"] == 0
+    assert trace.meta.label == "pool-off" and trace.meta.lost_events == 0
     assert summary["checkpoints"] == 6 and summary["exit_code"] == 0
 
 
@@ -144,7 +144,7 @@ def test_launch_sees_from_the_first_instruction(tmp_path, workload):
     # The dynamic loader mmap()s the three sample libraries before main(): we saw those too.
     before_main = ev[(ev["kind"] == "mmap") & (ev["start_ns"] < it["start_ns"].min())]
     assert len(before_main) >= 6
-    assert trace.meta["mode"] == "launch" and trace.meta["partial_spans"] == 0
+    assert trace.meta.mode == "launch" and trace.meta.partial_spans == 0
 
 
 def test_iterations_and_batches(tmp_path, workload):
@@ -178,7 +178,7 @@ def test_fault_time_sampling(tmp_path, workload):
     fill = spans(trace.events, "fill")
     assert (fill["fault_timed"] <= fill["faults"]).all()
     assert (fill["fault_timed"] == 0).any() and (fill["fault_timed"] == fill["faults"]).any()
-    assert trace.meta["fault_slices_timed"] >= 2
+    assert trace.meta.fault_slices_timed >= 2
     per_fault_8 = fill["fault_timed_ns"].sum() / fill["fault_timed"].sum()
     assert 0.5 < per_fault_8 / per_fault_1 < 2.0  # the same quantity, sampled
     # 0: no per-fault program at all; counts are still exact.
@@ -190,7 +190,7 @@ def test_fault_time_sampling(tmp_path, workload):
 
 def test_launched_command_exit_code_is_reported(tmp_path, workload):
     trace, _, summary, p = run_record(tmp_path, [str(workload), "--iterations", "3", "--exit-code", "3"])
-    assert summary["exit_code"] == 3 and trace.meta["exit_code"] == 3
+    assert summary["exit_code"] == 3 and trace.meta.exit_code == 3
     assert "exit code 3" in p.stderr
 
 
@@ -221,8 +221,8 @@ def test_attach_by_pid_until_the_target_exits(tmp_path, workload):
     finally:
         wl.kill()
     trace = read_trace(trace_path)
-    assert trace.meta["mode"] == "attach" and trace.meta["stop_reason"] == "target exited"
-    assert trace.meta["first_event_ns"] >= trace.meta["attach_ns"]
+    assert trace.meta.mode == "attach" and trace.meta.stop_reason == "target exited"
+    assert trace.meta.first_event_ns >= trace.meta.attach_ns
     assert_matches_truth(checkpoints_vs_truth(trace, load_truth(tmp_path / "live.truth.jsonl")))
 
 
@@ -240,7 +240,7 @@ def test_attach_mid_run_never_reports_a_partial_checkpoint(tmp_path, workload):
     finally:
         wl.kill()
     trace = read_trace(trace_path)
-    assert trace.meta["stop_reason"] == "target exited"
+    assert trace.meta.stop_reason == "target exited"
     truth = load_truth(tmp_path / "mid.jsonl")["checkpoint"]
     ev = trace.events
     ck = ev[ev["kind"] == "checkpoint"]
@@ -261,7 +261,7 @@ def test_attach_mid_run_never_reports_a_partial_checkpoint(tmp_path, workload):
     all_ck = ev[ev["kind"] == "checkpoint"]["ckpt"]
     orphans = ev[ev["kind"].isin(["fill", "copy"]) & ~ev["ckpt"].isin(all_ck)]["ckpt"].unique()
     assert len(orphans) <= 1 and (orphans > all_ck.max()).all()
-    assert len(orphans) <= trace.meta["open_at_stop"]["checkpoints"]
+    assert len(orphans) <= trace.meta.open_at_stop.checkpoints
     from ckptrace.analyzers import analyze_trace
 
     assert sorted(analyze_trace(trace).checkpoints["ckpt"]) == sorted(all_ck)
@@ -276,9 +276,9 @@ def test_stop_by_signal_keeps_what_was_recorded(tmp_path, workload, sig, reason)
     _, err = rec.communicate(timeout=60)
     assert rec.returncode == 0 and "Traceback" not in err, err
     trace = read_trace(trace_path)
-    assert trace.meta["stop_reason"] == reason
+    assert trace.meta.stop_reason == reason
     assert (trace.events["kind"] == "checkpoint").sum() > 0
-    assert trace.meta["exit_code"] is not None  # the command we started was stopped, not left behind
+    assert trace.meta.exit_code is not None  # the command we started was stopped, not left behind
 
 
 def test_second_ctrl_c_while_stopping_keeps_the_trace(tmp_path, workload):
@@ -290,7 +290,7 @@ def test_second_ctrl_c_while_stopping_keeps_the_trace(tmp_path, workload):
     rec.send_signal(signal.SIGINT)
     _, err = rec.communicate(timeout=60)
     assert rec.returncode == 0 and "Traceback" not in err, err
-    assert read_trace(trace_path).meta["stop_reason"] == "interrupted"
+    assert read_trace(trace_path).meta.stop_reason == "interrupted"
 
 
 def test_a_killed_recorder_takes_its_command_with_it(tmp_path, workload):
@@ -329,7 +329,7 @@ def test_duration(tmp_path, workload):
         assert wl.poll() is None  # attaching never stops someone else's process
     finally:
         wl.kill()
-    assert read_trace(tmp_path / "d.parquet").meta["stop_reason"] == "duration"
+    assert read_trace(tmp_path / "d.parquet").meta.stop_reason == "duration"
     assert time.monotonic() - t0 < 30
 
 
@@ -343,7 +343,7 @@ def test_no_checkpoint_hint(tmp_path, workload):
         wl.kill()
     assert p.returncode == 0, p.stderr
     assert "no checkpoint seen in 1 s" in p.stderr and "recurrent state or SWA" in p.stderr
-    assert read_trace(tmp_path / "h.parquet").meta["stop_reason"] == "duration"
+    assert read_trace(tmp_path / "h.parquet").meta.stop_reason == "duration"
 
 
 def one_line_error(p: subprocess.CompletedProcess, *needles: str) -> None:

@@ -10,6 +10,7 @@ import click
 import pandas as pd
 
 from ckptrace.errors import CkptraceError
+from ckptrace.meta import TraceMeta
 from ckptrace.terminal import echo, printable
 from ckptrace.trace import read_trace, time_origin
 
@@ -31,13 +32,13 @@ def records(df: pd.DataFrame) -> list[dict]:
 
 
 def analysis_json(analysis) -> dict:
-    return {"trace": analysis.trace.meta, "checkpoints": records(analysis.checkpoints),
+    return {"trace": analysis.trace.meta.to_json(), "checkpoints": records(analysis.checkpoints),
             "iterations": records(analysis.iterations), "summary": analysis.summary}
 
 
-def _duration_s(meta: dict, events: pd.DataFrame) -> float | None:
-    start, stop = meta.get("attach_ns"), meta.get("stop_ns")
-    if isinstance(start, int) and isinstance(stop, int) and stop > start:
+def _duration_s(meta: TraceMeta, events: pd.DataFrame) -> float | None:
+    start, stop = meta.attach_ns, meta.stop_ns
+    if start is not None and stop is not None and stop > start:
         return (stop - start) / 1e9
     if len(events):
         return (int(events["end_ns"].max()) - int(events["start_ns"].min())) / 1e9
@@ -49,7 +50,7 @@ def header_lines(analysis) -> list[str]:
     meta, ev = t.meta, t.events
     dur = _duration_s(meta, ev)
     lines = [wrap(f"trace {printable(t.path or '-')}")]
-    parts = [f"label {printable(t.label)}", f"pid {meta.get('pid', '-')}",
+    parts = [f"label {printable(t.label)}", f"pid {meta.pid if meta.pid is not None else '-'}",
              f"duration {dur:.2f} s" if dur is not None else "duration -",
              f"lost events {s['lost_events']}"]
     lines.append(wrap("   ".join(parts)))

@@ -1,0 +1,146 @@
+"""A trace's metadata: one typed record, stored as JSON beside the events (see trace.py).
+
+Adding a field is one line in TraceMeta, with a default that means "not recorded" so that
+older traces still read, plus the line in the recorder (probes/recorder.py) that fills it.
+Reading checks every known field's JSON type, so a reader can use the fields directly;
+keys this version does not know (a newer writer's) are kept in `extra` and written back.
+"""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptrace.errors import TraceFormatError
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One object mapped into the target: the executable or a shared library."""
+    path: str
+    build_id: str | None = None
+
+
+@dataclass(frozen=True)
+class ProbeInfo:
+    """One resolved probe point: where its uprobe was attached."""
+    point: str  # update_tgt, resize_grow, ... (probes/symbols.py)
+    symbol: str  # demangled
+    object: str
+    vaddr: int
+    offset: int  # file offset
+    build_id: str | None = None
+
+
+@dataclass
+class OpenSpans:
+    """Spans entered but not returned when recording stopped (dropped from the events)."""
+    checkpoints: int = 0
+    iterations: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.checkpoints + self.iterations
+
+
+@dataclass
+class TraceMeta:
+    label: str = ""  # how compare groups legs
+    tool_version: str | None = None
+    mode: str | None = None  # "launch" or "attach"
+    command: list[str] | None = None  # launch mode: the command line
+    pid: int | None = None
+    exit_code: int | None = None  # launch mode: the command's exit status
+    executable: str | None = None
+    objects: list[ObjectInfo] = field(default_factory=list)
+    probes: list[ProbeInfo] = field(default_factory=list)
+    missing_optional: list[str] = field(default_factory=list)  # optional probe points not found
+    kernel: str | None = None  # uname -r
+    host: str | None = None
+    clock: str = "CLOCK_MONOTONIC"  # of every *_ns figure
+    start_time: str | None = None  # UTC, ISO 8601
+    attach_ns: int | None = None  # probes in place
+    stop_ns: int | None = None
+    first_event_ns: int | None = None
+    stop_reason: str | None = None  # interrupted, terminated, duration, target exited
+    lost_events: int = 0  # ring buffer full
+    partial_spans: int = 0  # returns seen without their entry (attached mid-span): dropped
+    abandoned_spans: int = 0
+    open_at_stop: OpenSpans = field(default_factory=OpenSpans)
+    attach_retries: int | None = None
+    fault_sample_every: int | None = None  # --fault-sample
+    fault_slices_timed: int | None = None
+    fault_time_definition: str | None = None
+    events: int | None = None  # rows in the event table
+    # The file's own format stamp as read; write_trace stamps the writer's.
+    format: str | None = None
+    version: int | None = None
+    min_reader_version: int | None = None
+    # Keys this version does not know, kept so that reading and writing back loses nothing.
+    extra: dict[str, Any] = field(default_factory=dict, metadata={"json": False})
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict (unknown keys first, known fields win)."""
+        out = dataclasses.asdict(self)
+        del out["extra"]
+        return {**self.extra, **out}
+
+    @classmethod
+    def from_json(cls, data: object) -> TraceMeta:
+        """Raises TraceFormatError (one line, naming the field) for a shape this version can't use."""
+        return _convert(data, cls, "metadata")
+
+
+def _convert(value: object, tp: object, where: str):
+    """`value` (parsed JSON) checked against the annotation `tp`, dataclasses built."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        (inner,) = [a for a in args if a is not type(None)]
+        return _convert(value, inner, where)
+    if origin is list:
+        (inner,) = typing.get_args(tp)
+        return [_convert(v, inner, f"{where}[{i}]") for i, v in enumerate(_expect(value, list, where))]
+    if origin is dict or tp is dict:
+        return dict(_expect(value, dict, where))
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, _expect(value, dict, where), where)
+    if tp is Any:
+        return value
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is int and isinstance(value, bool):  # bool is an int in Python, not in the schema
+        raise _wrong(where, int, value)
+    return _expect(value, tp, where)
+
+
+def _build(cls, data: dict, where: str):
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("json", True)}
+    kwargs = {k: _convert(v, hints[k], f"{where}.{k}") for k, v in data.items() if k in known}
+    missing = [f.name for f in known.values() if f.name not in data
+               and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+    if missing:
+        raise TraceFormatError(f"{where} lacks {', '.join(missing)}")
+    if "extra" in hints:
+        kwargs["extra"] = {k: v for k, v in data.items() if k not in known}
+    return cls(**kwargs)
+
+
+_NAMES = {int: "an integer", str: "a string", float: "a number", bool: "true or false",
+          list: "a list", dict: "an object"}
+
+
+def _expect(value, tp, where: str):
+    if not isinstance(value, tp):
+        raise _wrong(where, tp, value)
+    return value
+
+
+def _wrong(where: str, tp, value) -> TraceFormatError:
+    got = "null" if value is None else type(value).__name__
+    return TraceFormatError(f"{where} should be {_NAMES.get(tp, tp.__name__)}, not {got}")
