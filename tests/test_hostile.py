@@ -73,9 +73,11 @@ def test_error_naming_a_hostile_path_is_printable(tmp_path):
 
 def relabeled(src, dst, label, **meta):
     """A real sample trace with another label (and metadata): what a colleague might hand over."""
+    import dataclasses
+
     from ckptrace.trace import read_trace, write_trace
     t = read_trace(src)
-    write_trace(dst, t.events, {**t.meta, "label": label, **meta})
+    write_trace(dst, t.events, dataclasses.replace(t.meta, label=label, **meta))
     return dst
 
 
