@@ -4,7 +4,11 @@ Fixtures:
 - `require_root_ebpf`: skips, saying why, only where eBPF is truly unavailable here (no root or
   CAP_BPF+CAP_PERFMON, bcc not importable, no kernel headers). Use it in every `@pytest.mark.ebpf`
   test.
-- `workload`: path of the built sample `ckpt-workload` (built once per session).
+- `workload`, `static_workload`: paths of the built sample `ckpt-workload` (built once per
+  session) and of its static non-PIE build.
+
+The helpers every test shares (CLI runner, one-line error, start-wait-kill, truth, record with
+truth, span invariants) are plain functions in helpers.py.
 
 With CKPTRACE_REQUIRE_EBPF=1 (scripts/setup.sh sets it when CI=true) a skipped `ebpf` test, or a
 run where no `ebpf` test ran at all, fails the session: a CI run that proved nothing about the
@@ -45,9 +49,18 @@ def require_root_ebpf() -> None:
 
 @pytest.fixture(scope="session")
 def workload():
+    """The sample workload (PIE, shared libraries); built once per session."""
     from ckptrace.samples import workload_binary  # lazily: only tests that run it pay the build
 
     return workload_binary()
+
+
+@pytest.fixture(scope="session")
+def static_workload():
+    """The same workload as one static non-PIE executable."""
+    from ckptrace.samples import workload_binary
+
+    return workload_binary(static=True)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

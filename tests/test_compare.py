@@ -2,24 +2,19 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 
 from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.compare import METRICS, compare
-from ckptrace.cli import cli
 from ckptrace.errors import AnalysisError, TraceFormatError
 from ckptrace.meta import ObjectInfo, ProbeInfo, TraceMeta
 from ckptrace.trace import read_trace, write_trace
+from helpers import assert_one_line_error, assert_parts_fit, ckptrace
 from test_analyzers import MIB, MS, make_events
-
-CKPTRACE = Path(sys.executable).with_name("ckptrace")
 
 
 def leg_events(seed: int, n: int = 40, fill_ms: float = 24.0, copy_ms: float = 6.0, other_ms: float = 1.0,
@@ -152,8 +147,7 @@ def test_warnings(tmp_path):
 
 def test_every_iteration_fits_its_span(tmp_path):
     a = analyze_trace(read_trace(leg(tmp_path, "x", "x", seed=4)))
-    it = a.iterations
-    assert (it["fill_ns"] + it["copy_ns"] <= it["span_ns"]).all()
+    assert_parts_fit(a.iterations)
     assert a.summary["prefill_iterations"] == 40 and a.summary["decode_iterations"] == 40
 
 
@@ -175,16 +169,16 @@ def test_bad_input(tmp_path):
 def test_cli_json_contract(tmp_path):
     paths = [leg(tmp_path, "off1", "pool-off", seed=1), leg(tmp_path, "on", "pool-on", seed=2, fill_ms=2.4),
              leg(tmp_path, "off2", "pool-off", seed=3)]
-    r = CliRunner().invoke(cli, ["compare", *map(str, paths), "--json"], catch_exceptions=False)
-    assert r.exit_code == 0, r.output
-    d = json.loads(r.output)
+    r = ckptrace("compare", *paths, "--json")
+    assert r.returncode == 0, r.stderr
+    d = json.loads(r.stdout)
     assert (d["baseline"], d["candidate"]) == ("pool-off", "pool-on")
     assert [x["arm"] for x in d["legs"]] == ["baseline", "candidate", "baseline"]
     for m in d["metrics"]:
         assert {"metric", "baseline_median", "candidate_median", "change_pct", "ci_low_pct", "ci_high_pct",
                 "verdict"} <= set(m)
     assert {m["metric"]: m["verdict"] for m in d["metrics"]}["checkpoint_fill_ns"] == "faster"
-    text = CliRunner().invoke(cli, ["compare", *map(str, paths)], catch_exceptions=False).output
+    text = ckptrace("compare", *paths).stdout
     assert max(map(len, text.splitlines())) <= 80
     assert "faster" in text and "pooled" in text
 
@@ -207,7 +201,4 @@ def test_cli_bad_input_subprocess(tmp_path):
         read_trace(future)
     cases = {"single": [p], "garbage": [p, junk], "future": [p, future], "same label": [p, p]}
     for name, args in cases.items():
-        r = subprocess.run([CKPTRACE, "compare", *map(str, args)], capture_output=True, text=True, timeout=60)
-        assert r.returncode != 0, name
-        assert r.stderr.startswith("ckptrace: error: "), (name, r.stderr)
-        assert len(r.stderr.strip().splitlines()) == 1, (name, r.stderr)
+        assert_one_line_error(ckptrace("compare", *args))

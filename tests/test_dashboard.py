@@ -4,23 +4,19 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
 from browser import Browser, chromium_available, distinct_colours, read_png
 from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.compare import compare
-from ckptrace.cli import cli
 from ckptrace.dashboards.legs import MAX_POINTS, bin_rows, order_statistics, plain
 from ckptrace.dashboards.report import build_panels, write_dashboard
 from ckptrace.dashboards.synthetic import synthetic_aba, synthetic_trace
 from ckptrace.meta import TraceMeta
 from ckptrace.trace import write_trace
+from helpers import assert_one_line_error, ckptrace
 
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
 HOSTILE_TITLE = "</script><script>document.title='pwned-title'</script>"
@@ -138,10 +134,9 @@ def trace_files(tmp_path_factory):
 
 def test_command_writes_the_report_and_prints_its_path(trace_files, tmp_path):
     out = tmp_path / "report.html"
-    r = CliRunner().invoke(cli, ["dashboard", *map(str, trace_files), "-o", str(out), "--title", "A/B/A"],
-                           catch_exceptions=False)
-    assert r.exit_code == 0, r.output
-    assert r.output.strip() == str(out)
+    r = ckptrace("dashboard", *trace_files, "-o", out, "--title", "A/B/A")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == str(out)
     html = out.read_text()
     assert html.count("Plotly.newPlot(") == len(ALL_PANELS)  # the comparison panel is there
 
@@ -151,14 +146,14 @@ def test_command_three_labels_still_draws_and_warns(trace_files, tmp_path):
     t = synthetic_trace("other", checkpoints=10, seed=9)
     write_trace(third, t.events, t.meta)
     out = tmp_path / "r.html"
-    r = CliRunner().invoke(cli, ["dashboard", *map(str, trace_files), str(third), "-o", str(out)])
-    assert r.exit_code == 0, r.output
+    r = ckptrace("dashboard", *trace_files, third, "-o", out)
+    assert r.returncode == 0, r.stderr
     assert "no comparison" in r.stderr and out.exists()
 
 
 def test_help_has_examples():
-    r = CliRunner().invoke(cli, ["dashboard", "--help"])
-    assert r.exit_code == 0 and "Examples:" in r.output and "ckptrace dashboard" in r.output
+    r = ckptrace("dashboard", "--help")
+    assert r.returncode == 0 and "Examples:" in r.stdout and "ckptrace dashboard" in r.stdout
 
 
 @pytest.mark.parametrize("case", ["missing", "garbage", "no_dir", "not_html"])
@@ -171,10 +166,7 @@ def test_bad_input_is_one_line(case, trace_files, tmp_path):
         "no_dir": [str(trace_files[0]), "-o", str(tmp_path / "no" / "such" / "r.html")],
         "not_html": [str(trace_files[0]), "-o", str(tmp_path / "r.png")],
     }[case]
-    p = subprocess.run([sys.executable, "-m", "ckptrace", "dashboard", *args], capture_output=True, text=True)
-    assert p.returncode != 0
-    lines = p.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ckptrace: error: "), p.stderr
+    assert_one_line_error(ckptrace("dashboard", *args))
     assert not (tmp_path / "r.html").exists()
 
 

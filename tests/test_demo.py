@@ -3,16 +3,16 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 
 import pytest
+
+from helpers import ckptrace
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
 
 
 def test_demo_records_checks_compares_and_writes_the_report(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "ckptrace", "demo", "--out", str(tmp_path), "--iterations", "24",
-                        "--json"], capture_output=True, text=True, timeout=300)
+    p = ckptrace("demo", "--out", tmp_path, "--iterations", "24", "--json", timeout=300)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     metrics = {m["metric"]: m for m in out["comparison"]["metrics"]}
@@ -30,8 +30,7 @@ def test_demo_records_checks_compares_and_writes_the_report(tmp_path):
 @pytest.mark.llama
 def test_demo_llama_server_records_checks_compares_and_writes_the_report(tmp_path):
     """`demo --llama-server` as a user runs it: cached builds, the default model, three legs."""
-    p = subprocess.run([sys.executable, "-m", "ckptrace", "demo", "--llama-server", "--out", str(tmp_path),
-                        "--json"], capture_output=True, text=True, timeout=1800)
+    p = ckptrace("demo", "--llama-server", "--out", tmp_path, "--json", timeout=1800)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
     metrics = {m["metric"]: m for m in out["comparison"]["metrics"]}

@@ -11,14 +11,11 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
-
-from ckptrace.commands.doctor import command as doctor_command
 from ckptrace.errors import EbpfUnavailable
 from ckptrace.probes import kernel
+from helpers import NO_BCC, assert_one_line_error, ckptrace
 
 REPO = Path(__file__).resolve().parents[1]
-CLI = [sys.executable, "-m", "ckptrace"]
 # Run the CLI as user nobody, or as uid 0 with every capability dropped.
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
 AS_CAPLESS_ROOT = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
@@ -42,7 +39,7 @@ def assert_check_lines_only(stdout: str) -> None:
 
 @pytest.mark.ebpf
 def test_doctor_passes_here(require_root_ebpf):
-    r = run([*CLI, "doctor"])
+    r = ckptrace("doctor")
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stderr == ""
     assert_check_lines_only(r.stdout)
@@ -58,9 +55,9 @@ def test_doctor_passes_here(require_root_ebpf):
 
 @pytest.mark.ebpf
 def test_doctor_json_parses_and_matches_the_text(require_root_ebpf):
-    result = CliRunner().invoke(doctor_command, ["--json"])
-    assert result.exit_code == 0, result.output
-    checks = json.loads(result.output)
+    result = ckptrace("doctor", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    checks = json.loads(result.stdout)
     assert [set(c) for c in checks] == [{"check", "ok", "detail", "fix"}] * len(checks)
     assert all(c["ok"] and c["fix"] == "" for c in checks)
     btf = next(c for c in checks if c["check"] == "BTF")
@@ -69,9 +66,9 @@ def test_doctor_json_parses_and_matches_the_text(require_root_ebpf):
 
 
 def test_doctor_help_has_examples():
-    result = CliRunner().invoke(doctor_command, ["--help"])
-    assert result.exit_code == 0
-    assert "Examples:" in result.output and "ckptrace doctor --json" in result.output
+    result = ckptrace("doctor", "--help")
+    assert result.returncode == 0
+    assert "Examples:" in result.stdout and "ckptrace doctor --json" in result.stdout
 
 
 def test_doctor_checks_every_tracepoint_the_recorder_attaches():
@@ -113,13 +110,10 @@ def test_without_privileges_one_clear_line(who, what, nobody_dir):
     prefix = AS_NOBODY if who == "nobody" else AS_CAPLESS_ROOT
     args = ["doctor"] if what == "doctor" else ["record", "-o", str(nobody_dir / "x.parquet"),
                                                  "--", "/bin/true"]
-    r = run([*CLI, *args], prefix=prefix, cwd=nobody_dir)
-    assert r.returncode != 0
+    r = ckptrace(*args, wrap=prefix, cwd=nobody_dir)
     assert "Traceback" not in r.stdout + r.stderr
-    err = lines_of(r.stderr)
-    assert len(err) == 1, r.stderr
-    assert err[0].startswith("ckptrace: error: ")
-    assert re.search(r"root|CAP_BPF", err[0]), err[0]
+    err = assert_one_line_error(r)
+    assert re.search(r"root|CAP_BPF", err), err
     if what == "doctor":
         assert_check_lines_only(r.stdout)
         assert re.search(r"^FAIL privileges: .*; fix: ", r.stdout, re.M), r.stdout
@@ -127,8 +121,7 @@ def test_without_privileges_one_clear_line(who, what, nobody_dir):
 
 def test_bcc_missing_fails_the_bcc_check():
     # None in sys.modules makes `import bcc` raise ImportError, as if it were not installed.
-    code = "import sys; sys.modules['bcc'] = None; from ckptrace.cli import main; main()"
-    r = run([sys.executable, "-c", code, "doctor"])
+    r = ckptrace("doctor", entry=NO_BCC)
     assert r.returncode == 1
     assert "Traceback" not in r.stdout + r.stderr
     assert_check_lines_only(r.stdout)
@@ -140,7 +133,7 @@ def test_bcc_missing_fails_the_bcc_check():
 
 
 def test_headers_missing_fails_with_the_fix():
-    r = run([*CLI, "doctor"], env={"BCC_KERNEL_SOURCE": "/nonexistent"})
+    r = ckptrace("doctor", env={"BCC_KERNEL_SOURCE": "/nonexistent"})
     assert r.returncode == 1
     assert "Traceback" not in r.stdout + r.stderr
     assert_check_lines_only(r.stdout)  # libbcc prints its headers complaint to stdout: captured

@@ -10,20 +10,18 @@ size = X MiB)` at -lv 4.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
 import pandas as pd
 import pytest
-from click.testing import CliRunner
 
-from ckptrace.cli import cli
 from ckptrace.commands.drive import make_prompt, run_load
 from ckptrace.samples.llama_server import (build_server, cached_model, free_port, llama_server, log_path,
                                            logged_checkpoints, run_legs, ttft_path)
 from ckptrace.trace import read_trace
+from helpers import assert_one_line_error, ckptrace
 
 
 def e2e(test):
@@ -31,7 +29,6 @@ def e2e(test):
     return pytest.mark.llama(pytest.mark.ebpf(pytest.mark.usefixtures("require_root_ebpf")(test)))
 
 
-CKPTRACE = [sys.executable, "-m", "ckptrace"]
 # A shape no other test or sample default uses: 42.570 MiB checkpoints (above the 32 MiB floor).
 MODEL_SHAPE = {"d_model": 448, "layers": 9, "d_state": 1381}
 CLIENTS, REQUESTS = 3, 12
@@ -103,8 +100,7 @@ def test_every_request_completed_with_a_first_token(legs):
 
 @e2e
 def test_compare_reads_faster_for_fill(legs):
-    p = subprocess.run([*CKPTRACE, "compare", *(str(leg["path"]) for leg in legs), "--json"],
-                       capture_output=True, text=True, timeout=120)
+    p = ckptrace("compare", *(leg["path"] for leg in legs), "--json")
     assert p.returncode == 0, p.stderr
     metrics = {m["metric"]: m for m in json.loads(p.stdout)["metrics"]}
     assert metrics["checkpoint_fill_ns"]["verdict"] == "faster", metrics["checkpoint_fill_ns"]
@@ -205,9 +201,9 @@ def test_drive_stops_at_the_time_bound(fake_server):
 
 def test_drive_json_fields(fake_server):
     _, url = fake_server
-    r = CliRunner().invoke(cli, ["drive", url, "--clients", "2", "--requests", "2", "--json"])
-    assert r.exit_code == 0, r.output
-    rows = json.loads(r.output)
+    r = ckptrace("drive", url, "--clients", "2", "--requests", "2", "--json")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
     assert {k for row in rows for k in row} == {"request", "client", "prompt_tokens", "start_unix_ns",
                                                 "start_ns", "ttft_ns", "total_ns", "status"}
 
@@ -215,13 +211,11 @@ def test_drive_json_fields(fake_server):
 @pytest.mark.parametrize("url", ["http://10.0.0.1:8080", "http://example.com", "https://127.0.0.1:8080",
                                  "http://127.0.0.2:8080"])
 def test_drive_refuses_any_other_target(url):
-    r = CliRunner().invoke(cli, ["drive", url])
-    assert r.exit_code == 2 and "Invalid value for 'URL'" in r.output, r.output
+    r = ckptrace("drive", url)
+    assert r.returncode == 2 and "Invalid value for 'URL'" in r.stderr, r.stderr
 
 
 def test_drive_says_when_nothing_listens():
     port = free_port()
-    p = subprocess.run([*CKPTRACE, "drive", f"http://127.0.0.1:{port}", "--timeout", "1"],
-                       capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1 and "Traceback" not in p.stderr
-    assert p.stderr.startswith("ckptrace: error: nothing listens at"), p.stderr
+    line = assert_one_line_error(ckptrace("drive", f"http://127.0.0.1:{port}", "--timeout", "1"), code=1)
+    assert line.startswith("ckptrace: error: nothing listens at"), line

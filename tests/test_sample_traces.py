@@ -3,36 +3,29 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pandas as pd
 import pytest
 
 from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.compare import compare
 from ckptrace.trace import read_trace
+from helpers import assert_parts_fit, load_truth, within_clock
 
 TRACES = Path(__file__).resolve().parent.parent / "samples" / "traces"
 LEGS = ["1-pool-off", "2-pool-on", "3-pool-off"]
 
 
-def truth(leg: str) -> dict[str, pd.DataFrame]:
-    df = pd.read_json(TRACES / f"{leg}.truth.jsonl", lines=True)
-    return {t: g.reset_index(drop=True) for t, g in df.groupby("type")}
-
-
 @pytest.mark.parametrize("leg", LEGS)
 def test_sample_trace_matches_its_workload(leg):
     a = analyze_trace(read_trace(TRACES / f"{leg}.parquet"))
-    t = truth(leg)
+    t = load_truth(TRACES / f"{leg}.truth.jsonl")
     it, ck = a.iterations, a.checkpoints
     assert (it["kind"] == "prefill").sum() == (t["iteration"]["kind"] == "prefill").sum()
     assert (it["kind"].to_numpy() == t["iteration"].sort_values("start_ns")["kind"].to_numpy()).all()
     prefill = it[it["kind"] == "prefill"]
     truth_fill = t["checkpoint"]["fill_ns"].sum()
-    assert abs(prefill["fill_ns"].sum() - truth_fill) <= 0.05 * truth_fill + 0.5e6
+    assert within_clock(prefill["fill_ns"].sum(), truth_fill)
     assert ck["fill_faults"].sum() == t["checkpoint"]["fill_faults"].sum()
-    # Every iteration's parts fit inside its span.
-    assert (it["fill_ns"] + it["copy_ns"] <= it["span_ns"]).all()
-    assert (it["fault_ns"] <= it["fill_ns"] + it["copy_ns"]).all()
+    assert_parts_fit(it)
     assert (ck["pool_hit"].to_numpy() == t["checkpoint"]["pool_hit"].astype(bool).to_numpy()).all()
 
 

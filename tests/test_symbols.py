@@ -5,9 +5,7 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,21 +14,20 @@ from elftools.elf.elffile import ELFFile
 from ckptrace.errors import SymbolError, TargetError
 from ckptrace.probes import symbols
 from ckptrace.probes.symbols import format_plan, qualified_name, resolve_binary, resolve_pid
-from ckptrace.samples import workload_binary
+from helpers import assert_one_line_error, ckptrace, waiting_workload
 
-CKPTRACE = Path(sys.executable).parent / "ckptrace"
 REQUIRED = {"update_tgt", "resize_grow", "state_copy"}
 UPDATE_TGT = "_ZN24common_prompt_checkpoint10update_tgtEP13llama_contextij"
 
 
 @pytest.fixture(scope="module")
-def pie():
-    return str(workload_binary(static=False))
+def pie(workload):
+    return str(workload)
 
 
 @pytest.fixture(scope="module")
-def static():
-    return str(workload_binary(static=True))
+def static(static_workload):
+    return str(static_workload)
 
 
 def compile_cpp(tmp: Path, name: str, source: str, *flags: str) -> Path:
@@ -119,9 +116,7 @@ def test_bcc_turns_our_vaddr_into_our_offset(static, pie):
 
 def test_verify_with_bcc_for_a_live_non_pie_process(static):
     pytest.importorskip("bcc")
-    proc = subprocess.Popen([static, "--wait-signal"], stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stderr.readline().startswith("ready pid=")
+    with waiting_workload(static) as proc:
         plan = resolve_pid(proc.pid)
         symbols.verify_with_bcc(plan, proc.pid)
         symbols.verify_with_bcc(plan)
@@ -129,20 +124,11 @@ def test_verify_with_bcc_for_a_live_non_pie_process(static):
             # bcc reads the object through /proc/1/root and, failing, keeps vaddr as the offset.
             with pytest.raises(SymbolError, match=r"would probe update_tgt at file offset"):
                 symbols.verify_with_bcc(plan, 1)
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_live_process_matches_the_binary(pie):
-    proc = subprocess.Popen([pie, "--wait-signal"], stderr=subprocess.PIPE, text=True)
-    try:
-        line = proc.stderr.readline()
-        assert line.startswith("ready pid="), line
+    with waiting_workload(pie) as proc:
         live = resolve_pid(proc.pid)
-    finally:
-        proc.kill()
-        proc.wait()
     static_plan = resolve_binary(pie)
     key = lambda p: (p.point, p.object, p.vaddr, p.offset, p.build_id)  # noqa: E731
     assert sorted(map(key, live.points)) == sorted(map(key, static_plan.points))
@@ -153,15 +139,10 @@ def test_live_process_matches_the_binary(pie):
 def test_live_process_whose_library_was_deleted(static, tmp_path):
     exe = tmp_path / "ckpt-workload-static"
     shutil.copy(static, exe)
-    proc = subprocess.Popen([str(exe), "--wait-signal"], stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stderr.readline().startswith("ready pid=")
+    with waiting_workload(exe) as proc:
         exe.unlink()
         with pytest.raises(TargetError, match=r"ckpt-workload-static was deleted"):
             resolve_pid(proc.pid)
-    finally:
-        proc.kill()
-        proc.wait()
 
 
 def test_dead_pid():
@@ -327,7 +308,7 @@ def test_table_fits_80_columns_and_json_round_trips(pie):
 
 
 def run_cli(*args):
-    return subprocess.run([str(CKPTRACE), "symbols", *args], capture_output=True, text=True)
+    return ckptrace("symbols", *args)
 
 
 def test_cli_table_and_json(pie):
@@ -343,13 +324,8 @@ def test_cli_table_and_json(pie):
 
 
 def test_cli_pid(static):
-    proc = subprocess.Popen([static, "--wait-signal"], stderr=subprocess.PIPE, text=True)
-    try:
-        assert proc.stderr.readline().startswith("ready pid=")
+    with waiting_workload(static) as proc:
         r = run_cli("--pid", str(proc.pid), "--json")
-    finally:
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["pid"] == proc.pid
 
@@ -360,11 +336,8 @@ def test_cli_pid(static):
     (["--pid", "2147483646"], r"^ckptrace: error: no process with PID 2147483646$"),
 ])
 def test_cli_errors_are_one_line(args, pattern):
-    r = run_cli(*args)
-    assert r.returncode == 1
-    assert "Traceback" not in r.stderr
-    assert len(r.stderr.strip().splitlines()) == 1
-    assert re.match(pattern, r.stderr.strip()), r.stderr
+    line = assert_one_line_error(run_cli(*args), code=1)
+    assert re.match(pattern, line), line
 
 
 @pytest.mark.parametrize("args", [[], ["/bin/true", "--pid", "1"]])

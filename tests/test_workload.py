@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 
 import pytest
@@ -15,6 +13,7 @@ from elftools.elf.elffile import ELFFile
 
 from ckptrace.errors import CkptraceError
 from ckptrace.samples import workload_binary
+from helpers import go, truth_records, waiting_workload
 
 MIB = 1 << 20
 PAGE = os.sysconf("SC_PAGESIZE")
@@ -24,16 +23,6 @@ UPDATE_TGT = "_ZN24common_prompt_checkpoint10update_tgtEP13llama_contextij"
 FAST = ["--decode-us", "100"]
 
 
-@pytest.fixture(scope="module")
-def binary():
-    return workload_binary()
-
-
-@pytest.fixture(scope="module")
-def static_binary():
-    return workload_binary(static=True)
-
-
 def run(exe, tmp_path, *args, check=True):
     truth = tmp_path / "truth.jsonl"
     proc = subprocess.run(
@@ -41,8 +30,7 @@ def run(exe, tmp_path, *args, check=True):
     )
     if check:
         assert proc.returncode == 0, proc.stderr
-    records = [json.loads(line) for line in truth.read_text().splitlines()]
-    return proc, records
+    return proc, truth_records(truth)
 
 
 def split(records):
@@ -93,8 +81,8 @@ def pages(nbytes):
     return nbytes / PAGE
 
 
-def test_pool_off_every_fill_faults_in_fresh_pages(binary, tmp_path):
-    proc, records = run(binary, tmp_path, "--iterations", "6", "--ckpt-mib", "40")
+def test_pool_off_every_fill_faults_in_fresh_pages(workload, tmp_path):
+    proc, records = run(workload, tmp_path, "--iterations", "6", "--ckpt-mib", "40")
     ckpts, _, summary = check_consistent(records, iterations=6)
     assert len(ckpts) == 4 and summary["pool"] is False
     for c in ckpts:
@@ -108,9 +96,9 @@ def test_pool_off_every_fill_faults_in_fresh_pages(binary, tmp_path):
 
 
 @pytest.mark.parametrize("keep", [1, 2])
-def test_pool_on_hits_after_warmup(binary, tmp_path, keep):
+def test_pool_on_hits_after_warmup(workload, tmp_path, keep):
     slots, iterations = 2, 15
-    _, records = run(binary, tmp_path, "--pool", "on", "--keep", str(keep), "--iterations", str(iterations),
+    _, records = run(workload, tmp_path, "--pool", "on", "--keep", str(keep), "--iterations", str(iterations),
                      "--ckpt-mib", "40")
     ckpts, _, summary = check_consistent(records, slots=slots, iterations=iterations)
     warmup = slots * keep + slots
@@ -123,8 +111,8 @@ def test_pool_on_hits_after_warmup(binary, tmp_path, keep):
     assert summary["pool_hits"] == sum(c["pool_hit"] for c in ckpts)
 
 
-def test_growing_checkpoints_never_hit_the_pool(binary, tmp_path):
-    _, records = run(binary, tmp_path, "--pool", "on", "--grow-mib", "4", "--iterations", "9", "--ckpt-mib", "40")
+def test_growing_checkpoints_never_hit_the_pool(workload, tmp_path):
+    _, records = run(workload, tmp_path, "--pool", "on", "--grow-mib", "4", "--iterations", "9", "--ckpt-mib", "40")
     ckpts, _, summary = check_consistent(records, iterations=9)
     sizes = sorted({c["bytes"] for c in ckpts})
     assert sizes == [40 * MIB, 44 * MIB, 48 * MIB]
@@ -134,8 +122,8 @@ def test_growing_checkpoints_never_hit_the_pool(binary, tmp_path):
     assert summary["pool_hits"] == 0 and summary["grow_bytes"] == 4 * MIB
 
 
-def test_draft_updates_follow_each_checkpoint(binary, tmp_path):
-    _, records = run(binary, tmp_path, "--draft", "--iterations", "4", "--ckpt-mib", "40")
+def test_draft_updates_follow_each_checkpoint(workload, tmp_path):
+    _, records = run(workload, tmp_path, "--draft", "--iterations", "4", "--ckpt-mib", "40")
     ckpts, _, _ = check_consistent(records, iterations=4, draft=True)
     assert [c["draft"] for c in ckpts] == [False, True] * 4
     for tgt, dft in zip(ckpts[::2], ckpts[1::2]):
@@ -143,18 +131,18 @@ def test_draft_updates_follow_each_checkpoint(binary, tmp_path):
         assert tgt["end_ns"] <= dft["start_ns"]
 
 
-def test_noise_threads_stay_outside_the_checkpoints(binary, tmp_path):
-    _, records = run(binary, tmp_path, "--noise-threads", "2", "--iterations", "6", "--ckpt-mib", "40")
+def test_noise_threads_stay_outside_the_checkpoints(workload, tmp_path):
+    _, records = run(workload, tmp_path, "--noise-threads", "2", "--iterations", "6", "--ckpt-mib", "40")
     ckpts, iters, summary = check_consistent(records, iterations=6)
     assert summary["noise_threads"] == 2 and summary["noise_calls"] >= 2
     assert {c["tid"] for c in ckpts} == {iters[0]["tid"]}
 
 
-def test_static_binary_runs_and_keeps_its_symbols(static_binary, tmp_path):
-    _, records = run(static_binary, tmp_path, "--iterations", "6", "--slots", "3", "--ckpt-mib", "40")
+def test_static_binary_runs_and_keeps_its_symbols(static_workload, tmp_path):
+    _, records = run(static_workload, tmp_path, "--iterations", "6", "--slots", "3", "--ckpt-mib", "40")
     ckpts, _, _ = check_consistent(records, slots=3, iterations=6)
     assert all(c["fill_faults"] >= pages(c["bytes"]) * 0.99 for c in ckpts)
-    with open(static_binary, "rb") as f:
+    with open(static_workload, "rb") as f:
         elf = ELFFile(f)
         assert elf.header["e_type"] == "ET_EXEC"  # -no-pie
         names = {s.name for s in elf.get_section_by_name(".symtab").iter_symbols()}
@@ -172,8 +160,8 @@ def _dynamic(path):
         return elf.header["e_type"], tags, {n: (s["st_info"]["bind"], s["st_shndx"]) for n, s in syms.items()}
 
 
-def test_libraries_mirror_the_real_servers_layout(binary):
-    build = binary.parent
+def test_libraries_mirror_the_real_servers_layout(workload):
+    build = workload.parent
     for lib in ("libsample-common.so", "libsample-server.so"):
         _, _, syms = _dynamic(build / lib)
         bind, shndx = syms[DEFAULT_APPEND]
@@ -183,7 +171,7 @@ def test_libraries_mirror_the_real_servers_layout(binary):
     _, _, llama = _dynamic(build / "libsample-llama.so")
     for sym in ("llama_decode", "llama_state_seq_get_size_ext", "llama_state_seq_get_data_ext"):
         assert llama[sym][1] != "SHN_UNDEF"
-    e_type, tags, _ = _dynamic(binary)
+    e_type, tags, _ = _dynamic(workload)
     assert e_type == "ET_DYN"
     needed = [v for t, v in tags if t == "DT_NEEDED"]
     assert needed.index("libsample-server.so") < needed.index("libsample-common.so")
@@ -191,9 +179,9 @@ def test_libraries_mirror_the_real_servers_layout(binary):
 
 
 @pytest.mark.skipif(shutil.which("objdump") is None, reason="objdump (binutils) is not installed")
-def test_update_tgt_calls_default_append_through_the_plt(binary):
+def test_update_tgt_calls_default_append_through_the_plt(workload):
     out = subprocess.run(
-        ["objdump", "-d", f"--disassemble={UPDATE_TGT}", str(binary.parent / "libsample-common.so")],
+        ["objdump", "-d", f"--disassemble={UPDATE_TGT}", str(workload.parent / "libsample-common.so")],
         capture_output=True, text=True, check=True,
     ).stdout
     calls = [ln for ln in out.splitlines() if "call" in ln]
@@ -201,9 +189,9 @@ def test_update_tgt_calls_default_append_through_the_plt(binary):
     assert any("<llama_state_seq_get_data_ext@plt>" in ln for ln in calls)
 
 
-def test_update_tgt_binds_to_the_server_librarys_copy(binary):
+def test_update_tgt_binds_to_the_server_librarys_copy(workload):
     proc = subprocess.run(
-        [str(binary), "--iterations", "1", "--ckpt-mib", "40", *FAST],
+        [str(workload), "--iterations", "1", "--ckpt-mib", "40", *FAST],
         capture_output=True, text=True, timeout=60, env={**os.environ, "LD_DEBUG": "bindings"},
     )
     assert proc.returncode == 0
@@ -213,23 +201,15 @@ def test_update_tgt_binds_to_the_server_librarys_copy(binary):
     assert by_caller["libsample-common.so"] == "libsample-server.so"
 
 
-def test_wait_signal_and_exit_code(binary, tmp_path):
+def test_wait_signal_and_exit_code(workload, tmp_path):
     truth = tmp_path / "t.jsonl"
-    proc = subprocess.Popen(
-        [str(binary), "--wait-signal", "--exit-code", "7", "--iterations", "3", "--ckpt-mib", "40",
-         "--truth", str(truth), *FAST],
-        stderr=subprocess.PIPE, text=True,
-    )
-    try:
-        first = proc.stderr.readline()
-        assert first.strip() == f"ready pid={proc.pid}"
+    # waiting_workload checks that the first line is exactly `ready pid=PID`
+    with waiting_workload(workload, "--exit-code", "7", "--iterations", "3", "--ckpt-mib", "40", *FAST,
+                          truth=truth) as proc:
         assert truth.read_text() == ""  # nothing ran before the signal
-        os.kill(proc.pid, signal.SIGUSR1)
+        go(proc)
         assert proc.wait(timeout=60) == 7
-    finally:
-        proc.kill()
-        proc.stderr.close()
-    check_consistent([json.loads(ln) for ln in truth.read_text().splitlines()], iterations=3)
+    check_consistent(truth_records(truth), iterations=3)
 
 
 @pytest.mark.parametrize(
@@ -247,16 +227,16 @@ def test_wait_signal_and_exit_code(binary, tmp_path):
         ["--truth", "/nonexistent-dir/truth.jsonl"],
     ],
 )
-def test_bad_options_exit_2_with_one_line(binary, args):
-    proc = subprocess.run([str(binary), *args], capture_output=True, text=True, timeout=30)
+def test_bad_options_exit_2_with_one_line(workload, args):
+    proc = subprocess.run([str(workload), *args], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     lines = proc.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith("ckpt-workload: error: "), proc.stderr
     assert proc.stdout == ""
 
 
-def test_small_checkpoints_run_with_a_warning(binary, tmp_path):
-    proc, records = run(binary, tmp_path, "--iterations", "1", "--ckpt-mib", "8")
+def test_small_checkpoints_run_with_a_warning(workload, tmp_path):
+    proc, records = run(workload, tmp_path, "--iterations", "1", "--ckpt-mib", "8")
     assert "warning" in proc.stderr and "32 MiB" in proc.stderr
     assert split(records)[0][0]["bytes"] == 8 * MIB
 

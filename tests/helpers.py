@@ -1,0 +1,142 @@
+"""One helper per job the tests repeat: run the CLI, check a one-line error, start a process and
+always stop it, read the workload's truth, record it with that truth, and the span invariants.
+
+The CLI runner runs the real `ckptrace` console script that pip installed beside this Python, in
+a subprocess: that is what a user runs, so a test sees the entry point, main()'s one-line error
+handling (click's in-process runner bypasses it: an exception that would be a traceback for a user
+passes there), stdout and stderr apart, real exit codes, and it can be signalled. Starting it costs
+about 0.4 s here (`ckptrace analyze --help`), which the suite can afford.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pandas as pd
+
+CKPTRACE = Path(sys.executable).with_name("ckptrace")
+# The same entry with bcc made unimportable (None in sys.modules makes `import bcc` fail).
+NO_BCC = [sys.executable, "-c", "import sys; sys.modules['bcc'] = None; from ckptrace.cli import main; main()"]
+
+
+def ckptrace(*args, timeout: float = 120, env: dict | None = None, entry: list | None = None,
+             wrap: list | tuple = (), cwd=None, **kw) -> subprocess.CompletedProcess:
+    """Run `ckptrace ARGS` to completion; `env` adds to this environment, `wrap` goes in front
+    (setpriv...), `entry` replaces the console script (NO_BCC)."""
+    cmd = [*wrap, *(entry or [str(CKPTRACE)]), *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                          env={**os.environ, **(env or {})}, **kw)
+
+
+def assert_one_line_error(p: subprocess.CompletedProcess, *needles: str, code: int | None = None) -> str:
+    """README: bad input gets one line `ckptrace: error: ...` on stderr and a non-zero exit."""
+    assert (p.returncode == code) if code is not None else (p.returncode not in (0, None)), \
+        (p.returncode, p.stderr)
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptrace: error: "), p.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+    return lines[0]
+
+
+@contextlib.contextmanager
+def started(argv, ready: str | None = None, **popen) -> Iterator[tuple[subprocess.Popen, str]]:
+    """Start argv; with `ready`, wait for its first stderr line, which must start with it. Yield
+    the process and that line; on the way out kill it if it still runs, reap it, close its pipe."""
+    proc = subprocess.Popen(list(map(str, argv)), stderr=subprocess.PIPE, text=True, **popen)
+    try:
+        line = proc.stderr.readline() if ready is not None else ""
+        assert ready is None or line.startswith(ready), f"{line!r} (expected {ready!r}...)"
+        yield proc, line
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(60)
+        proc.stderr.close()
+
+
+@contextlib.contextmanager
+def waiting_workload(binary, *args, truth: Path | None = None) -> Iterator[subprocess.Popen]:
+    """The sample workload started with --wait-signal: it has printed `ready pid=N` and waits
+    for SIGUSR1 (`go(proc)`) before its first iteration."""
+    extra = ["--truth", truth] if truth else []
+    with started([binary, "--wait-signal", *extra, *args], ready="ready pid=") as (proc, line):
+        assert line.strip() == f"ready pid={proc.pid}", line
+        yield proc
+
+
+def go(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGUSR1)
+
+
+@contextlib.contextmanager
+def recorder(out: Path, *args) -> Iterator[subprocess.Popen]:
+    """`ckptrace record --quiet -o OUT ARGS` running with its probes attached (its start line,
+    `ckptrace: tracing ...`, has been printed); killed on the way out if still running."""
+    with started([CKPTRACE, "record", "--quiet", "-o", out, *args], ready="ckptrace: tracing") as (proc, line):
+        proc.start_line = line
+        yield proc
+
+
+# --- the workload's truth ---------------------------------------------------------------------
+
+def truth_records(path: Path) -> list[dict]:
+    """The workload's truth file as written: one JSON object per line."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def load_truth(path: Path) -> dict[str, pd.DataFrame]:
+    """The truth as one frame per record type (checkpoint, iteration, summary)."""
+    df = pd.DataFrame(truth_records(path))
+    return {t: g.drop(columns="type").dropna(axis=1, how="all").reset_index(drop=True)
+            for t, g in df.groupby("type")}
+
+
+def clock_tolerance(truth_ns):
+    """README's promise against the workload's own clock: 5% + 0.5 ms (issue 2)."""
+    return 0.05 * truth_ns + 0.5e6
+
+
+def within_clock(ours_ns, truth_ns) -> bool:
+    """Every value (scalar or array) within clock_tolerance of the truth."""
+    return bool(np.all(np.abs(np.asarray(ours_ns) - np.asarray(truth_ns)) <= clock_tolerance(np.asarray(truth_ns))))
+
+
+@dataclass
+class Recording:
+    trace: object  # ckptrace.trace.Trace
+    truth: dict[str, pd.DataFrame]
+    summary: dict  # record --json
+    proc: subprocess.CompletedProcess
+    path: Path
+
+
+def record_with_truth(tmp_path: Path, workload_argv: list, *record_args, name: str = "t") -> Recording:
+    """`ckptrace record --json` of the workload writing its truth beside the trace; must succeed."""
+    from ckptrace.trace import read_trace
+
+    trace, truth = tmp_path / f"{name}.parquet", tmp_path / f"{name}.truth.jsonl"
+    p = ckptrace("record", "--quiet", "--json", "-o", trace, *record_args, "--", *workload_argv,
+                 "--truth", truth, timeout=180)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    return Recording(read_trace(trace), load_truth(truth), json.loads(p.stdout), p, trace)
+
+
+# --- invariants of analysed spans -------------------------------------------------------------
+
+def assert_parts_fit(rows) -> None:
+    """Each iteration's (or checkpoint's) parts fit its span: fill + copy <= span, and the fault
+    time is a part of fill + copy. Takes analyzer frames or `analyze --json` rows."""
+    df = pd.DataFrame(rows)
+    span = df["span_ns"] if "span_ns" in df else df["end_ns"] - df["start_ns"]
+    bad = df[(df["fill_ns"] + df["copy_ns"] > span) | (df["fault_ns"] > df["fill_ns"] + df["copy_ns"])]
+    assert bad.empty, f"parts outside their span:\n{bad.to_string()}"
