@@ -33,10 +33,10 @@ class LazyGroup(click.Group):
             return None
         try:
             module = importlib.import_module(f"ckptrace.commands.{name}")
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith("ckptrace.commands"):
-                return None
-            raise
+        except ImportError as e:  # a broken install or a missing dependency: say which module
+            missing = f"module {e.name!r} is missing" if e.name else str(e).splitlines()[0]
+            raise CkptraceError(f"the {name} command could not be loaded: {missing}; "
+                                "reinstall ckptrace with its dependencies") from None
         return module.command
 
     def format_commands(self, ctx, formatter):
