@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from ckptrace.cli import COMMANDS
+from helpers import assert_one_line_error
 
 REPO = Path(__file__).resolve().parent.parent
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
@@ -165,6 +166,5 @@ def test_a_command_that_cannot_load_says_which_module_in_one_line(installed):
         p = run([venv / "bin" / "ckptrace", "drive", "http://127.0.0.1:1"], cwd=cwd, check=False)
     finally:
         broken.write_bytes(saved)
-    assert p.returncode == 1 and p.stdout == ""
-    assert p.stderr == ("ckptrace: error: the drive command could not be loaded: module "
-                        "'ckptrace.commands.drive' is missing; reinstall ckptrace with its dependencies\n")
+    assert_one_line_error(p, "the drive command could not be loaded: module 'ckptrace.commands.drive' "
+                          "is missing; reinstall ckptrace", code=1)

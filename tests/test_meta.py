@@ -3,8 +3,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -13,10 +11,10 @@ import pytest
 from ckptrace.errors import TraceFormatError
 from ckptrace.meta import ObjectInfo, OpenSpans, ProbeInfo, TraceMeta
 from ckptrace.trace import read_meta, read_trace, write_trace
+from helpers import assert_one_line_error, ckptrace
 from test_analyzers import make_events, slots_rows
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "traces"
-CKPTRACE = Path(sys.executable).with_name("ckptrace")
 
 
 def full_meta() -> TraceMeta:
@@ -83,9 +81,9 @@ def test_hostile_metadata_is_one_line_naming_the_field(tmp_path, change, words):
     bad = rewrite_meta(SAMPLES / "1-pool-off.parquet", tmp_path / "bad.parquet", change)
     with pytest.raises(TraceFormatError, match=r"bad\.parquet: " + words.replace("[", r"\[").replace("]", r"\]")):
         read_trace(bad)
-    r = subprocess.run([CKPTRACE, "analyze", bad], capture_output=True, text=True)
-    assert r.returncode == 1 and r.stdout == ""
-    assert r.stderr.count("\n") == 1 and r.stderr.startswith("ckptrace: error: ") and words in r.stderr
+    r = ckptrace("analyze", bad)
+    assert_one_line_error(r, words, code=1)
+    assert r.stdout == ""
 
 
 def test_unknown_keys_are_kept(tmp_path):
