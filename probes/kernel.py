@@ -247,7 +247,7 @@ def _find_member(types, struct, name: str, base_bits: int = 0):
 def task_struct_offsets() -> dict[str, int]:
     """Byte offsets of min_flt and maj_flt in the running kernel's task_struct, from its BTF.
 
-    Never from the kernel headers: those are another kernel version's (FINDINGS.md).
+    Never from the kernel headers: those are another kernel version's (docs/kernel-facts.md).
     """
     types = _parse_btf(_btf_raw())
     structs = [t for t in types.values() if t[0] == "STRUCT" and t[1] == "task_struct"]

@@ -65,7 +65,7 @@ def build_server(pool: bool, progress: Callable[[str], None] | None = None) -> P
     argv = ["bash", str(BUILD_SH), *(["--pool"] if pool else [])]
     last: deque[str] = deque(maxlen=5)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, env={**os.environ, "CKPTRACE_PYTHON": sys.executable})
     try:
         for line in proc.stderr:  # stdout holds only the binary's path: it cannot fill its pipe
             last.append(line)

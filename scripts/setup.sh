@@ -37,7 +37,7 @@ install_apt() {
 }
 
 # bcc compiles against /lib/modules/$(uname -r)/build. A kernel without a Debian headers package
-# (this VM's) gets the newest Debian headers instead: FINDINGS.md explains why that is safe for
+# (this VM's) gets the newest Debian headers instead: docs/kernel-facts.md says why that is safe for
 # what we compile (tracepoint arguments come from tracefs, task_struct offsets from BTF).
 link_headers() {
     local modules=${CKPTRACE_MODULES_DIR:-/lib/modules} usr_src=${CKPTRACE_USR_SRC:-/usr/src}
@@ -62,7 +62,7 @@ link_headers() {
     fi
     step "kernel headers: kernel $release has none; linked $kdir/build -> $headers" \
          "and $kdir/source -> $(readlink "$kdir/source") (another version's headers:" \
-         "safe for what ckptrace compiles, see FINDINGS.md)"
+         "safe for what ckptrace compiles, see docs/kernel-facts.md)"
 }
 
 mount_fs() {  # mount_fs TYPE DIR

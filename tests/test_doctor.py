@@ -179,7 +179,7 @@ def test_setup_links_the_newest_debian_headers(tmp_path):
     kdir = modules / "9.9.9-test"
     assert os.readlink(kdir / "build") == str(src / "linux-headers-6.1.0-56-amd64")
     assert os.readlink(kdir / "source") == str(src / "linux-headers-6.1.0-56-common")
-    assert "linked" in first.stdout and "FINDINGS.md" in first.stdout
+    assert "linked" in first.stdout and "docs/kernel-facts.md" in first.stdout
     second = run(step, env=env)
     assert second.returncode == 0 and "present" in second.stdout and "linked" not in second.stdout
     # The linked headers vanish (package upgraded): relink both to what is there now.

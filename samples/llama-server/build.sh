@@ -14,6 +14,7 @@
 #   GGML_NATIVE=OFF  portable, and avoids the AMX matmul crash seen with tiny models here
 #   LLAMA_CURL/OPENSSL=OFF  nothing to fetch at run time; no extra build dependencies
 #   Release, no strip: symbols stay, as in a normal release build, so ckptrace can probe them
+# CKPTRACE_PYTHON: the Python whose pip downloads the sdist (default python3 on PATH).
 # If ccache is installed it is used (ggml picks it up), which makes the pool build cheap
 # after the pool-off one: only the patched files compile again.
 set -euo pipefail
@@ -68,7 +69,7 @@ sdist="$SDIST_DIR/llama_cpp_python-$VERSION.tar.gz"
 exec 8>"$ROOT/.sdist.lock"
 flock 8  # the pool-off and pool-on builds may start together
 if [ ! -f "$sdist" ]; then
-    if [ -x /work/main/.venv/bin/pip ]; then PIP=(/work/main/.venv/bin/pip); else PIP=(python3 -m pip); fi
+    PIP=("${CKPTRACE_PYTHON:-python3}" -m pip)  # ckptrace passes its own Python (with pip)
     log "fetching llama-cpp-python==$VERSION sdist"
     mkdir -p "$SDIST_DIR"
     # Only llama-cpp-python itself must be a source archive; its build tools (needed by
