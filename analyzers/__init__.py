@@ -1,7 +1,8 @@
 """Pure functions from trace events (typed DataFrames) to breakdowns, summaries and comparisons.
 
-`analyze_trace` is the facade; the tables come from `checkpoints`, `iterations` and `summary`,
-and `compare` builds A/B/A verdicts on top of it.
+One pass, each step using only the ones before it:
+events -> spans (spans.py) -> checkpoints (checkpoints.py) -> iterations (iterations.py)
+-> summary (summary.py). `compare` builds A/B/A verdicts on analyses.
 """
 from __future__ import annotations
 
@@ -12,11 +13,12 @@ import pandas as pd
 from ckptrace.trace import Trace
 
 from .checkpoints import CHECKPOINT_COLUMNS, checkpoint_table
-from .iterations import ITERATION_COLUMNS, iteration_spans, iteration_table, unassigned_checkpoints
+from .iterations import ITERATION_COLUMNS, iteration_table
+from .spans import iteration_spans
 from .summary import summarize
 
-__all__ = ["Analysis", "analyze_trace", "checkpoint_table", "iteration_table", "unassigned_checkpoints",
-           "summarize", "CHECKPOINT_COLUMNS", "ITERATION_COLUMNS"]
+__all__ = ["Analysis", "analyze_trace", "checkpoint_table", "iteration_spans", "iteration_table", "summarize",
+           "CHECKPOINT_COLUMNS", "ITERATION_COLUMNS"]
 
 
 @dataclass
@@ -26,13 +28,9 @@ class Analysis:
     iterations: pd.DataFrame
     summary: dict
 
-    @property
-    def unassigned(self) -> pd.DataFrame:
-        return unassigned_checkpoints(self.checkpoints)
-
 
 def analyze_trace(trace: Trace) -> Analysis:
     spans = iteration_spans(trace.events)
     checkpoints = checkpoint_table(trace.events, spans)
-    iterations = iteration_table(trace.events, checkpoints, spans)
+    iterations = iteration_table(trace.events, spans, checkpoints)
     return Analysis(trace, checkpoints, iterations, summarize(checkpoints, iterations, trace.meta))

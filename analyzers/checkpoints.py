@@ -12,7 +12,7 @@
   nothing was timed: `fault_timed` is 0 everywhere). An estimate never exceeds its span.
 - `faults`: the whole checkpoint's fault count; `fill_faults`/`copy_faults` those of its spans.
 - `mmaps`/`munmaps`: syscalls made while the checkpoint was open on its thread.
-- `iter`: the iteration it falls in (see iterations.py), 0 when none.
+- `iter`: the iteration it falls in (see spans.py), 0 when none.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pandas as pd
 from ckptrace.errors import AnalysisError
 from ckptrace.trace import empty_frame
 
-from .iterations import assign_iterations, iteration_spans, kind_mask
+from .spans import assign_iterations, kind_mask
 
 CHECKPOINT_COLUMNS: dict[str, object] = {
     "ckpt": np.dtype("int64"),
@@ -69,10 +69,8 @@ def _per_checkpoint(spans: pd.DataFrame, fallback_ns: float) -> pd.DataFrame:
                          "faults": faults, "timed": timed, "n": 1}).groupby("ckpt").sum()
 
 
-def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One row per checkpoint (CHECKPOINT_COLUMNS), sorted by start_ns.
-
-    `spans`: iteration_spans(events) when the caller already has it (saves a pass)."""
+def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
+    """One row per checkpoint (CHECKPOINT_COLUMNS), sorted by start_ns; `spans` from iteration_spans(events)."""
     ck = events.loc[kind_mask(events, "checkpoint"),
                     ["ckpt", "tid", "iter", "start_ns", "end_ns", "bytes", "draft", "faults"]]
     if not len(ck):
@@ -112,6 +110,6 @@ def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame | None = None) ->
     t["mmaps"] = ids.map(sys["ckpt"][is_mmap].value_counts()).fillna(0).astype("int64")
     t["munmaps"] = ids.map(sys["ckpt"][~is_mmap].value_counts()).fillna(0).astype("int64")
 
-    t["iter"] = assign_iterations(t, iteration_spans(events) if spans is None else spans)
+    t["iter"] = assign_iterations(t, spans)
     t = t[list(CHECKPOINT_COLUMNS)].astype(CHECKPOINT_COLUMNS)
     return t.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)

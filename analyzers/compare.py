@@ -24,7 +24,7 @@ Rules:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
@@ -70,23 +70,6 @@ class Comparison:
     seed: int = 0
     n_boot: int = 2000
     min_effect_pct: float = 0.0
-    analyses: list[Analysis] = field(default_factory=list, repr=False)
-
-    def to_dict(self) -> dict:
-        legs = self.legs.to_dict("records")
-        for leg in legs:
-            leg["build_ids"] = [b for b in leg["build_ids"].split(",") if b]
-        return {"baseline": self.baseline, "candidate": self.candidate, "samples": self.samples,
-                "seed": self.seed, "n_boot": self.n_boot, "min_effect_pct": self.min_effect_pct, "legs": legs,
-                "metrics": [{k: _plain(v) for k, v in m.items()} for m in self.metrics.to_dict("records")],
-                "warnings": list(self.warnings), "explanation": self.explanation}
-
-
-def _plain(v):
-    """JSON has no NaN or infinity: undefined or unbounded figures become None."""
-    if isinstance(v, float) and not math.isfinite(v):
-        return None
-    return v
 
 
 def _samples(a: Analysis, metric: str) -> np.ndarray:
@@ -203,7 +186,7 @@ def _warnings(analyses: list[Analysis], arms: list[str]) -> list[str]:
     return out
 
 
-def _ms(ns: float) -> str:
+def _signed_ms(ns: float) -> str:
     return f"{ns / 1e6:+.2f} ms"
 
 
@@ -215,7 +198,7 @@ def _explain(m: pd.DataFrame, analyses: list[Analysis], arms: list[str], baselin
         if math.isfinite(x["change_pct"]):
             return f"{x['change_pct']:+.1f}% ({x['verdict']})"
         if math.isfinite(x["diff_median"]):
-            return f"{_ms(x['diff_median'])} ({x['verdict']})"
+            return f"{_signed_ms(x['diff_median'])} ({x['verdict']})"
         return "not measured (no samples in an arm)"
 
     head = (f"{candidate} against {baseline}: median checkpoint time {said('checkpoint_total_ns')}, "
@@ -234,8 +217,8 @@ def _explain(m: pd.DataFrame, analyses: list[Analysis], arms: list[str], baselin
     fault = mean_of("candidate", "fault_ns") - mean_of("baseline", "fault_ns")
     words = {"fill": "the fill (the resize's zero fill of fresh memory)", "copy": "the state copy",
              "other": "the rest of the checkpoint (neither fill nor copy)"}
-    tail = (f" Most of it comes from {words[phase]}: {_ms(delta[phase])} of {_ms(total)} per checkpoint "
-            f"on average, with fault time {_ms(fault)}.")
+    tail = (f" Most of it comes from {words[phase]}: {_signed_ms(delta[phase])} of {_signed_ms(total)} per checkpoint "
+            f"on average, with fault time {_signed_ms(fault)}.")
     return head + tail
 
 
@@ -283,4 +266,4 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
     return Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
                       warnings=_warnings(analyses, arms),
                       explanation=_explain(metrics, analyses, arms, baseline, candidate),
-                      seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, analyses=analyses)
+                      seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct)

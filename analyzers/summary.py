@@ -13,8 +13,7 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.meta import TraceMeta
-
-MIB = 1 << 20
+from ckptrace.units import MIB
 
 STAT_METRICS = {
     "checkpoint_fill_ns": ("checkpoints", "fill_ns"),

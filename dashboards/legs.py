@@ -100,6 +100,6 @@ def bin_rows(frame: pd.DataFrame, columns: list[str], limit: int = MAX_BARS) -> 
     return out.reset_index(drop=True), k
 
 
-def ms(ns) -> np.ndarray:
+def to_ms(ns) -> np.ndarray:
     """ns -> ms as float32: half the bytes of float64 in the page, ample precision for a plot."""
     return (np.asarray(ns, dtype="float64") / 1e6).astype("float32")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -17,9 +18,10 @@ from plotly.subplots import make_subplots
 
 from ckptrace.meta import TraceMeta
 from ckptrace.trace import time_origin
+from ckptrace.units import MIB
 
-from .legs import (MAX_BARS, MAX_POINTS, PHASE_COLOURS, VERDICT_COLOURS, Leg, bin_rows, ms,
-                   order_statistics, plain)
+from .legs import (MAX_BARS, MAX_POINTS, PHASE_COLOURS, VERDICT_COLOURS, Leg, bin_rows,
+                   order_statistics, plain, to_ms)
 
 TEMPLATE = "plotly_white"
 ROW_PX = 22  # table line height used to size table figures
@@ -71,7 +73,7 @@ def iterations_panel(legs: list[Leg]) -> Panel:
         fig.update_xaxes(tick0=0, dtick=_nice_step(float(x.max() - x.min()) if len(x) else 1.0), row=row, col=1)
         for phase, label in (("fill", "fill (excl. faults)"), ("copy", "copy (excl. faults)"),
                              ("faults", "page faults"), ("other", "other")):
-            fig.add_trace(go.Bar(x=x, y=ms(parts[phase]), name=label, legendgroup=phase, showlegend=row == 1,
+            fig.add_trace(go.Bar(x=x, y=to_ms(parts[phase]), name=label, legendgroup=phase, showlegend=row == 1,
                                  marker=dict(color=PHASE_COLOURS[phase], line=dict(width=0)),
                                  hovertemplate="%{x:.3f} s: %{y:.2f} ms<extra>" + label + "</extra>"),
                           row=row, col=1)
@@ -146,7 +148,7 @@ def timeline_panel(legs: list[Leg]) -> Panel:
 
         def bar(y, start, end, name, colour, width, hover):
             fig.add_trace(go.Bar(
-                y=y, base=ms(np.asarray(start) - t0), x=ms(np.asarray(end) - np.asarray(start)), orientation="h",
+                y=y, base=to_ms(np.asarray(start) - t0), x=to_ms(np.asarray(end) - np.asarray(start)), orientation="h",
                 name=name, legendgroup=name, showlegend=show, width=width, marker=dict(color=colour),
                 customdata=hover, hovertemplate="%{customdata}<extra>" + name + "</extra>"), row=row, col=1)
 
@@ -157,13 +159,13 @@ def timeline_panel(legs: list[Leg]) -> Panel:
                 PHASE_COLOURS["decode"], 0.8, [f"{d / 1e6:.2f} ms" for d in (dec["end_ns"] - dec["start_ns"])])
         bar([ck_row[int(c)] for c in ck["ckpt"]], ck["start_ns"], ck["end_ns"], "checkpoint",
             PHASE_COLOURS["checkpoint"], 0.8,
-            [f"total {a / 1e6:.2f} ms, {b / 1048576:.1f} MiB, faults {f}, {'pool hit' if h else 'fresh buffer'}"
+            [f"total {a / 1e6:.2f} ms, {b / MIB:.1f} MiB, faults {f}, {'pool hit' if h else 'fresh buffer'}"
              for a, b, f, h in zip(ck["total_ns"], ck["bytes"], ck["faults"], ck["pool_hit"])])
         for phase in ("fill", "copy"):
             s = spans.loc[(spans["kind"].astype(str) == phase).to_numpy()]
             if len(s):
                 bar([ck_row[int(c)] for c in s["ckpt"]], s["start_ns"], s["end_ns"], phase, PHASE_COLOURS[phase],
-                    0.45, [f"{d / 1e6:.2f} ms, {n} faults, {b / 1048576:.1f} MiB"
+                    0.45, [f"{d / 1e6:.2f} ms, {n} faults, {b / MIB:.1f} MiB"
                            for d, n, b in zip(s["end_ns"] - s["start_ns"], s["faults"], s["bytes"])])
         fig.update_yaxes(categoryorder="array", categoryarray=y_order[::-1], row=row, col=1)
         fig.update_xaxes(title_text="ms since iteration start", row=row, col=1)
@@ -196,7 +198,7 @@ def distributions_panel(legs: list[Leg]) -> Panel:
             shown, sampled = order_statistics(values)
             if sampled:
                 notes.append(f"{leg.name} {src} ({len(values):,})")
-            fig.add_trace(go.Box(y=ms(shown), name=leg.name, showlegend=False, marker=dict(color=leg.colour), line=dict(color=leg.colour),
+            fig.add_trace(go.Box(y=to_ms(shown), name=leg.name, showlegend=False, marker=dict(color=leg.colour), line=dict(color=leg.colour),
                                  boxpoints=False if len(shown) > 2000 else "outliers"),
                           row=1, col=c)
         fig.update_yaxes(title_text="ms", rangemode="tozero", row=1, col=c)
@@ -461,12 +463,5 @@ def header_panel(title: str, legs: list[Leg], comparison, notes: list[str]) -> P
 
 def _wrap(text: str, width: int = 150, escape: bool = True) -> str:
     """Break long text into lines for a table cell (plotly tables do not wrap)."""
-    words, lines, cur = str(text).split(), [], ""
-    for w in words:
-        if cur and len(cur) + 1 + len(w) > width:
-            lines.append(cur)
-            cur = w
-        else:
-            cur = f"{cur} {w}".strip()
-    lines.append(cur)
+    lines = textwrap.wrap(str(text), width, break_long_words=False, break_on_hyphens=False) or [""]
     return "<br>".join(plain(x) if escape else x for x in lines)

@@ -14,8 +14,8 @@ import pandas as pd
 
 from ckptrace.meta import ObjectInfo, ProbeInfo, TraceMeta
 from ckptrace.trace import Trace, normalize_events
+from ckptrace.units import MIB
 
-MIB = 1 << 20
 
 
 def synthetic_trace(label: str, *, checkpoints: int = 60, per_iteration: int = 2, pool: bool = False,

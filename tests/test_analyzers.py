@@ -6,14 +6,14 @@ import pandas as pd
 import pytest
 
 from ckptrace.analyzers import (CHECKPOINT_COLUMNS, ITERATION_COLUMNS, analyze_trace, checkpoint_table,
-                                iteration_table, summarize, unassigned_checkpoints)
+                                iteration_spans, iteration_table, summarize)
 from ckptrace.errors import AnalysisError
 from ckptrace.meta import OpenSpans, TraceMeta
 from ckptrace.trace import normalize_events, read_trace, write_trace
+from ckptrace.units import MIB
 from helpers import assert_parts_fit
 
 MS = 1_000_000
-MIB = 1 << 20
 
 
 def make_events(rows: list[dict]) -> pd.DataFrame:
@@ -96,12 +96,24 @@ def slots_trace(tmp_path):
     return read_trace(path)
 
 
+def ck_table(ev: pd.DataFrame) -> pd.DataFrame:
+    return checkpoint_table(ev, iteration_spans(ev))
+
+
+def it_table(ev: pd.DataFrame, ck: pd.DataFrame) -> pd.DataFrame:
+    return iteration_table(ev, iteration_spans(ev), ck)
+
+
+def unassigned(ck: pd.DataFrame) -> pd.DataFrame:
+    return ck.loc[ck["iter"] == 0]
+
+
 def by_ckpt(t: pd.DataFrame) -> pd.DataFrame:
     return t.set_index("ckpt")
 
 
 def test_checkpoint_table_known_answer(slots_trace):
-    ck = checkpoint_table(slots_trace.events)
+    ck = ck_table(slots_trace.events)
     assert list(ck.columns) == list(CHECKPOINT_COLUMNS)
     assert dict(ck.dtypes) == CHECKPOINT_COLUMNS
     assert ck["ckpt"].tolist() == [1, 2, 3, 4]  # sorted by start
@@ -122,12 +134,12 @@ def test_checkpoint_table_known_answer(slots_trace):
     assert not c.loc[[1, 3], "pool_hit"].any()
     assert c.loc[:, "iter"].tolist() == [1, 1, 3, 0]
     assert bool(c.loc[4, "draft"]) and c.loc[4, "tid"] == 200
-    assert unassigned_checkpoints(ck)["ckpt"].tolist() == [4]
+    assert unassigned(ck)["ckpt"].tolist() == [4]
 
 
 def test_iteration_table_known_answer(slots_trace):
-    ck = checkpoint_table(slots_trace.events)
-    it = iteration_table(slots_trace.events, ck)
+    ck = ck_table(slots_trace.events)
+    it = it_table(slots_trace.events, ck)
     assert list(it.columns) == list(ITERATION_COLUMNS) and dict(it.dtypes) == ITERATION_COLUMNS
     assert it["iter"].tolist() == [1, 2, 3]  # decode rows of tid 100 made no iterations of their own
     assert it["kind"].tolist() == ["prefill", "decode", "prefill"]
@@ -144,8 +156,8 @@ def test_iteration_table_known_answer(slots_trace):
 
 def test_decode_boundaries_without_update_slots():
     ev = make_events(decode_rows())
-    ck = checkpoint_table(ev)
-    it = iteration_table(ev, ck)
+    ck = ck_table(ev)
+    it = it_table(ev, ck)
     assert it["boundary"].astype(str).tolist() == ["decode"] * 3
     assert it["start_ns"].tolist() == [2 * MS, 10 * MS, 22 * MS]
     assert it["end_ns"].tolist() == [10 * MS, 22 * MS, 60 * MS]
@@ -154,7 +166,7 @@ def test_decode_boundaries_without_update_slots():
     assert it["checkpoints"].tolist() == [1, 0, 1]
     assert it["mmaps"].tolist() == [0, 1, 0]
     assert by_ckpt(ck)["iter"].tolist() == [1, 3, 0]
-    assert unassigned_checkpoints(ck)["ckpt"].tolist() == [3]
+    assert unassigned(ck)["ckpt"].tolist() == [3]
     # ckpt 2's fill was not timed: the trace-wide fill mean (10_000 ns / 10 faults) applies.
     assert by_ckpt(ck).loc[2, "fill_fault_ns"] == 300 * 1000
     assert_parts_fit(it)
@@ -166,7 +178,7 @@ def test_fault_estimate_never_exceeds_span():
             dict(kind="fill", tid=1, start_ns=1000, end_ns=2000, ckpt=1, faults=100, fault_timed=1,
                  fault_timed_ns=50_000),
             dict(kind="copy", tid=1, start_ns=2000, end_ns=9000, ckpt=1, bytes=MIB)]
-    ck = checkpoint_table(make_events(rows))
+    ck = ck_table(make_events(rows))
     assert ck.loc[0, "fill_fault_ns"] == 1000
 
 
@@ -176,7 +188,7 @@ def test_an_update_that_copied_nothing_is_not_a_checkpoint():
             dict(kind="fill", tid=1, start_ns=MS, end_ns=5 * MS, ckpt=1, bytes=MIB),
             dict(kind="copy", tid=1, start_ns=5 * MS, end_ns=9 * MS, ckpt=1, bytes=MIB),
             dict(kind="checkpoint", tid=1, start_ns=10 * MS + 10, end_ns=10 * MS + 900, ckpt=2, draft=True)]
-    ck = checkpoint_table(make_events(rows))
+    ck = ck_table(make_events(rows))
     assert ck["ckpt"].tolist() == [1] and not ck["pool_hit"].any()
 
 
@@ -185,9 +197,9 @@ def test_nothing_timed_reports_fault_time_unmeasured():
     for r in rows:
         r.pop("fault_timed", None), r.pop("fault_timed_ns", None)
     ev = make_events(rows)
-    ck = checkpoint_table(ev)
+    ck = ck_table(ev)
     assert (ck["fault_ns"] == 0).all() and (ck["fill_ns"] > 0).any()
-    s = summarize(ck, iteration_table(ev, ck), TraceMeta())
+    s = summarize(ck, it_table(ev, ck), TraceMeta())
     assert s["fault_time_measured"] is False
     assert any("not measured" in n for n in s["notes"])
 
@@ -224,11 +236,11 @@ def test_summary_reliability(slots_trace, meta, words):
 
 def test_empty_trace_keeps_columns():
     ev = make_events([dict(kind="decode", tid=1, start_ns=0, end_ns=10, tokens=1)])
-    ck = checkpoint_table(ev)
+    ck = ck_table(ev)
     assert len(ck) == 0 and dict(ck.dtypes) == CHECKPOINT_COLUMNS
-    it = iteration_table(ev, ck)
+    it = it_table(ev, ck)
     assert len(it) == 1 and it["kind"].tolist() == ["decode"]
-    none = iteration_table(make_events([dict(kind="mmap", tid=1, start_ns=0, end_ns=10)]), ck)
+    none = it_table(make_events([dict(kind="mmap", tid=1, start_ns=0, end_ns=10)]), ck)
     assert len(none) == 0 and dict(none.dtypes) == ITERATION_COLUMNS
     s = summarize(ck, it, TraceMeta())
     assert s["checkpoints"] == 0 and s["pool_hit_rate"] is None
@@ -239,7 +251,7 @@ def test_duplicate_checkpoint_ids_are_an_error():
     rows = [dict(kind="checkpoint", tid=1, start_ns=0, end_ns=10, ckpt=7),
             dict(kind="checkpoint", tid=1, start_ns=20, end_ns=30, ckpt=7)]
     with pytest.raises(AnalysisError, match="checkpoint id 7"):
-        checkpoint_table(make_events(rows))
+        ck_table(make_events(rows))
 
 
 def test_kernel_id_outside_its_iteration_is_unassigned():
@@ -250,8 +262,8 @@ def test_kernel_id_outside_its_iteration_is_unassigned():
             dict(kind="fill", tid=1, start_ns=160, end_ns=390, ckpt=1, iter=1),
             dict(kind="copy", tid=1, start_ns=390, end_ns=399, ckpt=1, iter=1)]
     ev = make_events(rows)
-    ck = checkpoint_table(ev)
+    ck = ck_table(ev)
     assert ck["iter"].tolist() == [0]
-    it = iteration_table(ev, ck)
+    it = it_table(ev, ck)
     assert it["fill_ns"].tolist() == [0]
     assert_parts_fit(it)

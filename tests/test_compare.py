@@ -12,6 +12,7 @@ from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.compare import METRICS, compare
 from ckptrace.errors import AnalysisError, TraceFormatError
 from ckptrace.meta import ObjectInfo, ProbeInfo, TraceMeta
+from ckptrace.renderers.json import comparison_json
 from ckptrace.trace import read_trace, write_trace
 from helpers import assert_one_line_error, assert_parts_fit, ckptrace
 from test_analyzers import MIB, MS, make_events
@@ -106,9 +107,9 @@ def test_same_seed_same_output_and_seed_matters(tmp_path):
     paths = [leg(tmp_path, "off1", "off", seed=1, n=12), leg(tmp_path, "on", "on", seed=2, n=12, fill_ms=20),
              leg(tmp_path, "off2", "off", seed=3, n=12)]
     traces = [read_trace(p) for p in paths]
-    one, two = compare(traces, seed=5).to_dict(), compare(traces, seed=5).to_dict()
+    one, two = comparison_json(compare(traces, seed=5)), comparison_json(compare(traces, seed=5))
     assert json.dumps(one) == json.dumps(two)
-    other = compare(traces, seed=6).to_dict()
+    other = comparison_json(compare(traces, seed=6))
     assert [m["ci_low_pct"] for m in one["metrics"]] != [m["ci_low_pct"] for m in other["metrics"]]
 
 
@@ -120,7 +121,7 @@ def test_zero_baseline_median_is_handled(tmp_path):
     fill = metric(c, "checkpoint_fill_ns")
     assert fill["baseline_median"] == 0 and np.isnan(fill["change_pct"])
     assert fill["verdict"] == "slower" and fill["diff_ci_low"] > 0
-    d = c.to_dict()
+    d = comparison_json(c)
     m = {x["metric"]: x for x in d["metrics"]}
     assert m["checkpoint_fill_ns"]["change_pct"] is None
     json.dumps(d, allow_nan=False)  # strict JSON

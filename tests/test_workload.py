@@ -13,9 +13,9 @@ from elftools.elf.elffile import ELFFile
 
 from ckptrace.errors import CkptraceError
 from ckptrace.samples import workload_binary
+from ckptrace.units import MIB
 from helpers import go, truth_records, waiting_workload
 
-MIB = 1 << 20
 PAGE = os.sysconf("SC_PAGESIZE")
 DEFAULT_APPEND = "_ZNSt6vectorIhSaIhEE17_M_default_appendEm"
 UPDATE_TGT = "_ZN24common_prompt_checkpoint10update_tgtEP13llama_contextij"

@@ -10,6 +10,8 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from ckptrace.terminal import echo
+
 LEGS = [("pool-off", "off"), ("pool-on", "on"), ("pool-off", "off")]
 
 
@@ -143,7 +145,8 @@ def command(ctx, out_dir: Path | None, llama: bool, iterations: int, ckpt_mib: i
 def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, title: str) -> None:
     """Compare the legs, write the dashboard, print the comparison (or the JSON summary)."""
     from ckptrace.analyzers.compare import compare
-    from ckptrace.commands.compare import render
+    from ckptrace.renderers.json import comparison_json
+    from ckptrace.renderers.text import compare_report
     from ckptrace.dashboards.report import write_dashboard
 
     comparison = compare(analyses)
@@ -151,8 +154,8 @@ def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, titl
                              notes=[f"leg {i}: {c}" for i, c in enumerate(checks, 1)])
     if as_json:
         click.echo(json.dumps({"traces": [a.trace.path for a in analyses], "checks": checks,
-                               "comparison": comparison.to_dict(), "report": str(report)}, default=str))
+                               "comparison": comparison_json(comparison), "report": str(report)}, default=str))
         return
     click.echo("")
-    click.echo(render(comparison))
-    click.echo(f"\nreport: {report.resolve()}")
+    echo(compare_report(comparison))
+    echo(f"\nreport: {report.resolve()}")
