@@ -34,8 +34,10 @@ PROGRAMS = {
     "update_slots": ("iter_enter", "iter_return"),
     "llama_decode": ("decode_enter", "decode_return"),
 }
-# Indices of the kernel's `counters` array (checkpoint.h enum ckpt_counter).
-C_LOST, C_PARTIAL, C_NEXT_ID, C_ABANDONED = 0, 1, 2, 3
+# Indices of the kernel's `counters` array (checkpoint.h enum ckpt_counter; C_NEXT_ID is the
+# kernel's id allocator, never read here). tests/test_enums.py holds these to the header.
+C_LOST, C_PARTIAL, C_ABANDONED = 0, 1, 3
+K_CHECKPOINT, K_ITERATION = KINDS.index("checkpoint"), KINDS.index("iteration")
 
 FAULT_SAMPLE_CHOICES = (0, 1, 2, 4, 8, 16, 64)
 SLICE_S = 0.25  # fault timing is on for one slice of this length in every --fault-sample slices
@@ -339,7 +341,7 @@ class _Session:
         kind = int.from_bytes(raw[self.kind_off:self.kind_off + 4], "little")
         if kind < len(self.counts):
             self.counts[kind] += 1
-        if kind == 0:
+        if kind == K_CHECKPOINT:
             self.ckpt_faults += int.from_bytes(raw[self.faults_off:self.faults_off + 8], "little")
         return 0
 
@@ -378,7 +380,7 @@ class _Session:
             if self.tty and now - last_status >= 0.5:
                 self.draw_status(now - t0)
                 last_status = now
-            if not hinted and self.counts[0] == 0 and now - t0 >= self.opts.no_checkpoint_hint_s:
+            if not hinted and self.counts[K_CHECKPOINT] == 0 and now - t0 >= self.opts.no_checkpoint_hint_s:
                 hinted = True
                 self.clear_status()
                 _say(f"ckptrace: no checkpoint seen in {self.opts.no_checkpoint_hint_s:g} s: only models "
@@ -387,7 +389,7 @@ class _Session:
 
     def draw_status(self, elapsed: float) -> None:
         lost = int(self.bpf["counters"][ctypes.c_int(C_LOST)].value)
-        text = (f"{elapsed:7.1f} s  checkpoints {self.counts[0]}  iterations {self.counts[3]}  "
+        text = (f"{elapsed:7.1f} s  checkpoints {self.counts[K_CHECKPOINT]}  iterations {self.counts[K_ITERATION]}  "
                 f"checkpoint faults {self.ckpt_faults}  lost {lost}")
         sys.stderr.write("\r" + text[:79].ljust(79))
         sys.stderr.flush()

@@ -20,11 +20,9 @@ from pathlib import Path
 
 import numpy as np
 
+from ckptrace.dashboards.screenshot import FLAGS  # the README screenshot's flags: one list
+
 CHROMIUM = os.environ.get("CKPTRACE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
-# Root needs --no-sandbox; the rest keeps Chromium from reaching the network on its own.
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-default-apps", "--disable-extensions", "--mute-audio", "--hide-scrollbars"]
 
 
 def chromium_available() -> bool:

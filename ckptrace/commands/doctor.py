@@ -66,8 +66,7 @@ def _btf() -> str:
 
 
 def _bcc() -> str:
-    bcc = kernel.import_bcc()
-    return f"bcc {getattr(bcc, '__version__', 'unknown')} for {sys.executable}"
+    return f"bcc {kernel.bcc_version()} for {sys.executable}"
 
 
 def _headers() -> str:
