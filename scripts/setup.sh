@@ -86,10 +86,14 @@ setup_venv() {
         /usr/bin/python3 -m venv --system-site-packages "$VENV"
         step "venv: created $VENV (sees Debian's bcc)"
     fi
+    # The editable install maps each package folder when it is made: a new package folder
+    # (setup.py finds them) needs a new install, as does a change of the dependencies.
     local want
-    want=$(sha256sum "$REPO/pyproject.toml" | cut -d' ' -f1)
+    want=$({ cat "$REPO/pyproject.toml" "$REPO/setup.py"
+             cd "$REPO" && find . \( -path ./.venv -o -path ./build \) -prune -o -name __init__.py -print | sort; } \
+           | sha256sum | cut -d' ' -f1)
     if [[ -f $STAMP && $(<"$STAMP") == "$want" && -x $VENV/bin/ckptrace ]]; then
-        step "python packages: up to date with pyproject.toml"
+        step "python packages: up to date with pyproject.toml, setup.py and the package folders"
     else
         "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e "$REPO[test]"
         echo "$want" >"$STAMP"
