@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from ckptrace.errors import TraceFormatError
 from ckptrace.meta import TraceMeta
+from ckptrace.output import write_output
 
 FORMAT = "ckptrace-trace"
 VERSION = 1
@@ -90,7 +91,12 @@ def normalize_events(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def write_trace(path: str | os.PathLike, events: pd.DataFrame, meta: TraceMeta) -> None:
-    """Write atomically: a reader never sees a half-written trace."""
+    """Write atomically (ckptrace.output): a reader never sees a half-written trace."""
+    write_output(path, trace_writer(events, meta), what="trace")
+
+
+def trace_writer(events: pd.DataFrame, meta: TraceMeta):
+    """A function writing the trace of `events` and `meta` into a binary file object."""
     events = normalize_events(events)
     doc = {**meta.to_json(), "format": FORMAT, "version": VERSION, "min_reader_version": MIN_READER_VERSION}
     table = pa.Table.from_pandas(events, preserve_index=False)
@@ -100,10 +106,7 @@ def write_trace(path: str | os.PathLike, events: pd.DataFrame, meta: TraceMeta) 
     # pandas restores DataFrame.attrs from this key, so plain read_parquet sees the metadata.
     md[b"PANDAS_ATTRS"] = json.dumps({META_KEY: json.loads(blob)}).encode()
     table = table.replace_schema_metadata(md)
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    pq.write_table(table, tmp, compression="zstd")
-    os.replace(tmp, path)
+    return lambda f: pq.write_table(table, f, compression="zstd")
 
 
 def _plain(value):

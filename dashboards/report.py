@@ -8,13 +8,14 @@ nothing is loaded from the network, so the file opens from disk anywhere.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import plotly.io as pio
 
 from ckptrace.errors import CkptraceError
+from ckptrace.output import write_output
+from ckptrace.terminal import printable
 
 from . import panels
 from .legs import make_legs, plain
@@ -88,15 +89,8 @@ def write_dashboard(analyses: list, comparison, out: Path, title: str = "ckptrac
         raise CkptraceError("no traces to show: give at least one trace file")
     out = Path(out)
     if out.is_dir():
-        raise CkptraceError(f"{out}: is a directory; give a file name such as {out / 'report.html'}")
-    if not out.parent.is_dir():
-        raise CkptraceError(f"{out.parent}: no such directory; create it or choose another -o path")
-    text = render_html(build_panels(analyses, comparison, title, notes))
-    tmp = out.with_name(f".{out.name}.tmp{os.getpid()}")
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, out)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise CkptraceError(f"{out}: cannot write the report ({e.strerror}); choose another -o path") from None
+        raise CkptraceError(f"{printable(out)}: is a directory; give a file name such as "
+                            f"{printable(out / 'report.html')}")
+    data = render_html(build_panels(analyses, comparison, title, notes)).encode("utf-8")
+    write_output(out, lambda f: f.write(data), what="report")
     return out

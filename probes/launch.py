@@ -11,8 +11,11 @@ from ckptrace.errors import TargetError
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 
-def die_with_parent(sig: int = signal.SIGTERM) -> None:
-    """In a child before exec: get `sig` when the process that forked us dies, even by SIGKILL."""
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """In a child before exec: get `sig` when the process that forked us dies, even by SIGKILL.
+
+    SIGKILL by default: a SIGTERM would be lost on a child that inherited SIGTERM as ignored
+    (`nohup`, some service managers), and the command would outlive its recorder."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
 
 

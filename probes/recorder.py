@@ -21,7 +21,9 @@ from ckptrace.errors import EbpfUnavailable, TargetError
 from ckptrace.meta import OpenSpans, ProbeInfo, TraceMeta
 from ckptrace.probes import kernel
 from ckptrace.probes.launch import HeldChild
-from ckptrace.trace import KINDS, PHASES, write_trace
+from ckptrace.output import OutputError, check_output, write_new, write_output
+from ckptrace.terminal import printable
+from ckptrace.trace import KINDS, PHASES, trace_writer
 
 BPF_SOURCE = Path(__file__).with_name("checkpoint.bpf.c")
 
@@ -48,6 +50,9 @@ FAULT_TIME_DEFINITION = (
     "Faults are timed during one 0.25 s slice in every fault_sample_every slices"
 )
 NO_CHECKPOINT_HINT_S = 30.0
+# Each stops a recording the same way, the trace written; the reason recorded is the value.
+STOP_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hangup",
+                signal.SIGQUIT: "quit"}
 POLL_S = 0.05  # drain period; events are submitted without wakeups
 
 
@@ -91,7 +96,10 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
     _say(_start_line(opts, plan, child, command, target, attached))
 
     stop_reason = "interrupted"
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    # A dropped SSH session (SIGHUP) or Ctrl-\\ (SIGQUIT) stops like Ctrl-C: the trace is written.
+    # Under nohup (SIGHUP ignored) a hangup still leaves the recording running.
+    old = {s: signal.getsignal(s) for s in STOP_SIGNALS
+           if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)}
     for s in old:
         signal.signal(s, session.request_stop)
     try:
@@ -113,12 +121,12 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
         session.clear_status()
         events = session.frame()
         _note_stop(meta, session, events, stop_reason)
-        written = _write_or_rescue(opts.output, events, meta)
+        written, why_not = _write_or_rescue(opts.output, events, meta)
         bpf.cleanup()
         for s, h in old.items():
             signal.signal(s, h)
-    if written != Path(opts.output):
-        raise TargetError(f"could not write {opts.output}; the recording was saved to {written}")
+    if why_not:
+        raise TargetError(f"{why_not}; the recording was saved to {written}")
     result = RecordResult(Path(opts.output), len(events), int((events["kind"] == "checkpoint").sum()),
                           int((events["kind"] == "iteration").sum()), meta.lost_events, stop_reason,
                           meta.exit_code, meta)
@@ -130,11 +138,7 @@ def _preflight(opts: RecordOptions):
     """Every check that needs no target, so a bad option or machine fails before anything starts."""
     if opts.fault_sample not in FAULT_SAMPLE_CHOICES:
         raise TargetError(f"--fault-sample must be one of {', '.join(map(str, FAULT_SAMPLE_CHOICES))}")
-    out_dir = Path(opts.output).resolve().parent
-    if not out_dir.is_dir():
-        raise TargetError(f"output folder {out_dir} does not exist")
-    if not os.access(out_dir, os.W_OK):
-        raise TargetError(f"can't write the trace into {out_dir}: choose another -o")
+    check_output(opts.output, what="trace")  # a refused -o is said now, not after the recording
     kernel.require_privileges()
     bcc = kernel.import_bcc()
     kernel.kernel_headers_dir()
@@ -219,20 +223,25 @@ def _end_line(r: RecordResult) -> str:
             + ("; " + "; ".join(notes) if notes else ""))
 
 
-def _write_or_rescue(path: Path, events: pd.DataFrame, meta: TraceMeta) -> Path:
-    """Write the trace; if that fails (disk full, folder gone), write it under the temp folder."""
+def _write_or_rescue(path: Path, events: pd.DataFrame, meta: TraceMeta) -> tuple[Path, str | None]:
+    """Write the trace; if that fails (disk full, folder gone), write it where there is room.
+    Returns where it went and why not to `path` (None when it did)."""
+    write = trace_writer(events, meta)
     try:
-        write_trace(path, events, meta)
-        return Path(path)
-    except OSError:
-        fd, rescue = tempfile.mkstemp(prefix="ckptrace-rescued-", suffix=".parquet")
-        os.close(fd)
-        write_trace(rescue, events, meta)
-        return Path(rescue)
+        return write_output(path, write, what="trace"), None
+    except OutputError as first:
+        failures = [str(first)]
+    for folder in dict.fromkeys([tempfile.gettempdir(), "/dev/shm", "/var/tmp", "/tmp"]):
+        try:
+            return write_new(folder, "ckptrace-rescued-", ".parquet", write, what="rescued trace"), failures[0]
+        except OutputError as e:
+            failures.append(f"{folder}: {e.reason}")
+    raise TargetError(f"{failures[0]}; no copy could be saved either ({'; '.join(failures[1:])}): "
+                      f"the recording ({len(events)} events) is lost")
 
 
 def _say(text: str) -> None:
-    print(text, file=sys.stderr, flush=True)
+    print(printable(text, lines=True), file=sys.stderr, flush=True)
 
 
 def _require_alive(pid: int) -> None:
@@ -346,7 +355,7 @@ class _Session:
         return 0
 
     def request_stop(self, signum, frame):
-        self.stop_reason = "interrupted" if signum == signal.SIGINT else "terminated"
+        self.stop_reason = STOP_SIGNALS.get(signum, "terminated")
 
     def set_fault_timing(self, on: bool) -> None:
         """Attach or detach the per-fault programs: their cost is paid only while attached."""

@@ -1,18 +1,24 @@
 """`analyze --csv DIR`: the checkpoint and iteration tables as checkpoints.csv and iterations.csv."""
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 from ckptrace.errors import CkptraceError
+from ckptrace.output import write_output
+from ckptrace.terminal import printable
 
 
 def write_csv(analysis, directory: str) -> list[Path]:
+    """Each file replaced atomically (ckptrace.output); the folder is created if missing."""
     d = Path(directory)
     try:
+        if d.exists() and not d.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory")
         d.mkdir(parents=True, exist_ok=True)
-        paths = [d / "checkpoints.csv", d / "iterations.csv"]
-        analysis.checkpoints.to_csv(paths[0], index=False)
-        analysis.iterations.to_csv(paths[1], index=False)
     except OSError as e:
-        raise CkptraceError(f"cannot write CSV files to {d}: {e.strerror or e}; choose a writable --csv DIR") from None
+        raise CkptraceError(f"cannot create {printable(d)}: {e.strerror or e}; choose a writable --csv DIR") from None
+    paths = [d / "checkpoints.csv", d / "iterations.csv"]
+    for path, table in zip(paths, (analysis.checkpoints, analysis.iterations)):
+        write_output(path, lambda f, t=table: t.to_csv(f, index=False), what="CSV file")
     return paths

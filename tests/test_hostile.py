@@ -5,10 +5,17 @@ written into, the terminal printed on, the signal received, the server talked to
 """
 from __future__ import annotations
 
+import os
+import shutil
+import signal
+import stat
 import subprocess
 import sys
+import tempfile
+import time
 
 import pytest
+from pathlib import Path
 
 from ckptrace.terminal import printable
 
@@ -22,13 +29,19 @@ def run(args, **kw):
     return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120, **kw)
 
 
-def assert_one_error_line(r):
+def assert_one_error_line(r, after_recording: bool = False):
+    """One `ckptrace: error:` line, the only line (the last one, after a recording's own lines)."""
     assert r.returncode != 0
     assert "Traceback" not in r.stdout + r.stderr
     lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("ckptrace: error: "), r.stderr
+    if after_recording:
+        assert lines[0].startswith("ckptrace: tracing "), r.stderr
+        assert [ln for ln in lines if ln.startswith("ckptrace: error")] == lines[-1:], r.stderr
+    else:
+        assert len(lines) == 1, r.stderr
+    assert lines[-1].startswith("ckptrace: error: "), r.stderr
     assert ESC not in r.stdout + r.stderr
-    return lines[0]
+    return lines[-1]
 
 
 # --- terminal -------------------------------------------------------------------------------
@@ -81,7 +94,7 @@ def relabeled(src, dst, label, **meta):
     return dst
 
 
-SAMPLES = __import__("pathlib").Path(__file__).resolve().parents[1] / "samples" / "traces"
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "traces"
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +116,219 @@ def test_no_escape_byte_from_a_trace_reaches_the_terminal(nasty_legs, how):
     assert "verdict: faster" not in [ln.strip() for ln in out.splitlines()]  # no forged line
     if "--json" not in how:
         assert "\\x1b]52;" in r.stdout  # shown, visibly
+
+
+# --- writing: only what was asked, never through someone else's symlink ----------------------
+
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
+ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (as ckptrace runs in production)")
+ebpf = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
+
+
+def listing(*folders) -> dict:
+    """Every entry under the folders with its type, mode, owner, size and mtime: before == after."""
+    out = {}
+    for folder in folders:
+        for p in [Path(folder), *Path(folder).rglob("*")]:
+            st = p.lstat()
+            out[str(p)] = (stat.S_IFMT(st.st_mode), st.st_mode, st.st_uid, st.st_size, st.st_mtime_ns,
+                           os.readlink(p) if p.is_symlink() else None)
+    return out
+
+
+def devices() -> dict:
+    return {p: (os.stat(p).st_mode, os.stat(p).st_rdev) for p in ("/dev/null", "/dev/full")}
+
+
+@pytest.fixture()
+def victim():
+    """A root-only file, and a folder of user nobody with nobody's symlinks to it at the names
+    root will be asked to write (`checkpoints.csv`, `r.html`, `t.parquet`)."""
+    top = Path(tempfile.mkdtemp(prefix="ckptrace-hostile-"))  # pytest's tmp_path is root-only
+    top.chmod(0o755)
+    secret = top / "root-only"
+    secret.write_text("root's data\n")
+    secret.chmod(0o600)
+    theirs = top / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)
+    for name in ("checkpoints.csv", "r.html", "t.parquet"):
+        subprocess.run([*AS_NOBODY, "ln", "-s", str(secret), str(theirs / name)], check=True)
+    yield secret, theirs
+    shutil.rmtree(top)
+
+
+@ROOT
+@pytest.mark.parametrize("args", [
+    ["analyze", SAMPLES / "1-pool-off.parquet", "--csv", "{theirs}"],
+    ["dashboard", SAMPLES / "1-pool-off.parquet", "-o", "{theirs}/r.html"],
+    ["record", "-o", "{theirs}/t.parquet", "--", "/bin/true"],
+])
+def test_root_never_writes_through_a_symlink_another_user_planted(victim, args):
+    secret, theirs = victim
+    before = listing(secret.parent)
+    line = assert_one_error_line(run([str(a).format(theirs=theirs) for a in args]))
+    assert "symlink" in line and "refusing" in line
+    assert listing(secret.parent) == before
+    assert secret.read_text() == "root's data\n"
+
+
+@ROOT
+@pytest.mark.parametrize("what", ["dashboard", "csv"])
+def test_dev_null_is_written_into_not_replaced(tmp_path, what):
+    before = devices()
+    args = (["dashboard", SAMPLES / "1-pool-off.parquet", "-o", "/dev/null"] if what == "dashboard"
+            else ["analyze", SAMPLES / "1-pool-off.parquet", "--csv", tmp_path])
+    r = run(args)
+    assert r.returncode == 0, r.stderr
+    assert devices() == before
+
+
+@ROOT
+def test_dev_full_is_one_line_and_stays_a_device(tmp_path):
+    before = devices()
+    line = assert_one_error_line(run(["dashboard", SAMPLES / "1-pool-off.parquet", "-o", "/dev/full"]))
+    assert "No space left on device" in line
+    assert devices() == before
+
+
+@ROOT
+@pytest.mark.parametrize("node", [("block", stat.S_IFBLK, os.makedev(7, 200)),   # a loop device
+                                  ("random", stat.S_IFCHR, os.makedev(1, 8))])    # harmless if written
+def test_other_special_files_are_refused(tmp_path, node):
+    name, kind, dev = node
+    path = tmp_path / f"{name}.html"
+    os.mknod(path, 0o644 | kind, dev)
+    before = listing(tmp_path)
+    line = assert_one_error_line(run(["dashboard", SAMPLES / "1-pool-off.parquet", "-o", path]))
+    assert "device" in line and "choose a file path" in line
+    assert listing(tmp_path) == before
+
+
+def test_a_fifo_and_stdout_are_written_into(tmp_path):
+    fifo = tmp_path / "report.fifo"
+    os.mkfifo(fifo)
+    with open(tmp_path / "read", "wb") as sink:
+        reader = subprocess.Popen(["cat", str(fifo)], stdout=sink)
+        r = run(["dashboard", SAMPLES / "1-pool-off.parquet", "-o", fifo])
+        reader.wait(timeout=60)
+    html = (tmp_path / "read").read_bytes()
+    assert r.returncode == 0, r.stderr
+    assert html.startswith(b"<!DOCTYPE html>") and html.rstrip().endswith(b"</html>")
+    assert stat.S_ISFIFO(fifo.lstat().st_mode)
+    r = subprocess.run([*CLI, "dashboard", SAMPLES / "1-pool-off.parquet", "-o", "/dev/stdout"],
+                       capture_output=True, timeout=120)
+    assert r.returncode == 0 and r.stdout == html
+
+
+def test_temp_files_are_exclusive_private_and_unpredictable(tmp_path):
+    from ckptrace.output import write_output
+    seen = []
+
+    def writer(f):
+        st = os.fstat(f.fileno())
+        names = [p for p in tmp_path.iterdir() if p.name != "out.bin"]
+        seen.append((names[0].name, stat.S_IMODE(st.st_mode), names[0].is_symlink()))
+        f.write(b"data")
+
+    for _ in range(2):
+        write_output(tmp_path / "out.bin", writer)
+    assert [mode for _, mode, _ in seen] == [0o600, 0o600]  # private while written
+    assert not any(link for _, _, link in seen)
+    assert seen[0][0] != seen[1][0] and str(os.getpid()) not in seen[0][0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]  # nothing left behind
+    assert stat.S_IMODE((tmp_path / "out.bin").stat().st_mode) == 0o666 & ~_umask()
+
+
+def _umask() -> int:
+    old = os.umask(0)
+    os.umask(old)
+    return old
+
+
+@ROOT
+def test_full_disk_for_the_report_leaves_nothing_behind(tmp_path):
+    """A 64 KiB tmpfs as the output folder, in a private mount namespace (nothing leaks)."""
+    script = ("mount -t tmpfs -o size=64k ckptrace-full \"$1\" && shift && "
+              "\"$@\"; rc=$?; ls -A \"$OUT\"; exit $rc")
+    out = tmp_path / "full"
+    out.mkdir()
+    r = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", str(out),
+                        *CLI, "dashboard", str(SAMPLES / "1-pool-off.parquet"), "-o", str(out / "r.html")],
+                       capture_output=True, text=True, timeout=120, env={**os.environ, "OUT": str(out)})
+    assert r.returncode == 1 and r.stdout == "", r.stdout  # `ls -A` of the full folder: empty
+    line = assert_one_error_line(r)
+    assert "No space left on device" in line
+
+
+# --- recording (real BPF, the sample workload) ------------------------------------------------
+
+FULL = ("for d in \"$@\"; do [ \"$d\" = -- ] && break; mount -t tmpfs -o size=16k ckptrace-full \"$d\" "
+        "|| exit 99; done; while [ \"$1\" != -- ]; do shift; done; shift; \"$@\"; rc=$?; ")
+
+
+def record_on_full_disks(folders, workload, out, tmpdir):
+    """`record` in a private mount namespace where each of `folders` is a full 16 KiB tmpfs;
+    prints what each folder holds afterwards (on stdout, one `ls -A` per folder)."""
+    script = FULL + "for d in $FOLDERS; do echo \"$d: $(ls -A \"$d\")\"; done; exit $rc"
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
+                           *map(str, folders), "--", *CLI, "record", "--quiet", "-o", str(out), "--",
+                           str(workload), "--iterations", "3"],
+                          capture_output=True, text=True, timeout=180,
+                          env={**os.environ, "TMPDIR": str(tmpdir), "FOLDERS": " ".join(map(str, folders))})
+
+
+@pytest.mark.ebpf
+def test_full_output_folder_and_tmpdir_rescue_the_recording_elsewhere(require_root_ebpf, workload, tmp_path):
+    out_dir, tmpdir = tmp_path / "out", tmp_path / "tmpdir"
+    out_dir.mkdir(), tmpdir.mkdir()
+    r = record_on_full_disks([out_dir, tmpdir], workload, out_dir / "t.parquet", tmpdir)
+    line = assert_one_error_line(r, after_recording=True)
+    assert "No space left on device" in line and "the recording was saved to " in line
+    assert r.stdout.splitlines() == [f"{out_dir}: ", f"{tmpdir}: "]  # nothing empty left behind
+    rescued = Path(line.split("saved to ")[1])
+    try:
+        from ckptrace.trace import read_trace
+        assert (read_trace(rescued).events["kind"] == "checkpoint").sum() == 2
+        assert stat.S_IMODE(rescued.stat().st_mode) == 0o666 & ~_umask()
+    finally:
+        rescued.unlink()
+
+
+@pytest.mark.ebpf
+def test_nowhere_to_write_says_the_recording_is_lost(require_root_ebpf, workload):
+    everywhere = ["/tmp", "/dev/shm", "/var/tmp"]  # the output and TMPDIR are in /tmp
+    r = record_on_full_disks(everywhere, workload, "/tmp/t.parquet", "/tmp")
+    line = assert_one_error_line(r, after_recording=True)
+    assert "is lost" in line and line.count("No space left on device") == 4
+    assert r.stdout.splitlines() == [f"{d}: " for d in everywhere]
+
+
+@pytest.mark.ebpf
+@pytest.mark.parametrize("target", ["/dev/null", "/dev/stdout"])
+def test_record_into_dev_null_or_stdout(require_root_ebpf, workload, target):
+    before = devices()
+    r = subprocess.run([*CLI, "record", "--quiet", "-o", target, "--", str(workload), "--iterations", "3"],
+                       capture_output=True, timeout=180)
+    assert r.returncode == 0, r.stderr
+    assert devices() == before
+    if target == "/dev/stdout":
+        import io
+        import pyarrow.parquet as pq
+        assert pq.read_table(io.BytesIO(r.stdout)).num_rows > 0
+
+
+@pytest.mark.ebpf
+def test_launched_command_dies_with_a_recorder_that_ignored_sigterm(require_root_ebpf, workload, tmp_path):
+    """nohup-like: SIGTERM inherited as ignored, then the recorder is SIGKILLed."""
+    rec = subprocess.Popen([*CLI, "record", "--quiet", "-o", str(tmp_path / "k.parquet"), "--",
+                            str(workload), "--iterations", "1000000"], stderr=subprocess.PIPE, text=True,
+                           preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
+    line = rec.stderr.readline()
+    child = int(line.split("(pid ")[1].split(")")[0])
+    rec.kill()
+    rec.wait(10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and Path(f"/proc/{child}").exists():
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists(), "the launched command outlived its recorder"

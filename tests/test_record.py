@@ -226,7 +226,8 @@ def test_attach_mid_run_never_reports_a_partial_checkpoint(tmp_path, workload):
     assert sorted(analyze_trace(trace).checkpoints["ckpt"]) == sorted(all_ck)
 
 
-@pytest.mark.parametrize("sig,reason", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated")])
+@pytest.mark.parametrize("sig,reason", [(signal.SIGINT, "interrupted"), (signal.SIGTERM, "terminated"),
+                                        (signal.SIGHUP, "hangup"), (signal.SIGQUIT, "quit")])
 def test_stop_by_signal_keeps_what_was_recorded(tmp_path, workload, sig, reason):
     trace_path = tmp_path / "live.parquet"
     with recorder(trace_path, "--", workload, "--iterations", "100000", "--decode-us", "500") as rec:
@@ -267,7 +268,7 @@ def test_unwritable_output_is_rescued(tmp_path, workload):
     p = ckptrace("record", "--quiet", "-o", "/proc/ckptrace-test.parquet", "--", workload, "--iterations", "3")
     last = p.stderr.strip().splitlines()[-1]  # it recorded first, so the error is the last line
     assert p.returncode != 0 and "Traceback" not in p.stderr
-    assert last.startswith("ckptrace: error: could not write /proc/ckptrace-test.parquet")
+    assert last.startswith("ckptrace: error: cannot write the trace /proc/ckptrace-test.parquet: ")
     rescued = Path(last.split("saved to ")[1].strip())
     try:
         assert (read_trace(rescued).events["kind"] == "checkpoint").sum() == 2

@@ -6,6 +6,8 @@ from pathlib import Path
 import click
 
 from ckptrace.errors import AnalysisError, CkptraceError
+from ckptrace.output import check_output
+from ckptrace.terminal import printable
 
 
 @click.command(epilog="""\b
@@ -30,8 +32,11 @@ def command(traces: tuple[Path, ...], output: Path, title: str) -> None:
     from ckptrace.dashboards.report import write_dashboard
     from ckptrace.trace import read_trace
 
-    if output.suffix.lower() not in (".html", ".htm"):
-        raise CkptraceError(f"{output}: the report is HTML; give an -o path ending in .html")
+    # A FIFO, a terminal or /dev/stdout is written into as it is; a file's name says what it holds.
+    named_file = not output.exists() or output.is_file()
+    if named_file and output.suffix.lower() not in (".html", ".htm"):
+        raise CkptraceError(f"{printable(output)}: the report is HTML; give an -o path ending in .html")
+    check_output(output, what="report")
     analyses = [analyze_trace(read_trace(p)) for p in traces]
     comparison, notes = None, []
     if len({a.trace.label for a in analyses}) >= 2:
@@ -41,6 +46,6 @@ def command(traces: tuple[Path, ...], output: Path, title: str) -> None:
         except AnalysisError as e:
             # The traces are still worth seeing: draw them, and say why there is no comparison.
             notes.append(f"No comparison: {e}")
-            click.echo(f"ckptrace: warning: no comparison: {e}", err=True)
+            click.echo(f"ckptrace: warning: no comparison: {printable(e)}", err=True)
     path = write_dashboard(analyses, comparison, output, title, notes=notes)
-    click.echo(str(path))
+    click.echo(printable(path), err=not named_file)  # never mixed into a report sent to stdout

@@ -1,0 +1,285 @@
+"""Writing an output file safely, as root, wherever the user points: the one helper every writer uses.
+
+- A regular file (or a new name) is replaced atomically: the data goes to a temp file created
+  exclusively (O_EXCL|O_NOFOLLOW, random name, relative to the folder's open descriptor), is
+  fsync'ed, then renamed over the name. A reader never sees half a file and no existing inode is
+  written into, so a hard link or a planted symlink at the name is never written through.
+- A FIFO, a terminal, /dev/null, /dev/zero, /dev/full and our own stdout/stderr (`-o /dev/stdout`,
+  `/dev/fd/1`) are written into directly, never replaced: that is what a user pointing there means.
+- Any other special file (a block device, /dev/mem, a socket) and a directory are refused.
+- A symlink anywhere on the path is followed only when someone else can't have planted or swapped
+  it: the link and its folder belong to us or root, and the folder is not writable by others
+  unless sticky. Otherwise one line says so (Linux's fs.protected_symlinks only covers sticky
+  world-writable folders).
+Failures raise OutputError (one line, with errno), and nothing is left behind.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import re
+import secrets
+import stat
+from pathlib import Path
+from typing import BinaryIO, Callable
+
+from ckptrace.errors import CkptraceError
+from ckptrace.terminal import printable
+
+Writer = Callable[[BinaryIO], None]
+MAX_LINKS = 40  # the kernel's own limit on symlinks followed in one lookup
+# Character devices that discard or refuse data without side effects, and terminals.
+_MEM_DEVICES = {(1, 3), (1, 5), (1, 7)}  # null, zero, full
+_TTY_MAJORS = set(range(136, 144)) | {4}  # pts, tty
+_OUR_FD = re.compile(r"^/(?:proc/(?:self|thread-self|\d+)/fd|dev/fd)/(\d+)$")
+
+
+class OutputError(CkptraceError):
+    """An output file could not be written; `errno` says why (ENOSPC: look elsewhere)."""
+
+    def __init__(self, message: str, err: int | None = None, reason: str | None = None):
+        super().__init__(message)
+        self.errno = err
+        self.reason = reason or message
+
+
+def write_output(path: str | os.PathLike, write: Writer, *, what: str = "output") -> Path:
+    """Write `path` with `write(fileobj)` following the rules above; returns the path written."""
+    target, folder_id = _resolve(os.fspath(path), what)
+    if isinstance(target, int):
+        _write_direct(os.dup(target), path, write, what)
+        return Path(path)
+    try:
+        st = os.stat(target, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise _error(path, what, e) from None
+    if st is None or stat.S_ISREG(st.st_mode):
+        _replace(target, folder_id, write, path, what, None if st is None else stat.S_IMODE(st.st_mode))
+    elif _writable_in_place(st):
+        try:
+            fd = os.open(target, os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)
+        except OSError as e:
+            raise _error(path, what, e) from None
+        _write_direct(fd, path, write, what)
+    elif stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{printable(path)}: is a directory; give a file name for the {what}",
+                          errno.EISDIR)
+    else:
+        raise _refused(path, st, what)
+    return Path(path)
+
+
+def _refused(path, st: os.stat_result, what: str) -> OutputError:
+    return OutputError(f"{printable(path)}: is a {_kind(st.st_mode)}; ckptrace replaces regular files and "
+                       f"writes into FIFOs, terminals and /dev/null only: choose a file path for the {what}")
+
+
+def check_output(path: str | os.PathLike, *, what: str = "output") -> None:
+    """Say now, in one line, if write_output(path) would be refused (before hours of recording)."""
+    target, _ = _resolve(os.fspath(path), what)
+    if isinstance(target, int):
+        return
+    try:
+        st = os.stat(target, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    if st is None or stat.S_ISREG(st.st_mode):
+        folder = os.path.dirname(target)
+        if not os.access(folder, os.W_OK | os.X_OK, effective_ids=True):
+            raise OutputError(f"cannot write the {what} into {printable(folder)}: permission denied; "
+                              "choose another path", errno.EACCES)
+    elif stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{printable(path)}: is a directory; give a file name for the {what}", errno.EISDIR)
+    elif not _writable_in_place(st):
+        raise _refused(path, st, what)
+
+
+def write_new(folder: str | os.PathLike, prefix: str, suffix: str, write: Writer, *,
+              what: str = "output") -> Path:
+    """Write a new file with an unpredictable name in `folder` (a rescue copy); returns its path."""
+    real, _ = _resolve(os.path.join(os.fspath(folder), "."), what)
+    if isinstance(real, int):
+        raise OutputError(f"{printable(folder)}: not a folder", errno.ENOTDIR)
+    dfd = _open_folder(real, _identity(real), folder, what)
+    try:
+        name = _write_temp(dfd, write, folder, what, prefix, suffix, _default_mode())
+    finally:
+        os.close(dfd)
+    return Path(real) / name
+
+
+def _open_folder(folder: str, identity: tuple[int, int], shown, what: str) -> int:
+    """The folder's descriptor, checked to be the very folder resolved (not swapped meanwhile)."""
+    try:
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as e:
+        raise _error(shown, what, e) from None
+    st = os.fstat(dfd)
+    if (st.st_dev, st.st_ino) != identity:
+        os.close(dfd)
+        raise OutputError(f"{printable(shown)}: its folder changed while being checked; refusing to write "
+                          f"the {what}", errno.EAGAIN)
+    return dfd
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _replace(real: str, folder_id, write: Writer, shown, what: str, mode: int | None) -> None:
+    folder, name = os.path.split(real)
+    dfd = _open_folder(folder, folder_id, shown, what)
+    try:
+        tmp = _write_temp(dfd, write, shown, what, f".{name}.", ".tmp",
+                          _default_mode() if mode is None else mode)
+        try:
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)  # renameat never follows `name`
+        except OSError as e:
+            os.unlink(tmp, dir_fd=dfd)
+            raise _error(shown, what, e) from None
+    finally:
+        os.close(dfd)
+
+
+def _write_temp(dfd: int, write: Writer, shown, what: str, prefix: str, suffix: str, mode: int) -> str:
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    for _ in range(100):
+        name = f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            fd = os.open(name, flags, 0o600, dir_fd=dfd)
+            break
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise _error(shown, what, e) from None
+    else:
+        raise OutputError(f"{printable(shown)}: could not create a temp file beside it", errno.EEXIST)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())  # ENOSPC/EIO surface here, before the name points at it
+            os.fchmod(f.fileno(), mode)
+    except BaseException as e:
+        os.unlink(name, dir_fd=dfd)
+        if isinstance(e, OSError):
+            raise _error(shown, what, e) from None
+        raise
+    return name
+
+
+def _write_direct(fd: int, shown, write: Writer, what: str) -> None:
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+    except BrokenPipeError:
+        raise  # the reader left (`| head`): the CLI exits quietly, as any filter does
+    except OSError as e:
+        raise _error(shown, what, e) from None
+
+
+def _writable_in_place(st: os.stat_result) -> bool:
+    if stat.S_ISFIFO(st.st_mode):
+        return True
+    if stat.S_ISCHR(st.st_mode):
+        dev = (os.major(st.st_rdev), os.minor(st.st_rdev))
+        return dev in _MEM_DEVICES or dev[0] in _TTY_MAJORS or dev in {(5, 0), (5, 1)}
+    return False
+
+
+def _resolve(path: str, what: str) -> tuple[str | int, tuple[int, int] | None]:
+    """The real path of `path`, following only trustworthy symlinks (an int for our own fd),
+    and the identity of the folder it is in."""
+    if not path:
+        raise OutputError(f"empty path for the {what}")
+    todo = [p for p in path.split("/") if p][::-1]
+    current = "/" if path.startswith("/") else os.getcwd()
+    current_id = _identity(current)
+    links = 0
+    while todo:
+        part = todo.pop()
+        if part == ".":
+            continue
+        if part == "..":
+            current = os.path.dirname(current)
+            current_id = _identity(current)
+            continue
+        candidate = os.path.join(current, part)
+        m = _OUR_FD.match(candidate)
+        if m and not todo and _is_ours(candidate):
+            return int(m.group(1)), None
+        try:
+            st = os.lstat(candidate)
+        except FileNotFoundError:
+            if todo:
+                raise OutputError(f"{printable(candidate)}: no such directory; create it or choose another "
+                                  f"path for the {what}", errno.ENOENT) from None
+            return candidate, current_id
+        except OSError as e:
+            raise _error(path, what, e) from None
+        if not stat.S_ISLNK(st.st_mode):
+            if not todo:
+                return candidate, current_id
+            if not stat.S_ISDIR(st.st_mode):
+                raise OutputError(f"{printable(candidate)}: not a directory", errno.ENOTDIR)
+            current, current_id = candidate, (st.st_dev, st.st_ino)
+            continue
+        links += 1
+        if links > MAX_LINKS:
+            raise OutputError(f"{printable(path)}: too many symbolic links", errno.ELOOP)
+        _check_link(candidate, st, current, what)
+        target = os.readlink(candidate)
+        if target.startswith("/"):
+            current = "/"
+        todo.extend([p for p in target.split("/") if p][::-1])
+    return current, _identity(os.path.dirname(current))
+
+
+def _is_ours(candidate: str) -> bool:
+    """/proc/PID/fd/N names our fd only for our own PID (self and thread-self are ours)."""
+    parts = candidate.split("/")
+    return parts[1] == "dev" or parts[2] in ("self", "thread-self", str(os.getpid()))
+
+
+def _check_link(link: str, st: os.stat_result, folder: str, what: str) -> None:
+    me = os.geteuid()
+    dst = os.stat(folder)
+    safe_folder = dst.st_uid in (me, 0) and (not dst.st_mode & (stat.S_IWGRP | stat.S_IWOTH)
+                                             or dst.st_mode & stat.S_ISVTX)
+    if st.st_uid in (me, 0) and safe_folder:
+        return
+    if dst.st_uid not in (me, 0):
+        where = f"in a folder of uid {dst.st_uid}"
+    elif not safe_folder:
+        where = "in a folder others can write to"
+    else:
+        where = f"owned by uid {st.st_uid}"
+    raise OutputError(f"{printable(link)}: a symlink {where}, which someone else could have planted or "
+                      f"swapped; refusing to write the {what} through it: give the real path", errno.EPERM)
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISBLK, "block device"), (stat.S_ISCHR, "character device"),
+                       (stat.S_ISSOCK, "socket")):
+        if test(mode):
+            return name
+    return "special file"
+
+
+def _default_mode() -> int:
+    """0666 less the umask, as open(..., 'w') would create (read without changing it)."""
+    try:
+        with open("/proc/self/status") as f:
+            umask = next(int(ln.split()[1], 8) for ln in f if ln.startswith("Umask:"))
+    except (OSError, StopIteration, ValueError):
+        umask = 0o022
+    return 0o666 & ~umask
+
+
+def _error(path, what: str, e: OSError) -> OutputError:
+    reason = e.strerror or type(e).__name__
+    hint = "; free some space or choose another path" if e.errno in (errno.ENOSPC, errno.EDQUOT) else ""
+    return OutputError(f"cannot write the {what} {printable(path)}: {reason}{hint}", e.errno, reason)
