@@ -7,40 +7,37 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import stat
 import subprocess
-import sys
 import tempfile
-import time
-
-import pytest
 from pathlib import Path
 
-from ckptrace.terminal import printable
+import pytest
 
-CLI = [sys.executable, "-m", "ckptrace"]
+from ckptrace.terminal import printable
+from helpers import CKPTRACE, assert_one_line_error, ckptrace
+
+CLI = [str(CKPTRACE)]
 ESC = "\x1b"
 # Clear screen, window title, OSC 52 clipboard write, bidi override, C1 CSI, a line forged.
 NASTY = "a\x1b[2J\x1b]0;owned\x07\x1b]52;c;ZWNobyBoaQ==\x07\u202eb\x9b31m\nverdict: faster"
 
 
 def run(args, **kw):
-    return subprocess.run([*CLI, *map(str, args)], capture_output=True, text=True, timeout=120, **kw)
+    return ckptrace(*args, **kw)
 
 
 def assert_one_error_line(r, after_recording: bool = False):
-    """One `ckptrace: error:` line, the only line (the last one, after a recording's own lines)."""
-    assert r.returncode != 0
-    assert "Traceback" not in r.stdout + r.stderr
-    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
-    if after_recording:
-        assert lines[0].startswith("ckptrace: tracing "), r.stderr
-        assert [ln for ln in lines if ln.startswith("ckptrace: error")] == lines[-1:], r.stderr
-    else:
-        assert len(lines) == 1, r.stderr
-    assert lines[-1].startswith("ckptrace: error: "), r.stderr
+    """One `ckptrace: error:` line, the only line (the last one, after a recording's own lines),
+    and no escape byte anywhere."""
     assert ESC not in r.stdout + r.stderr
+    if not after_recording:
+        return assert_one_line_error(r)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert lines[0].startswith("ckptrace: tracing "), r.stderr
+    assert [ln for ln in lines if ln.startswith("ckptrace: error")] == lines[-1:], r.stderr
+    assert lines[-1].startswith("ckptrace: error: "), r.stderr
     return lines[-1]
 
 
@@ -122,7 +119,6 @@ def test_no_escape_byte_from_a_trace_reaches_the_terminal(nasty_legs, how):
 
 AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (as ckptrace runs in production)")
-ebpf = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
 
 
 def listing(*folders) -> dict:
@@ -316,19 +312,3 @@ def test_record_into_dev_null_or_stdout(require_root_ebpf, workload, target):
         import io
         import pyarrow.parquet as pq
         assert pq.read_table(io.BytesIO(r.stdout)).num_rows > 0
-
-
-@pytest.mark.ebpf
-def test_launched_command_dies_with_a_recorder_that_ignored_sigterm(require_root_ebpf, workload, tmp_path):
-    """nohup-like: SIGTERM inherited as ignored, then the recorder is SIGKILLed."""
-    rec = subprocess.Popen([*CLI, "record", "--quiet", "-o", str(tmp_path / "k.parquet"), "--",
-                            str(workload), "--iterations", "1000000"], stderr=subprocess.PIPE, text=True,
-                           preexec_fn=lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN))
-    line = rec.stderr.readline()
-    child = int(line.split("(pid ")[1].split(")")[0])
-    rec.kill()
-    rec.wait(10)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and Path(f"/proc/{child}").exists():
-        time.sleep(0.05)
-    assert not Path(f"/proc/{child}").exists(), "the launched command outlived its recorder"

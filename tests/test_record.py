@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from ckptrace.trace import read_trace
-from helpers import (NO_BCC, assert_one_line_error, ckptrace, clock_tolerance, go, load_truth, record_with_truth,
+from helpers import (CKPTRACE, NO_BCC, assert_one_line_error, ckptrace, clock_tolerance, go, load_truth, record_with_truth,
                      recorder, started, waiting_workload)
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
@@ -253,9 +253,13 @@ def test_second_ctrl_c_while_stopping_keeps_the_trace(tmp_path, workload):
     assert read_trace(trace_path).meta.stop_reason == "interrupted"
 
 
-def test_a_killed_recorder_takes_its_command_with_it(tmp_path, workload):
-    with recorder(tmp_path / "k.parquet", "--", workload, "--iterations", "1000000") as rec:
-        child = int(rec.start_line.split("(pid ")[1].split(")")[0])
+@pytest.mark.parametrize("sigterm", ["default", "ignored"])
+def test_a_killed_recorder_takes_its_command_with_it(tmp_path, workload, sigterm):
+    """Also when the recorder inherited SIGTERM as ignored (nohup-like), which its command inherits."""
+    ignore = (lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN)) if sigterm == "ignored" else None
+    with started([CKPTRACE, "record", "--quiet", "-o", tmp_path / "k.parquet", "--", workload, "--iterations",
+                  "1000000"], ready="ckptrace: tracing", preexec_fn=ignore) as (rec, line):
+        child = int(line.split("(pid ")[1].split(")")[0])
         rec.kill()
         rec.wait(10)
     deadline = time.monotonic() + 10
