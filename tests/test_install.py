@@ -157,6 +157,16 @@ def test_analyze_compare_dashboard_on_the_installed_samples(installed, tmp_path)
     assert len(re.findall(r"<script\b[^>]*\bsrc=", html)) == 0  # plotly.js embedded from the install
 
 
+def test_imports_go_one_way(installed):
+    """pyproject.toml's import-linter layers, on the installed layout (in the checkout the
+    folders are not under ckptrace/, where import-linter looks)."""
+    venv, cwd = installed
+    p = run([venv / "bin" / "python", "-c", "import sys; from importlinter.cli import lint_imports_command; "
+             "sys.exit(lint_imports_command())", "--config", REPO / "pyproject.toml", "--no-cache"],
+            cwd=cwd, check=False)
+    assert p.returncode == 0 and "1 kept, 0 broken" in p.stdout, p.stdout[-3000:]
+
+
 def test_a_command_that_cannot_load_says_which_module_in_one_line(installed):
     venv, cwd = installed
     broken = installed_file(venv, cwd, "ckptrace.commands").parent / "drive.py"
