@@ -20,6 +20,7 @@ from ckptrace import __version__
 from ckptrace.errors import EbpfUnavailable, TargetError
 from ckptrace.meta import OpenSpans, ProbeInfo, TraceMeta
 from ckptrace.probes import kernel
+from ckptrace.probes.target import alive, process_of
 from ckptrace.probes.launch import HeldChild
 from ckptrace.output import OutputError, check_output, write_new, write_output
 from ckptrace.terminal import printable
@@ -151,7 +152,9 @@ def _resolve_target(pid: int | None, command: list[str] | None):
     from ckptrace.probes import symbols
 
     if not command:
-        _require_alive(pid)
+        pid, note = process_of(pid)  # a thread id names its process
+        if note:
+            _say(f"ckptrace: note: {note}")
         return None, pid, symbols.resolve_pid(pid)
     child = HeldChild(command)
     try:
@@ -244,22 +247,6 @@ def _say(text: str) -> None:
     print(printable(text, lines=True), file=sys.stderr, flush=True)
 
 
-def _require_alive(pid: int) -> None:
-    if pid is None or pid <= 0:
-        raise TargetError(f"invalid PID {pid}")
-    if not _alive(pid):
-        raise TargetError(f"no process with PID {pid}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError, IndexError):
-        return False
-    return state not in ("Z", "X")
-
-
 def _load(bcc, target: int, offsets: dict, opts: RecordOptions):
     pages = opts.ringbuf_pages
     if pages & (pages - 1):
@@ -313,7 +300,7 @@ def _attach(bpf, plan, target: int) -> tuple[int, int]:
                              pid=target)
                     break
                 except EbpfUnavailable:
-                    if not _alive(target):
+                    if not alive(target):
                         raise TargetError(f"PID {target} exited while the probes were being attached; "
                                           "nothing was recorded") from None
                     if not delay:
@@ -384,7 +371,7 @@ class _Session:
                 return self.stop_reason
             if self.opts.duration_s and now - t0 >= self.opts.duration_s:
                 return "duration"
-            if (child.poll() is not None) if child else not _alive(target):
+            if (child.poll() is not None) if child else not alive(target):
                 return "target exited"
             if self.tty and now - last_status >= 0.5:
                 self.draw_status(now - t0)

@@ -15,6 +15,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from ckptrace.errors import NotPermitted, SymbolError, TargetError
+from ckptrace.probes.target import process_of, unreadable
 from ckptrace.meta import ObjectInfo  # the trace records the plan's objects as they are
 
 __all__ = ["POINTS", "ProbePoint", "ObjectInfo", "ProbePlan", "resolve_binary", "resolve_pid",
@@ -453,8 +454,7 @@ def _maps_objects(pid: int) -> list[str]:
     except FileNotFoundError:
         raise TargetError(f"no process with PID {pid}") from None
     except PermissionError:
-        raise NotPermitted(
-            f"cannot read {maps}: run as root or as the owner of PID {pid}") from None
+        raise unreadable(pid, maps) from None
     except ProcessLookupError:
         raise TargetError(f"no process with PID {pid}") from None
     mapped: dict[str, tuple[str, int]] = {}  # name -> (all perms seen, inode), in map order
@@ -497,14 +497,15 @@ def _reachable(name: str, pid: int, inode: int) -> str | None:
 
 
 def resolve_pid(pid: int) -> ProbePlan:
-    """Resolve every probe point in the ELF objects a live process has mapped."""
+    """Resolve every probe point in the ELF objects a live process (or a thread's) has mapped."""
+    pid, _ = process_of(pid)  # a kernel thread, a zombie, no such PID: one true line
     paths = _maps_objects(pid)
     try:
         exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
     except FileNotFoundError:
         raise TargetError(f"no process with PID {pid}") from None
     except PermissionError:
-        raise NotPermitted(f"cannot read /proc/{pid}/exe: run as root or as the owner of PID {pid}") from None
+        raise unreadable(pid, f"/proc/{pid}/exe") from None
     objects = []
     for path in paths:
         try:

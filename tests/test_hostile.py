@@ -9,7 +9,9 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -312,3 +314,55 @@ def test_record_into_dev_null_or_stdout(require_root_ebpf, workload, target):
         import io
         import pyarrow.parquet as pq
         assert pq.read_table(io.BytesIO(r.stdout)).num_rows > 0
+
+
+# --- targets: a true line for every PID that is not a traceable process ----------------------
+
+def test_kernel_thread_zombie_and_missing_pid_get_true_lines():
+    line = assert_one_error_line(run(["symbols", "--pid", "2"]))
+    assert line == ("ckptrace: error: PID 2 (kthreadd) is a kernel thread: it runs no user code to probe; "
+                    "give the PID of a llama-server")
+    zombie = subprocess.Popen(["true"])
+    deadline = time.monotonic() + 30
+    while Path(f"/proc/{zombie.pid}/stat").read_text().split(") ")[1][0] != "Z":
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    try:
+        assert "has exited (a zombie" in assert_one_error_line(run(["symbols", "--pid", zombie.pid]))
+    finally:
+        zombie.wait()
+    assert assert_one_error_line(run(["symbols", "--pid", zombie.pid])).endswith(f"no process with PID {zombie.pid}")
+
+
+def test_a_thread_id_names_its_process():
+    code = ("import threading, time, sys; e = threading.Event(); "
+            "threading.Thread(target=lambda: (print(threading.get_native_id(), flush=True), e.wait())).start(); "
+            "sys.stdin.read(); e.set()")
+    with subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as p:
+        tid = int(p.stdout.readline())
+        r = run(["symbols", "--pid", tid, "--json"])
+        name = Path(f"/proc/{p.pid}/comm").read_text().strip()
+        p.stdin.close()
+    assert r.stderr.splitlines()[0] == (f"ckptrace: note: {tid} is a thread of PID {p.pid} ({name}); "
+                                        f"using its process, {p.pid}")
+    assert f"check that PID {p.pid} is a llama-server" in r.stderr  # resolved in the process
+
+
+@pytest.mark.ebpf
+def test_record_given_a_thread_id_records_its_process(require_root_ebpf, workload, tmp_path):
+    from ckptrace.trace import read_trace
+    from helpers import go, waiting_workload
+
+    with waiting_workload(workload, "--noise-threads", "1", "--iterations", "100000") as wl:
+        go(wl)
+        deadline = time.monotonic() + 30
+        while len(os.listdir(f"/proc/{wl.pid}/task")) < 2:  # the noise thread has started
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        tid = max(int(t) for t in os.listdir(f"/proc/{wl.pid}/task"))
+        r = run(["record", "--quiet", "--pid", tid, "--duration", "2", "-o", tmp_path / "t.parquet"])
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.startswith(f"ckptrace: note: {tid} is a thread of PID {wl.pid} ")
+    trace = read_trace(tmp_path / "t.parquet")
+    assert trace.meta.pid == wl.pid
+    assert (trace.events["kind"] == "checkpoint").sum() > 0  # the main thread's, via its process

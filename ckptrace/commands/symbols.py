@@ -25,7 +25,12 @@ def command(binary, pid, as_json):
     if (binary is None) == (pid is None):
         raise click.UsageError("give exactly one of BINARY or --pid PID")
     from ckptrace.probes.symbols import format_plan, resolve_binary, resolve_pid
+    from ckptrace.probes.target import process_of
 
+    if pid is not None:
+        pid, note = process_of(pid)
+        if note:
+            click.echo(f"ckptrace: note: {note}", err=True)
     plan = resolve_pid(pid) if pid is not None else resolve_binary(binary)
     if as_json:
         click.echo(json.dumps(plan.to_dict(), indent=2))
