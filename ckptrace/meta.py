@@ -15,6 +15,8 @@ from typing import Any
 
 from ckptrace.errors import TraceFormatError
 
+INT_LIMIT = 1 << 62  # any integer field: sums and differences of a few stay inside int64
+
 
 @dataclass(frozen=True)
 class ObjectInfo:
@@ -115,6 +117,8 @@ def _convert(value: object, tp: object, where: str):
         return float(value)
     if tp is int and isinstance(value, bool):  # bool is an int in Python, not in the schema
         raise _wrong(where, int, value)
+    if tp is int and isinstance(value, int) and not -INT_LIMIT <= value <= INT_LIMIT:
+        raise TraceFormatError(f"{where} is {value}, outside -2^62..2^62")  # no overflow downstream
     return _expect(value, tp, where)
 
 

@@ -19,6 +19,8 @@ import pyarrow.parquet as pq
 from ckptrace.errors import TraceFormatError
 from ckptrace.meta import TraceMeta
 from ckptrace.output import write_output
+from ckptrace.terminal import printable
+from ckptrace.validate import check_column, check_events, check_table, open_regular
 
 FORMAT = "ckptrace-trace"
 VERSION = 1
@@ -129,12 +131,9 @@ def _no_constant(name: str):
 def read_meta(path: str | os.PathLike) -> TraceMeta:
     """Metadata only, with the same checks as read_trace."""
     path = Path(path)
-    if not path.exists():
-        raise TraceFormatError(f"{path}: no such file")
-    if path.is_dir():
-        raise TraceFormatError(f"{path}: is a directory, not a trace file")
     try:
-        schema = pq.read_schema(path)
+        with open_regular(path) as source:
+            schema = pq.read_schema(source)
     except (pa.ArrowException, OSError) as e:
         raise TraceFormatError(
             f"{path}: not a ckptrace trace (not a readable Parquet file: {_first_line(e)})"
@@ -144,7 +143,7 @@ def read_meta(path: str | os.PathLike) -> TraceMeta:
         raise TraceFormatError(f"{path}: a Parquet file, but not a ckptrace trace (no '{META_KEY}' metadata)")
     try:
         meta = json.loads(raw, parse_constant=_no_constant)  # NaN/Infinity would break --json later
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deep to be ours
         raise TraceFormatError(f"{path}: ckptrace metadata is not valid JSON") from None
     if not isinstance(meta, dict):
         raise TraceFormatError(f"{path}: ckptrace metadata is not a JSON object")
@@ -172,10 +171,16 @@ def read_trace(path: str | os.PathLike) -> Trace:
     meta = read_meta(path)
     # Column by column: peak memory is the frame plus one decoded column, not twice the frame.
     cols = {}
+    shown = printable(path)
     try:
-        pf = pq.ParquetFile(path)
+        source = open_regular(path)
+        pf = pq.ParquetFile(source)
+        check_table(pf, COLUMNS, source.size(), shown)
         for col in COLUMNS:
-            cols[col] = pf.read(columns=[col]).column(0).to_pandas(self_destruct=True)
+            values = pf.read(columns=[col]).column(0)
+            check_column(col, values, COLUMNS[col], shown)
+            cols[col] = values.to_pandas(self_destruct=True)
+        source.close()
     except (pa.ArrowException, OSError) as e:
         raise TraceFormatError(f"{path}: trace is damaged ({_first_line(e)})") from None
     df = pd.DataFrame(cols, copy=False)
@@ -186,6 +191,7 @@ def read_trace(path: str | os.PathLike) -> Trace:
         raise TraceFormatError(f"{path}: a column has the wrong type ({_first_line(e)})") from None
     if df["kind"].isna().any():
         raise TraceFormatError(f"{path}: trace has event kinds this version does not know")
+    check_events(df, shown)
     return Trace(events=df, meta=meta, path=str(path))
 
 

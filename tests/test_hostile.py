@@ -6,6 +6,7 @@ written into, the terminal printed on, the signal received, the server talked to
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -14,6 +15,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from ckptrace.terminal import printable
@@ -366,3 +368,152 @@ def test_record_given_a_thread_id_records_its_process(require_root_ebpf, workloa
     trace = read_trace(tmp_path / "t.parquet")
     assert trace.meta.pid == wl.pid
     assert (trace.events["kind"] == "checkpoint").sum() > 0  # the main thread's, via its process
+
+
+# --- reading: only regular files, the schema checked before any arithmetic, memory bounded ------
+
+def hostile_trace(path, columns: dict | None = None, meta_raw: bytes | None = None, rows=None):
+    """The sample trace with some columns replaced (any Arrow type) or its metadata bytes replaced."""
+    import pyarrow.parquet as pq
+
+    table = pq.read_table(SAMPLES / "1-pool-off.parquet")
+    if rows is not None:
+        table = table.slice(0, rows)
+    for name, values in (columns or {}).items():
+        values = values if isinstance(values, pa.Array) else pa.array(values)
+        table = table.set_column(table.schema.get_field_index(name), name, values)
+    md = dict(table.schema.metadata)
+    if meta_raw is not None:
+        md[b"ckptrace"] = meta_raw
+    pq.write_table(table.replace_schema_metadata(md), path)
+    return path
+
+
+def sample_meta() -> dict:
+    import json
+    import pyarrow.parquet as pq
+
+    return json.loads(pq.read_schema(SAMPLES / "1-pool-off.parquet").metadata[b"ckptrace"])
+
+
+def column_of(name: str, fill):
+    import pyarrow.parquet as pq
+
+    n = pq.read_metadata(SAMPLES / "1-pool-off.parquet").num_rows
+    return [fill(i) for i in range(n)]
+
+
+COLUMN_CASES = {
+    "bools as strings": ({"draft": column_of("draft", lambda i: "False")}, "column draft holds string"),
+    "float 1e30": ({"start_ns": column_of("start_ns", lambda i: 1e30)}, "column start_ns holds double"),
+    "uint64 past int64": ({"bytes": pa.array([1 << 63] * 200, pa.uint64())},
+                          "column bytes holds 9223372036854775808, outside"),
+    "negative time": ({"start_ns": [-5] * 200}, "column start_ns holds -5, outside"),
+    "nulls": ({"faults": [None] + [0] * 199}, "column faults has 1 missing values"),
+    "kind as ints": ({"kind": [1] * 200}, "column kind holds int64, not text"),
+}
+
+
+@pytest.mark.parametrize("case", COLUMN_CASES, ids=list(COLUMN_CASES))
+def test_wrong_column_types_and_ranges_are_one_line(tmp_path, case):
+    from ckptrace.errors import TraceFormatError
+    from ckptrace.trace import read_trace
+
+    columns, needle = COLUMN_CASES[case]
+    path = hostile_trace(tmp_path / "h.parquet", columns)
+    with pytest.raises(TraceFormatError, match="^" + re.escape(f"{path}: {needle}")):
+        read_trace(path)
+
+
+def test_reversed_spans_and_parts_outside_their_checkpoint_are_refused(tmp_path):
+    import pyarrow.parquet as pq
+
+    from ckptrace.errors import TraceFormatError
+    from ckptrace.trace import read_trace
+
+    t = pq.read_table(SAMPLES / "1-pool-off.parquet").to_pandas()
+    kinds = t["kind"].astype(str).tolist()
+    ck = kinds.index("checkpoint")
+    end = t["end_ns"].tolist()
+    end[ck] = int(t["start_ns"].iat[ck]) - 1
+    with pytest.raises(TraceFormatError, match=r"1 events end before they start \(first: row \d+, checkpoint"):
+        read_trace(hostile_trace(tmp_path / "a.parquet", {"end_ns": end}))
+    fill = kinds.index("fill")
+    start = t["start_ns"].tolist()
+    start[fill] = int(t.loc[(t["kind"] == "checkpoint") & (t["ckpt"] == t["ckpt"].iat[fill]), "start_ns"].iat[0]) - 1
+    with pytest.raises(TraceFormatError, match=r"a fill of checkpoint \d+ lies outside its checkpoint"):
+        read_trace(hostile_trace(tmp_path / "b.parquet", {"start_ns": start}))
+    ids = t["ckpt"].tolist()
+    second = kinds.index("checkpoint", ck + 1)
+    ids[second] = ids[ck]
+    with pytest.raises(TraceFormatError, match=r"checkpoint id \d+ appears 2 times"):
+        read_trace(hostile_trace(tmp_path / "c.parquet", {"ckpt": ids}))
+
+
+META_CASES = {
+    "not an object": b"[1, 2]",
+    "label a list": {"label": ["a"]},
+    "pid a string": {"pid": "1"},
+    "pid a bool": {"pid": True},
+    "huge int": {"attach_ns": 10 ** 30},
+    "int past 2^62": {"lost_events": (1 << 62) + 1},
+    "objects an object": {"objects": {"path": "x"}},
+    "probe without fields": {"probes": [{"point": "update_tgt"}]},
+    "command of ints": {"command": [1, 2]},
+    "open_at_stop a number": {"open_at_stop": 3},
+    "NaN": b'{"format": "ckptrace-trace", "version": 1, "lost_events": NaN}',
+    "deeply nested": b'{"format": "ckptrace-trace", "version": 1, "x": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+    "version a string": {"version": "1"},
+    "not JSON": b"\xff\xfe{",
+}
+
+
+@pytest.mark.parametrize("case", META_CASES, ids=list(META_CASES))
+def test_hostile_metadata_of_any_shape_is_one_line(tmp_path, case):
+    import json
+
+    shape = META_CASES[case]
+    raw = shape if isinstance(shape, bytes) else json.dumps({**sample_meta(), **shape}).encode()
+    path = hostile_trace(tmp_path / "m.parquet", meta_raw=raw)
+    line = assert_one_error_line(run(["analyze", path]))
+    assert line.startswith(f"ckptrace: error: {path}: ")
+
+
+@pytest.mark.parametrize("what", ["analyze", "dashboard"])
+def test_out_of_range_metadata_is_refused_before_arithmetic(tmp_path, what):
+    import json
+
+    raw = json.dumps({**sample_meta(), "attach_ns": (1 << 63) - 1, "stop_ns": -(1 << 63)}).encode()
+    path = hostile_trace(tmp_path / "m.parquet", meta_raw=raw)
+    args = ["analyze", path] if what == "analyze" else ["dashboard", path, "-o", tmp_path / "r.html"]
+    assert "outside -2^62..2^62" in assert_one_error_line(run(args))
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_a_small_file_claiming_millions_of_rows_is_refused_before_it_is_read(tmp_path):
+    """40 row groups of 100k identical rows compress to a few hundred KiB and claim ~1 GiB."""
+    import resource
+
+    import pyarrow.parquet as pq
+
+    one = pq.read_table(SAMPLES / "1-pool-off.parquet").slice(0, 1)
+    block = pa.concat_tables([one] * 100_000).combine_chunks()
+    path = tmp_path / "bomb.parquet"
+    with pq.ParquetWriter(path, block.schema, compression="zstd") as w:
+        for _ in range(40):
+            w.write_table(block)
+    assert path.stat().st_size < 1 << 20
+    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    line = assert_one_error_line(run(["analyze", path]))
+    assert "4000000 events would take about" in line and "a damaged or hostile trace?" in line
+    peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    assert peak_kib < max(before, 400 << 10)  # the CLI's own imports, not the rows
+
+
+@pytest.mark.parametrize("node", ["fifo", "/dev/zero", "dir"])
+def test_only_regular_files_are_read(tmp_path, node):
+    path = {"fifo": tmp_path / "t.parquet", "/dev/zero": Path("/dev/zero"), "dir": tmp_path}[node]
+    if node == "fifo":
+        os.mkfifo(path)  # nobody writes: opening it for reading would block forever
+    line = assert_one_error_line(run(["analyze", path], timeout=60))
+    assert ("is a directory" if node == "dir" else "not a regular file") in line

@@ -1,0 +1,154 @@
+"""A trace file checked before anything is computed from it; the first problem is one line.
+
+A trace may come from anyone. Before decoding: it is a regular file, and what it would expand
+to in memory is bounded by its size and by the machine (a few KiB of Parquet can claim
+gigabytes of rows). Before pandas sees a column: its Parquet type is the one written (no string
+"False" read as True, no float 1e30 cast to INT64_MIN), it has no nulls unless it may, and its
+values are in range, so sums and differences can't overflow. After: spans end at or after they
+start, ids are unique, and a checkpoint's fill and copy lie inside it.
+"""
+from __future__ import annotations
+
+import os
+import stat
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ckptrace.errors import TraceFormatError
+from ckptrace.terminal import printable
+
+NS_MAX = 1 << 62  # 146 years of nanoseconds: any sum of a trace's times stays in int64
+COUNT_MAX = 1 << 40
+INT32_MAX = (1 << 31) - 1
+# Column -> inclusive value range. addr is an address: any uint64.
+RANGES = {
+    "tid": (0, INT32_MAX), "start_ns": (0, NS_MAX), "end_ns": (0, NS_MAX), "ckpt": (0, NS_MAX),
+    "iter": (0, NS_MAX), "bytes": (0, 1 << 48), "addr": (0, (1 << 64) - 1), "faults": (0, COUNT_MAX),
+    "fault_timed": (0, COUNT_MAX), "fault_timed_ns": (0, NS_MAX), "tokens": (0, INT32_MAX),
+    "prompt_tokens": (0, INT32_MAX), "cpu_ns": (0, NS_MAX), "wait_ns": (0, NS_MAX),
+    "nvcsw": (0, COUNT_MAX), "nivcsw": (0, COUNT_MAX), "fault_ns": (0, NS_MAX),
+}
+TEXT_COLUMNS = {"kind", "phase"}
+BOOL_COLUMNS = {"draft"}
+# Memory a trace may expand to: this many times its file size (real traces: under 10x), at least
+# MIN_BUDGET, and never more than half the memory available now.
+EXPANSION = 64
+MIN_BUDGET = 256 << 20
+
+
+def open_regular(path) -> pa.NativeFile:
+    """The file at `path` opened for reading, refused unless it is a regular file (a FIFO would
+    block, a device never ends). The check and the read are on the same open file."""
+    shown = printable(path)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise TraceFormatError(f"{shown}: no such file") from None
+    except OSError as e:
+        raise TraceFormatError(f"{shown}: cannot read it ({e.strerror})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if stat.S_ISDIR(mode):
+            raise TraceFormatError(f"{shown}: is a directory, not a trace file")
+        if not stat.S_ISREG(mode):
+            raise TraceFormatError(f"{shown}: not a regular file (a FIFO, socket or device); ckptrace "
+                                   "reads traces from regular files only")
+        return pa.OSFile(f"/proc/self/fd/{fd}")  # the same open file, read natively by Arrow
+    finally:
+        os.close(fd)
+
+
+def check_table(pf: pq.ParquetFile, columns: dict, size: int, shown: str) -> None:
+    """Before decoding: each column's Parquet type, and the memory the events would take."""
+    schema = pf.schema_arrow
+    for name in columns:
+        if name not in schema.names:
+            continue  # read_meta has said which columns must be there
+        t = schema.field(name).type
+        if pa.types.is_dictionary(t):
+            t = t.value_type
+        ok = ((pa.types.is_string(t) or pa.types.is_large_string(t)) if name in TEXT_COLUMNS
+              else pa.types.is_boolean(t) if name in BOOL_COLUMNS
+              else pa.types.is_integer(t))
+        if not ok:
+            want = "text" if name in TEXT_COLUMNS else "true/false" if name in BOOL_COLUMNS else "integers"
+            raise TraceFormatError(f"{shown}: column {name} holds {t}, not {want}")
+    md = pf.metadata
+    rows = md.num_rows
+    row_bytes = sum(_itemsize(d) for d in columns.values())
+    stored = sum(md.row_group(i).column(j).total_uncompressed_size
+                 for i in range(md.num_row_groups) for j in range(md.num_columns))
+    need = 2 * rows * row_bytes + stored  # the frame, a copy while typing it, the decoded pages
+    budget = min(max(EXPANSION * size, MIN_BUDGET), _available() // 2)
+    if need > budget:
+        raise TraceFormatError(
+            f"{shown}: {rows} events would take about {need >> 20} MiB of memory from a {size >> 10} KiB "
+            f"file; ckptrace reads at most {budget >> 20} MiB here ({EXPANSION}x the file, at least "
+            f"{MIN_BUDGET >> 20} MiB, at most half the available memory): a damaged or hostile trace?")
+
+
+def check_column(name: str, values: pa.ChunkedArray, dtype, shown: str) -> None:
+    """Before pandas converts a column: no nulls unless its dtype is nullable (NA = not recorded),
+    every value in range."""
+    if values.null_count and not isinstance(dtype, pd.Int64Dtype):
+        raise TraceFormatError(f"{shown}: column {name} has {values.null_count} missing values")
+    if name not in RANGES or len(values) == values.null_count:
+        return
+    lo, hi = RANGES[name]
+    mm = pc.min_max(values)
+    vmin, vmax = mm["min"].as_py(), mm["max"].as_py()
+    if vmin < lo or vmax > hi:
+        bad = vmin if vmin < lo else vmax
+        raise TraceFormatError(f"{shown}: column {name} holds {bad}, outside {lo}..{hi}")
+
+
+def check_events(df: pd.DataFrame, shown: str) -> None:
+    """After typing: spans in order, one row per checkpoint and iteration id, fill/copy inside."""
+    if df["phase"].isna().any():
+        raise TraceFormatError(f"{shown}: trace has phases this version does not know")
+    start, end = df["start_ns"].to_numpy(), df["end_ns"].to_numpy()
+    reversed_ = np.flatnonzero(end < start)
+    if len(reversed_):
+        i = int(reversed_[0])
+        raise TraceFormatError(f"{shown}: {len(reversed_)} events end before they start (first: row {i}, "
+                               f"{df['kind'].iat[i]} {start[i]}..{end[i]} ns)")
+    for kind, col in (("checkpoint", "ckpt"), ("iteration", "iter")):
+        ids = df.loc[(df["kind"] == kind) & (df[col] > 0), col]
+        dup = ids[ids.duplicated()]
+        if len(dup):
+            raise TraceFormatError(f"{shown}: {kind} id {int(dup.iat[0])} appears {int((ids == dup.iat[0]).sum())} "
+                                   "times")
+    ck = df.loc[df["kind"] == "checkpoint", ["ckpt", "start_ns", "end_ns"]].set_index("ckpt")
+    parts = df.loc[df["kind"].isin(["fill", "copy"]) & df["ckpt"].isin(ck.index), ["kind", "ckpt", "start_ns", "end_ns"]]
+    if len(parts):
+        outer = ck.loc[parts["ckpt"].to_numpy()]
+        out = (parts["start_ns"].to_numpy() < outer["start_ns"].to_numpy()) | \
+              (parts["end_ns"].to_numpy() > outer["end_ns"].to_numpy())
+        if out.any():
+            row = parts.iloc[int(np.flatnonzero(out)[0])]
+            raise TraceFormatError(f"{shown}: a {row['kind']} of checkpoint {int(row['ckpt'])} lies outside "
+                                   f"its checkpoint ({int(out.sum())} such rows)")
+
+
+def _itemsize(dtype) -> int:
+    if isinstance(dtype, pd.CategoricalDtype):
+        return 1
+    if isinstance(dtype, pd.api.extensions.ExtensionDtype):
+        return 9  # values and a mask byte
+    return np.dtype(dtype).itemsize
+
+
+def _available() -> int:
+    """MemAvailable from /proc/meminfo, in bytes (the machine's total if unreadable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) << 10
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
