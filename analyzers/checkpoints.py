@@ -1,15 +1,25 @@
-"""One row per checkpoint: its fill, copy and fault time, fault counts and syscalls, from trace events.
+"""One row per checkpoint: its fill, copy and fault time, on-CPU time and wait, fault counts and syscalls.
 
-- `fill_ns`/`copy_ns`: the whole time in the resize (`_M_default_append`) and in the state copy
-  (`llama_state_seq_get_data_ext`) rows carrying the checkpoint's id, faults included; several
-  rows of a kind add up. `other_ns = total_ns - fill_ns - copy_ns`.
+- `fill_ns`/`copy_ns`: the whole (wall) time in the resize (`_M_default_append`) and in the state
+  copy (`llama_state_seq_get_data_ext`) rows carrying the checkpoint's id, faults included;
+  several rows of a kind add up. `other_ns = total_ns - fill_ns - copy_ns`.
+- `cpu_ns`/`wait_ns` (the checkpoint's own span), `fill_cpu_ns`, `copy_cpu_ns`, `fill_wait_ns`,
+  `copy_wait_ns`: the thread's on-CPU time and run-queue wait (runnable, waiting for a CPU) over
+  those spans, from the trace's `cpu_ns`/`wait_ns`. Blocked time is wall - cpu - wait. NA when
+  not recorded (trace format 1, or a kernel without the counters); 0 for a fill that did not
+  happen (pool hit) when the checkpoint's own span was recorded.
 - `pool_hit`: the checkpoint has no fill row (the buffer did not need to grow).
 - An update_tgt/update_dft call that made no state copy (update_dft without a draft model
   returns at once) saved nothing and is not a checkpoint: it is left out.
-- Fault time, per fill/copy span: `faults * fault_timed_ns / fault_timed` (the recorder times
-  faults in sampled time slices, see the trace's `fault_time_definition`). A span with no timed fault uses the
-  trace-wide mean ns per timed fault of its kind, else of fill and copy together, else 0 (then
-  nothing was timed: `fault_timed` is 0 everywhere). An estimate never exceeds its span.
+- Fault time (`fill_fault_ns`, `copy_fault_ns`, `fault_ns` = their sum): the whole cost of the
+  span's page faults to the thread, as the recorder measured it (the trace's `fault_ns`, see its
+  `fault_time` metadata). A span with faults but no measured fault time gets an estimate:
+  `faults x` the median ns per fault of the measured spans of the same kind (fill or copy) in the
+  same trace, so a few slow warm-up spans do not set it; never clamped, so an estimate above its
+  span's time shows as such. A span without faults costs 0. `fault_source` says which applies to
+  the checkpoint as a whole: "measured", "estimated" (at least one span estimated), "none" (no
+  faults) or "not recorded" (a span with faults, and no measured span of its kind to estimate
+  from: fault time NA).
 - `faults`: the whole checkpoint's fault count; `fill_faults`/`copy_faults` those of its spans.
 - `mmaps`/`munmaps`: syscalls made while the checkpoint was open on its thread.
 - `iter`: the iteration it falls in (see spans.py), 0 when none.
@@ -22,7 +32,9 @@ import pandas as pd
 from ckptrace.errors import AnalysisError
 from ckptrace.trace import empty_frame
 
-from .spans import assign_iterations, kind_mask
+from .spans import CLOCK_COLUMNS, NA_INT, assign_iterations, kind_mask, recorded, sum_by
+
+FAULT_SOURCES = ["none", "measured", "estimated", "not recorded"]  # a checkpoint takes the last of its spans'
 
 CHECKPOINT_COLUMNS: dict[str, object] = {
     "ckpt": np.dtype("int64"),
@@ -36,37 +48,43 @@ CHECKPOINT_COLUMNS: dict[str, object] = {
     "fill_ns": np.dtype("int64"),
     "copy_ns": np.dtype("int64"),
     "other_ns": np.dtype("int64"),
-    "fill_fault_ns": np.dtype("int64"),
-    "copy_fault_ns": np.dtype("int64"),
-    "fault_ns": np.dtype("int64"),
+    **CLOCK_COLUMNS,
+    "fill_fault_ns": NA_INT,
+    "copy_fault_ns": NA_INT,
+    "fault_ns": NA_INT,
+    "fault_source": pd.CategoricalDtype(FAULT_SOURCES),
     "fill_faults": np.dtype("int64"),
     "copy_faults": np.dtype("int64"),
     "faults": np.dtype("int64"),
-    "fault_timed": np.dtype("int64"),  # faults of fill+copy whose time was measured
     "mmaps": np.dtype("int64"),
     "munmaps": np.dtype("int64"),
     "pool_hit": np.dtype("bool"),
 }
 
-_SPAN_COLS = ["ckpt", "start_ns", "end_ns", "faults", "fault_timed", "fault_timed_ns"]
+
+def _spans(events: pd.DataFrame, kind: str) -> pd.DataFrame:
+    """A kind's rows with their fault time resolved: measured, estimated or none (see docstring)."""
+    rows = events.loc[kind_mask(events, kind), ["ckpt", "start_ns", "end_ns", "faults"]]
+    cpu, wait, fault = (recorded(events, c).loc[rows.index] for c in ("cpu_ns", "wait_ns", "fault_ns"))
+    faults = rows["faults"]
+    measured = fault.notna() & (faults > 0)
+    rate = float(np.median(fault[measured].to_numpy("float64") / faults[measured].to_numpy("float64"))) \
+        if measured.any() else None
+    missing = fault.isna() & (faults > 0)
+    estimate = pd.Series(pd.NA if rate is None else np.rint(faults * rate), index=rows.index).astype(NA_INT)
+    source = np.select([fault.notna().to_numpy() & (faults > 0).to_numpy(), (faults == 0).to_numpy(),
+                        missing.to_numpy() & (rate is not None)], [1, 0, 2], default=3)
+    fault = fault.where(~missing, estimate).where(faults > 0, 0)
+    return pd.DataFrame({"ckpt": rows["ckpt"], "ns": rows["end_ns"] - rows["start_ns"], "faults": faults,
+                         "cpu_ns": cpu, "wait_ns": wait, "fault_ns": fault, "source": source})
 
 
-def _mean_ns_per_timed_fault(*spans: pd.DataFrame) -> float:
-    timed = sum(int(s["fault_timed"].sum()) for s in spans)
-    return sum(int(s["fault_timed_ns"].sum()) for s in spans) / timed if timed else 0.0
-
-
-def _per_checkpoint(spans: pd.DataFrame, fallback_ns: float) -> pd.DataFrame:
-    """Sum a kind's spans per checkpoint id: ns, fault_ns (estimated), faults, timed."""
-    span_ns = (spans["end_ns"] - spans["start_ns"]).to_numpy()
-    faults = spans["faults"].to_numpy()
-    timed = spans["fault_timed"].to_numpy()
-    timed_ns = spans["fault_timed_ns"].to_numpy()
-    with np.errstate(divide="ignore", invalid="ignore"):
-        per_fault = np.where(timed > 0, timed_ns / np.maximum(timed, 1), fallback_ns)
-    est = np.minimum(np.rint(faults * per_fault), span_ns).astype("int64")
-    return pd.DataFrame({"ckpt": spans["ckpt"].to_numpy(), "ns": span_ns, "fault_ns": est,
-                         "faults": faults, "timed": timed, "n": 1}).groupby("ckpt").sum()
+def _per_checkpoint(spans: pd.DataFrame) -> pd.DataFrame:
+    """Sum a kind's spans per checkpoint id (NA when a part is NA); the worst fault source."""
+    keys = spans["ckpt"].to_numpy()
+    g = spans.groupby(keys)
+    return pd.DataFrame({"ns": g["ns"].sum(), "faults": g["faults"].sum(), "source": g["source"].max(),
+                         **{c: sum_by(spans[c], keys) for c in ("cpu_ns", "wait_ns", "fault_ns")}})
 
 
 def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
@@ -80,30 +98,35 @@ def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
         raise AnalysisError(
             f"checkpoint id {int(ck['ckpt'][dup].iloc[0])} appears on {int(dup.sum()) + 1} checkpoint rows: "
             "ids must be unique within a trace; analyze each recording separately")
+    ck = ck.assign(cpu_ns=recorded(events, "cpu_ns").loc[ck.index], wait_ns=recorded(events, "wait_ns").loc[ck.index])
 
-    fills = events.loc[kind_mask(events, "fill"), _SPAN_COLS]
-    copies = events.loc[kind_mask(events, "copy"), _SPAN_COLS]
+    fills, copies = _spans(events, "fill"), _spans(events, "copy")
     # An update that copied no state saved nothing: llama-server calls update_dft on every
     # checkpoint, and without a draft model it returns at once. Not a checkpoint.
     ck = ck[ck["ckpt"].isin(copies["ckpt"]).to_numpy()]
     if not len(ck):
         return empty_frame(CHECKPOINT_COLUMNS)
-    both = _mean_ns_per_timed_fault(fills, copies)
-    fill = _per_checkpoint(fills, _mean_ns_per_timed_fault(fills) or both)
-    copy = _per_checkpoint(copies, _mean_ns_per_timed_fault(copies) or both)
+    fill, copy = _per_checkpoint(fills), _per_checkpoint(copies)
 
     t = ck.reset_index(drop=True)
     t["total_ns"] = t["end_ns"] - t["start_ns"]
     ids = t["ckpt"]
-    for name, agg in (("fill", fill), ("copy", copy)):
-        t[f"{name}_ns"] = ids.map(agg["ns"]).fillna(0).astype("int64")
-        t[f"{name}_fault_ns"] = ids.map(agg["fault_ns"]).fillna(0).astype("int64")
-        t[f"{name}_faults"] = ids.map(agg["faults"]).fillna(0).astype("int64")
-        t[f"{name}_timed"] = ids.map(agg["timed"]).fillna(0).astype("int64")
     t["pool_hit"] = ~ids.isin(fill.index)
+    # No span of a kind: nothing of it happened, 0 where the checkpoint's own clocks were recorded.
+    zero_if_recorded = {"cpu_ns": t["cpu_ns"].notna(), "wait_ns": t["wait_ns"].notna()}
+    for name, agg in (("fill", fill), ("copy", copy)):
+        has = ids.isin(agg.index)
+        t[f"{name}_ns"] = ids.map(agg["ns"]).fillna(0).astype("int64")
+        t[f"{name}_faults"] = ids.map(agg["faults"]).fillna(0).astype("int64")
+        t[f"{name}_fault_ns"] = ids.map(agg["fault_ns"]).astype(NA_INT).mask(~has, 0)
+        t[f"{name}_source"] = ids.map(agg["source"]).fillna(0).astype("int64")
+        for c in ("cpu_ns", "wait_ns"):
+            v = ids.map(agg[c]).astype(NA_INT)
+            t[f"{name}_{c}"] = v.mask(~has & zero_if_recorded[c], 0)
     t["other_ns"] = t["total_ns"] - t["fill_ns"] - t["copy_ns"]
-    t["fault_ns"] = t["fill_fault_ns"] + t["copy_fault_ns"]
-    t["fault_timed"] = t["fill_timed"] + t["copy_timed"]
+    t["fault_ns"] = t["fill_fault_ns"] + t["copy_fault_ns"]  # NA + x is NA
+    t["fault_source"] = pd.Categorical.from_codes(np.maximum(t["fill_source"], t["copy_source"]).to_numpy(),
+                                                  dtype=CHECKPOINT_COLUMNS["fault_source"])
 
     sys = events.loc[kind_mask(events, "mmap", "munmap") & (events["ckpt"] != 0).to_numpy(), ["kind", "ckpt"]]
     is_mmap = (sys["kind"] == "mmap").to_numpy()

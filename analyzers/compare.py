@@ -4,25 +4,42 @@ Rules:
 - Legs come in run order and are grouped by label; the first label is the baseline, the second
   the candidate. A third label is an error.
 - An arm's samples are the per-checkpoint values (per prefill iteration for
-  `prefill_iteration_ns`) of all its legs, pooled.
-- `change_pct = 100 * (candidate median - baseline median) / baseline median`. Its 95% interval
-  is the 2.5th..97.5th percentile of the same change over `n_boot` bootstrap resamples of each
-  arm (numpy Generator seeded from `seed` and the metric's position, so reruns are identical).
-- When the baseline median is 0 (e.g. fill faults with a pool-on baseline) a percentage means
-  nothing: `change_pct` and its interval are 0 when the candidate's median is 0 too, else None
-  (NaN in the frame), and the verdict uses the interval of the plain difference of medians
-  (`diff_ci_low`, `diff_ci_high`, in the metric's unit) and the drift in that unit.
-- Drift, with >= 2 baseline legs: the largest difference between baseline legs' medians, in
-  percent of the baseline median (`drift_pct`).
+  `prefill_iteration_ns`) of all its legs, pooled. A leg with any value of a metric not recorded
+  (NA: no clocks, fault time not recorded) is left out of that metric, never read as 0; an arm
+  left empty that way reads "not recorded" (empty otherwise: "not measured").
+- Each arm is summarised by a statistic, the mean by default (`statistic`; STATISTICS). Chosen by
+  measurement (benchmarks/bench_verdicts.py, README): a pool-on leg is a mixture of warm-up misses
+  and hits, whose median jumps between a miss's value and 0 as the hit fraction crosses one half,
+  so median verdicts flipped between repetitions of the same A/B/A; the mean moves smoothly with
+  the hit fraction. Means also add up (total = fill + copy + other).
+- `change_pct = 100 * (candidate - baseline) / baseline` of the statistic. Its 95% interval is the
+  2.5th..97.5th percentile of the same change over `n_boot` bootstrap resamples of each arm
+  (numpy Generator seeded from `seed` and the metric's position, so reruns are identical).
+  Checkpoint metrics resample pool hits and misses apart (stratified): a resample keeps the
+  arm's hit count, which the pool's warm-up sets, not chance.
+  scipy.stats.bootstrap's percentile method gives the same intervals (the same resampling) but
+  took 1.1-2x longer on the sample traces and 5x longer with 5x the memory at 20k values per arm,
+  and its BCa method is undefined (NaN) where an arm is constant (a pool's fill): kept numpy.
+- When the baseline's statistic is 0 (e.g. fill faults with a pool-on baseline) a percentage
+  means nothing: `change_pct` and its interval are 0 when the candidate's is 0 too, else None
+  (NaN in the frame), and the verdict uses the interval of the plain difference (`diff_ci_low`,
+  `diff_ci_high`, in the metric's unit) and the drift in that unit.
+- Drift, with >= 2 baseline legs: the largest difference between baseline legs' statistic, in
+  percent of the baseline's (`drift_pct`).
 - Verdict: interval includes 0 -> "no change"; else |change| <= max(drift, min_effect_pct) ->
   "within drift"; else "faster" (change < 0) or "slower". The floor (default 20%) is there
-  because two baseline legs give a single, often tiny, drift estimate, while whole runs of the same
-  workload moved by up to 18% between legs on this project's shared 2-core VM (A/A/A, README). Every metric is a time or a fault count, so lower is faster.
-  An arm with no samples (no prefill iteration, or fault time not measured in any of its legs:
-  such legs are left out of checkpoint_fault_ns rather than counted as 0) -> "not measured".
+  because two baseline legs give a single, often tiny, drift estimate, while whole runs of the
+  same workload moved by more between legs on this project's shared 2-core VM (A/A/A, README).
+  Every metric is a time or a fault count, so lower is faster.
+- Pool hits (`pool`, when any leg has them): the candidate's hits and its misses, each against
+  the baseline (the baseline's own hits or misses when it has hits too), by their medians (one
+  population per class), with the same interval, drift and verdict rules.
+- Warnings: legs whose checkpoints or prefill iterations waited for a CPU more than 10% of their
+  wall time (read the on-CPU metrics), values not recorded, too few samples, lost events, builds.
 """
 from __future__ import annotations
 
+import collections
 import math
 from dataclasses import dataclass
 
@@ -34,6 +51,7 @@ from ckptrace.meta import TraceMeta
 from ckptrace.trace import Trace
 
 from . import Analysis, analyze_trace
+from .summary import WAIT_WARN_SHARE
 
 # metric -> (sample unit, column or columns summed, unit)
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -43,6 +61,8 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "checkpoint_total_ns": ("checkpoint", ("total_ns",), "ns"),
     "prefill_iteration_ns": ("prefill iteration", ("span_ns",), "ns"),
     "checkpoint_faults": ("checkpoint", ("fill_faults", "copy_faults"), "faults"),
+    "checkpoint_fill_cpu_ns": ("checkpoint", ("fill_cpu_ns",), "ns"),
+    "checkpoint_total_cpu_ns": ("checkpoint", ("cpu_ns",), "ns"),
 }
 MIN_SAMPLES = 5
 SAMPLES_NOTE = ("each arm's samples are the per-checkpoint values (per prefill iteration for "
@@ -50,12 +70,25 @@ SAMPLES_NOTE = ("each arm's samples are the per-checkpoint values (per prefill i
 
 LEG_COLUMNS = {"leg": "int64", "label": "str", "arm": pd.CategoricalDtype(["baseline", "candidate"]),
                "path": "str", "checkpoints": "int64", "prefill_iterations": "int64", "build_ids": "str",
-               "lost_events": "int64"}
-METRIC_COLUMNS = {"metric": "str", "unit": "str", "sample": "str", "baseline_median": "float64",
-                  "candidate_median": "float64", "change_pct": "float64", "ci_low_pct": "float64",
-                  "ci_high_pct": "float64", "drift_pct": "float64", "verdict": "str",
-                  "samples_baseline": "int64", "samples_candidate": "int64", "diff_median": "float64",
-                  "diff_ci_low": "float64", "diff_ci_high": "float64", "drift_abs": "float64"}
+               "lost_events": "int64", "pool_hits": "int64"}
+METRIC_COLUMNS = {"metric": "str", "unit": "str", "sample": "str", "statistic": "str",
+                  "baseline_value": "float64", "candidate_value": "float64", "change_pct": "float64",
+                  "ci_low_pct": "float64", "ci_high_pct": "float64", "drift_pct": "float64", "verdict": "str",
+                  "samples_baseline": "int64", "samples_candidate": "int64", "diff": "float64",
+                  "diff_ci_low": "float64", "diff_ci_high": "float64", "drift_abs": "float64",
+                  "baseline_median": "float64", "candidate_median": "float64",
+                  "baseline_mean": "float64", "candidate_mean": "float64"}
+
+
+def _trimmed_mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
+    """Mean of the middle 80% (10% cut from each end)."""
+    n = x.shape[axis]
+    k = int(n * 0.1)
+    return np.take(np.sort(x, axis=axis), np.arange(k, n - k), axis=axis).mean(axis=axis)
+
+
+# The statistic an arm is summarised by (see the module docstring for the choice).
+STATISTICS = {"median": np.median, "mean": np.mean, "trimmed mean": _trimmed_mean}
 
 
 @dataclass
@@ -70,23 +103,46 @@ class Comparison:
     seed: int = 0
     n_boot: int = 2000
     min_effect_pct: float = 0.0
+    statistic: str = "median"
+    pool: pd.DataFrame | None = None  # hits and misses against the baseline (when a leg had pool hits)
 
 
-def _samples(a: Analysis, metric: str) -> np.ndarray:
+def _samples(a: Analysis, metric: str, rows: np.ndarray | None = None) -> np.ndarray:
+    """A leg's samples of a metric (of the checkpoints in `rows` when given). A leg with any value
+    not recorded gives none: not recorded is not zero, and the rest would be a biased part."""
     source, cols, _ = METRICS[metric]
-    if metric == "checkpoint_fault_ns" and not a.summary.get("fault_time_measured", True):
-        return np.empty(0)  # unmeasured is not zero: leave the leg out of this metric
-    df = a.checkpoints if source == "checkpoint" else a.iterations.loc[a.iterations["kind"] == "prefill"]
-    return df[list(cols)].sum(axis=1).to_numpy(dtype="float64")
+    df = a.checkpoints if source == "checkpoint" else a.iterations.loc[(a.iterations["kind"] == "prefill").to_numpy()]
+    if rows is not None:
+        df = df.loc[rows]
+    values = df[list(cols)].astype("Float64").sum(axis=1, skipna=False)
+    if values.isna().any():
+        return np.empty(0)
+    return values.to_numpy(dtype="float64")
 
 
-def _boot_medians(x: np.ndarray, rng: np.random.Generator, n_boot: int) -> np.ndarray:
-    """Medians of n_boot resamples of x, in blocks that keep the index matrix near 32 MB."""
+def _not_recorded(a: Analysis, metric: str) -> bool:
+    source, cols, _ = METRICS[metric]
+    df = a.checkpoints if source == "checkpoint" else a.iterations.loc[(a.iterations["kind"] == "prefill").to_numpy()]
+    return bool(len(df) and df[list(cols)].isna().to_numpy().any())
+
+
+def _boot(x: np.ndarray, rng: np.random.Generator, n_boot: int, stat, strata: np.ndarray | None = None
+          ) -> np.ndarray:
+    """`stat` of n_boot resamples of x, in blocks that keep the index matrix near 32 MB.
+
+    With `strata` (a class per value, e.g. pool hit or miss), each class is resampled on its own
+    and keeps its count: how many checkpoints hit is the pool's design (its warm-up), not chance,
+    and resampling across classes would give replicates of a different pool."""
     out = np.empty(n_boot)
     block = max(1, 4_000_000 // len(x))
+    groups = [np.flatnonzero(strata == v) for v in np.unique(strata)] if strata is not None else []
     for i in range(0, n_boot, block):
         k = min(block, n_boot - i)
-        out[i:i + k] = np.median(x[rng.integers(0, len(x), size=(k, len(x)))], axis=1)
+        if len(groups) > 1:
+            idx = np.concatenate([g[rng.integers(0, len(g), size=(k, len(g)))] for g in groups], axis=1)
+        else:
+            idx = rng.integers(0, len(x), size=(k, len(x)))
+        out[i:i + k] = stat(x[idx], axis=1)
     return out
 
 
@@ -113,21 +169,36 @@ def _verdict(lo: float, hi: float, change: float, drift: float, floor: float = 0
 
 
 def _metric_row(name: str, i: int, base_legs: list[np.ndarray], cand_legs: list[np.ndarray],
-                seed: int, n_boot: int, min_effect_pct: float = 0.0) -> dict:
+                seed: int, n_boot: int, min_effect_pct: float = 0.0, statistic: str = "median",
+                strata: tuple[list, list] | None = None) -> dict:
     sample, _, unit = METRICS[name]
+    return {"metric": name, "unit": unit, "sample": sample,
+            **_change(base_legs, cand_legs, [seed, i], n_boot, min_effect_pct, statistic, strata)}
+
+
+def _change(base_legs: list[np.ndarray], cand_legs: list[np.ndarray], seed, n_boot: int,
+            min_effect_pct: float, statistic: str, strata: tuple[list, list] | None = None) -> dict:
+    """The change of `statistic` from baseline to candidate, its interval, drift and verdict."""
+    stat = STATISTICS[statistic]
     b, c = np.concatenate(base_legs), np.concatenate(cand_legs)
-    row = {"metric": name, "unit": unit, "sample": sample, "samples_baseline": len(b), "samples_candidate": len(c)}
     nan = float("nan")
-    if not len(b) or not len(c):  # e.g. no prefill iterations, or fault time not measured, in one arm
-        return {**row, "baseline_median": nan if not len(b) else float(np.median(b)),
-                "candidate_median": nan if not len(c) else float(np.median(c)), "change_pct": nan,
-                "ci_low_pct": nan, "ci_high_pct": nan, "drift_pct": nan, "verdict": "not measured",
-                "diff_median": nan, "diff_ci_low": nan, "diff_ci_high": nan, "drift_abs": nan}
-    bm, cm = float(np.median(b)), float(np.median(c))
-    rng = np.random.default_rng([seed, i])
-    bb, cb = _boot_medians(b, rng, n_boot), _boot_medians(c, rng, n_boot)
-    leg_medians = [float(np.median(x)) for x in base_legs if len(x)]
-    drift_abs = max(leg_medians) - min(leg_medians) if len(leg_medians) >= 2 else nan
+
+    def value(x, fn):
+        return float(fn(x)) if len(x) else nan
+
+    row = {"statistic": statistic, "samples_baseline": len(b), "samples_candidate": len(c),
+           "baseline_median": value(b, np.median), "candidate_median": value(c, np.median),
+           "baseline_mean": value(b, np.mean), "candidate_mean": value(c, np.mean),
+           "baseline_value": value(b, stat), "candidate_value": value(c, stat)}
+    if not len(b) or not len(c):  # e.g. no prefill iterations, or a figure not recorded, in one arm
+        return {**row, "change_pct": nan, "ci_low_pct": nan, "ci_high_pct": nan, "drift_pct": nan,
+                "verdict": "not measured", "diff": nan, "diff_ci_low": nan, "diff_ci_high": nan, "drift_abs": nan}
+    bm, cm = row["baseline_value"], row["candidate_value"]
+    rng = np.random.default_rng(seed)
+    bs, cs = (np.concatenate(x) for x in strata) if strata is not None else (None, None)
+    bb, cb = _boot(b, rng, n_boot, stat, bs), _boot(c, rng, n_boot, stat, cs)
+    leg_values = [float(stat(x)) for x in base_legs if len(x)]
+    drift_abs = max(leg_values) - min(leg_values) if len(leg_values) >= 2 else nan
     d_lo, d_hi = _interval(cb - bb)
     diff = cm - bm
     if bm != 0 or cm == 0:
@@ -135,12 +206,11 @@ def _metric_row(name: str, i: int, base_legs: list[np.ndarray], cand_legs: list[
         lo, hi = _interval(_pct(cb, bb))
         drift = 100.0 * drift_abs / abs(bm) if bm != 0 else (0.0 if drift_abs == 0 else nan)
         verdict = _verdict(lo, hi, change, drift, min_effect_pct)
-    else:  # baseline median 0, candidate's not: no percentage; judge the plain difference
+    else:  # baseline 0, candidate not: no percentage; judge the plain difference
         change = lo = hi = drift = nan
         verdict = _verdict(d_lo, d_hi, diff, drift_abs)
-    return {**row, "baseline_median": bm, "candidate_median": cm, "change_pct": change, "ci_low_pct": lo,
-            "ci_high_pct": hi, "drift_pct": drift, "verdict": verdict, "diff_median": diff,
-            "diff_ci_low": d_lo, "diff_ci_high": d_hi, "drift_abs": drift_abs}
+    return {**row, "change_pct": change, "ci_low_pct": lo, "ci_high_pct": hi, "drift_pct": drift,
+            "verdict": verdict, "diff": diff, "diff_ci_low": d_lo, "diff_ci_high": d_hi, "drift_abs": drift_abs}
 
 
 def _build_ids(meta: TraceMeta) -> list[str]:
@@ -171,6 +241,15 @@ def _warnings(analyses: list[Analysis], arms: list[str]) -> list[str]:
         if i != ref_i and _probe_points(a.trace.meta) != ref_points:
             out.append(f"{_leg_name(i, a)} was recorded with a different probe set from "
                        f"{_leg_name(ref_i, ref)}: its phases may not be comparable")
+    missing = collections.defaultdict(list)  # metrics not recorded -> legs
+    for i, a in enumerate(analyses):
+        gaps = tuple(m for m in METRICS if _not_recorded(a, m))
+        if gaps:
+            missing[gaps].append(str(i + 1))
+    for gaps, legs in missing.items():
+        out.append(f"leg{'s' if len(legs) > 1 else ''} {', '.join(legs)} did not record every value of "
+                   f"{', '.join(gaps)}: left out of {'those metrics' if len(gaps) > 1 else 'it'} (not recorded is "
+                   "not zero)")
     for i, a in enumerate(analyses):
         s = a.summary
         if s["checkpoints"] < MIN_SAMPLES:
@@ -181,8 +260,10 @@ def _warnings(analyses: list[Analysis], arms: list[str]) -> list[str]:
                        f"a trustworthy prefill_iteration_ns interval (want >= {MIN_SAMPLES} per leg)")
         if not s["reliable"]:
             out.append(f"{_leg_name(i, a)}: {s['reliability']}")
-        if not s["fault_time_measured"]:
-            out.append(f"{_leg_name(i, a)}: fault time was not measured, its checkpoint_fault_ns is 0")
+        shares = [x for x in (s.get("wait_share"), s.get("prefill_wait_share")) if x is not None]
+        if shares and max(shares) > WAIT_WARN_SHARE:
+            out.append(f"{_leg_name(i, a)} spent {max(shares) * 100:.0f}% of its spans' time waiting for a CPU: "
+                       "wall times measure the machine's load; read the on-CPU metrics (*_cpu_ns)")
     return out
 
 
@@ -197,18 +278,19 @@ def _explain(m: pd.DataFrame, analyses: list[Analysis], arms: list[str], baselin
         x = r.loc[metric]
         if math.isfinite(x["change_pct"]):
             return f"{x['change_pct']:+.1f}% ({x['verdict']})"
-        if math.isfinite(x["diff_median"]):
-            return f"{_signed_ms(x['diff_median'])} ({x['verdict']})"
+        if math.isfinite(x["diff"]):
+            return f"{_signed_ms(x['diff'])} ({x['verdict']})"
         return "not measured (no samples in an arm)"
 
-    head = (f"{candidate} against {baseline}: median checkpoint time {said('checkpoint_total_ns')}, "
+    head = (f"{candidate} against {baseline}: {r.loc['checkpoint_total_ns', 'statistic']} checkpoint time "
+            f"{said('checkpoint_total_ns')}, "
             f"prefill iteration time {said('prefill_iteration_ns')}.")
     if r.loc["checkpoint_total_ns", "verdict"] not in ("faster", "slower"):
         return head + " No checkpoint phase moved beyond its interval and the baseline drift."
 
     # Means add up (total = fill + copy + other), so they split the change between phases.
     def mean_of(arm, col):
-        return float(np.mean(np.concatenate([a.checkpoints[col].to_numpy(dtype="float64")
+        return float(np.mean(np.concatenate([a.checkpoints[col].to_numpy(dtype="float64", na_value=np.nan)
                                              for a, x in zip(analyses, arms) if x == arm])))
 
     delta = {p: mean_of("candidate", f"{p}_ns") - mean_of("baseline", f"{p}_ns") for p in ("fill", "copy", "other")}
@@ -218,14 +300,43 @@ def _explain(m: pd.DataFrame, analyses: list[Analysis], arms: list[str], baselin
     words = {"fill": "the fill (the resize's zero fill of fresh memory)", "copy": "the state copy",
              "other": "the rest of the checkpoint (neither fill nor copy)"}
     tail = (f" Most of it comes from {words[phase]}: {_signed_ms(delta[phase])} of {_signed_ms(total)} per checkpoint "
-            f"on average, with fault time {_signed_ms(fault)}.")
+            f"on average, with fault time " + (_signed_ms(fault) if math.isfinite(fault) else "not recorded") + ".")
     return head + tail
 
 
 MIN_EFFECT_PCT = 20.0
+DEFAULT_STATISTIC = "mean"
+POOL_METRICS = ("checkpoint_total_ns", "checkpoint_fill_ns")
+POOL_COLUMNS = {"class": "str", "metric": "str", **{k: v for k, v in METRIC_COLUMNS.items()
+                                                     if k not in ("metric", "unit", "sample")}}
 
 
-def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: float = MIN_EFFECT_PCT) -> Comparison:
+def _pool_rows(analyses: list[Analysis], arms: list[str], seed: int, n_boot: int, min_effect_pct: float) -> pd.DataFrame:
+    """Pool hits and misses of each arm, each against the baseline (see the module docstring)."""
+    def legs_of(arm, hit=None):
+        out = {m: [] for m in POOL_METRICS}
+        for a, x in zip(analyses, arms):
+            if x == arm:
+                rows = None if hit is None else (a.checkpoints["pool_hit"] == hit).to_numpy()
+                for m in POOL_METRICS:
+                    out[m].append(_samples(a, m, rows))
+        return out
+
+    base_hits = sum(int(a.checkpoints["pool_hit"].sum()) for a, x in zip(analyses, arms) if x == "baseline")
+    rows = []
+    for j, (cls, hit) in enumerate((("hits", True), ("misses", False))):
+        cand = legs_of("candidate", hit)
+        base = legs_of("baseline", hit if base_hits else None)
+        for k, m in enumerate(POOL_METRICS):
+            if not sum(len(x) for x in cand[m]) or not sum(len(x) for x in base[m]):
+                continue
+            rows.append({"class": cls, "metric": m,
+                         **_change(base[m], cand[m], [seed, 100 + 10 * j + k], n_boot, min_effect_pct, "median")})
+    return pd.DataFrame(rows, columns=list(POOL_COLUMNS)).astype(POOL_COLUMNS)
+
+
+def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: float = MIN_EFFECT_PCT,
+            statistic: str = DEFAULT_STATISTIC) -> Comparison:
     """Compare the legs (Trace or Analysis objects, in run order); see the module docstring."""
     if len(traces) < 2:
         raise AnalysisError(f"compare needs at least two traces, a baseline and a candidate label "
@@ -254,16 +365,29 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
         "prefill_iterations": [a.summary["prefill_iterations"] for a in analyses],
         "build_ids": [",".join(_build_ids(a.trace.meta)) for a in analyses],
         "lost_events": [a.summary["lost_events"] for a in analyses],
+        "pool_hits": [a.summary["pool_hits"] for a in analyses],
     }).astype(LEG_COLUMNS)
 
     rows = []
-    for i, name in enumerate(METRICS):  # six metrics: the work is inside, vectorised
+    for i, name in enumerate(METRICS):  # a handful of metrics: the work is inside, vectorised
         per_leg = [_samples(a, name) for a in analyses]
-        rows.append(_metric_row(name, i, [x for x, arm in zip(per_leg, arms) if arm == "baseline"],
-                                [x for x, arm in zip(per_leg, arms) if arm == "candidate"], seed, n_boot,
-                                min_effect_pct))
+        strata = None
+        if METRICS[name][0] == "checkpoint":  # pool hits and misses resampled apart (see _boot)
+            hits = [a.checkpoints["pool_hit"].to_numpy() if len(x) else np.empty(0, bool)
+                    for a, x in zip(analyses, per_leg)]
+            strata = ([h for h, arm in zip(hits, arms) if arm == "baseline"],
+                      [h for h, arm in zip(hits, arms) if arm == "candidate"])
+        row = _metric_row(name, i, [x for x, arm in zip(per_leg, arms) if arm == "baseline"],
+                          [x for x, arm in zip(per_leg, arms) if arm == "candidate"], seed, n_boot,
+                          min_effect_pct, statistic, strata)
+        if row["verdict"] == "not measured" and any(_not_recorded(a, name) for a in analyses):
+            row["verdict"] = "not recorded"
+        rows.append(row)
     metrics = pd.DataFrame(rows, columns=list(METRIC_COLUMNS)).astype(METRIC_COLUMNS)
+    pooled = legs["pool_hits"].sum() > 0
     return Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
                       warnings=_warnings(analyses, arms),
                       explanation=_explain(metrics, analyses, arms, baseline, candidate),
-                      seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct)
+                      seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, statistic=statistic,
+                      pool=_pool_rows(analyses, arms, seed, n_boot, min_effect_pct) if pooled
+                      else pd.DataFrame(columns=list(POOL_COLUMNS)).astype(POOL_COLUMNS))

@@ -4,8 +4,11 @@ cost, prefill or decode.
 Kind rule: an iteration is `prefill` when it made at least one checkpoint or its batches carried
 prompt tokens (`prompt_tokens > 0`, tokens that ask for no logits); otherwise `decode`.
 
-Per iteration: `fill_ns`, `copy_ns`, `fault_ns` (= `fill_fault_ns` + `copy_fault_ns`), `bytes`,
-`faults` (whole-checkpoint fault counts) are sums over its checkpoints; `other_ns = span_ns -
+Per iteration: `fill_ns`, `copy_ns`, `fault_ns` (= `fill_fault_ns` + `copy_fault_ns`, NA when a
+checkpoint's is not recorded), `bytes`, `faults` (whole-checkpoint fault counts) are sums over its
+checkpoints, and so are `fill_cpu_ns`, `copy_cpu_ns`, `fill_wait_ns`, `copy_wait_ns`; `cpu_ns` and
+`wait_ns` are the update_slots call's on-CPU time and run-queue wait (NA
+for llama_decode boundaries, whose clocks cover only the decode call, and when not recorded); `other_ns = span_ns -
 fill_ns - copy_ns`; `mmaps` and `munmaps` count the syscalls made anywhere in it; `span_faults` is
 the boundary span's own fault count (the whole update_slots call, or only the llama_decode call
 for decode boundaries).
@@ -17,7 +20,7 @@ import pandas as pd
 
 from ckptrace.trace import empty_frame
 
-from .spans import BOUNDARIES, assign_iterations, kind_mask
+from .spans import BOUNDARIES, CLOCK_COLUMNS, NA_INT, assign_iterations, kind_mask, sum_by
 
 ITERATION_KINDS = ["prefill", "decode"]
 
@@ -30,10 +33,11 @@ ITERATION_COLUMNS: dict[str, object] = {
     "kind": pd.CategoricalDtype(ITERATION_KINDS),
     "fill_ns": np.dtype("int64"),
     "copy_ns": np.dtype("int64"),
-    "fault_ns": np.dtype("int64"),
-    "fill_fault_ns": np.dtype("int64"),
-    "copy_fault_ns": np.dtype("int64"),
+    "fault_ns": NA_INT,
+    "fill_fault_ns": NA_INT,
+    "copy_fault_ns": NA_INT,
     "other_ns": np.dtype("int64"),
+    **CLOCK_COLUMNS,
     "checkpoints": np.dtype("int64"),
     "bytes": np.dtype("int64"),
     "faults": np.dtype("int64"),
@@ -53,9 +57,10 @@ def iteration_table(events: pd.DataFrame, spans: pd.DataFrame, checkpoints: pd.D
         return empty_frame(ITERATION_COLUMNS)
     ck = checkpoints.loc[checkpoints["iter"] != 0]
     per = ck.groupby("iter").agg(fill_ns=("fill_ns", "sum"), copy_ns=("copy_ns", "sum"),
-                                 fault_ns=("fault_ns", "sum"), fill_fault_ns=("fill_fault_ns", "sum"),
-                                 copy_fault_ns=("copy_fault_ns", "sum"), checkpoints=("ckpt", "size"),
-                                 bytes=("bytes", "sum"), faults=("faults", "sum"))
+                                 checkpoints=("ckpt", "size"), bytes=("bytes", "sum"), faults=("faults", "sum"))
+    summed = ("fault_ns", "fill_fault_ns", "copy_fault_ns", "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns", "copy_wait_ns")
+    for c in summed:
+        per[c] = sum_by(ck[c], ck["iter"])
     sys = events.loc[kind_mask(events, "mmap", "munmap"), ["kind", "tid", "start_ns", "end_ns", "iter"]]
     sys_iter = assign_iterations(sys, spans)
     is_mmap = (sys["kind"] == "mmap").to_numpy()
@@ -66,9 +71,12 @@ def iteration_table(events: pd.DataFrame, spans: pd.DataFrame, checkpoints: pd.D
     t = spans.join(per, on="iter")
     t["mmaps"] = t["iter"].map(mm)
     t["munmaps"] = t["iter"].map(mu)
-    for c in ["fill_ns", "copy_ns", "fault_ns", "fill_fault_ns", "copy_fault_ns", "checkpoints", "bytes",
-              "faults", "mmaps", "munmaps"]:
+    for c in ["fill_ns", "copy_ns", "checkpoints", "bytes", "faults", "mmaps", "munmaps"]:
         t[c] = t[c].fillna(0).astype("int64")
+    no_checkpoint = t["iter"].map(per["checkpoints"]).isna()
+    for c in summed:  # no checkpoint: no fault time; no fill or copy time on or off CPU where recorded
+        zero = no_checkpoint if "fault" in c else no_checkpoint & t["cpu_ns"].notna()
+        t[c] = t[c].astype(NA_INT).mask(zero, 0)
     t["span_ns"] = t["end_ns"] - t["start_ns"]
     t["other_ns"] = t["span_ns"] - t["fill_ns"] - t["copy_ns"]
     prefill = (t["checkpoints"] > 0) | (t["prompt_tokens"] > 0)

@@ -10,6 +10,10 @@ Where an iteration comes from (per thread):
   its earliest event. Rows are assigned with `pd.merge_asof` by thread; such iterations get ids
   above every kernel id in the trace, in order of their end.
 - Threads with neither have no iterations; their checkpoints are reported as unassigned.
+
+Scheduler figures (`cpu_ns`, `wait_ns`, `fault_ns`, trace format 2) are nullable: NA means not
+recorded (a v1 trace, a kernel without the field, a span the recorder did not measure), and a
+sum over spans is NA when any of its parts is, never a partial sum presented as whole.
 """
 from __future__ import annotations
 
@@ -28,8 +32,28 @@ SPAN_COLUMNS: dict[str, object] = {
     "tokens": np.dtype("int64"),
     "prompt_tokens": np.dtype("int64"),
     "span_faults": np.dtype("int64"),
+    "cpu_ns": pd.Int64Dtype(),  # the boundary span's on-CPU time (update_slots only)
+    "wait_ns": pd.Int64Dtype(),  # its run-queue wait
     "boundary": pd.CategoricalDtype(BOUNDARIES),
 }
+NA_INT = pd.Int64Dtype()
+# On-CPU time and run-queue wait of a span and of its fill and copy, in both tables (nullable).
+CLOCK_COLUMNS: dict[str, object] = {f"{p}{c}": NA_INT for p in ("", "fill_", "copy_") for c in ("cpu_ns", "wait_ns")}
+
+
+def recorded(frame: pd.DataFrame, col: str) -> pd.Series:
+    """A nullable column as Int64, all NA when the frame lacks it (written before it existed)."""
+    if col in frame.columns:
+        return frame[col].astype(NA_INT)
+    return pd.Series(pd.NA, index=frame.index, dtype=NA_INT)
+
+
+def sum_by(values: pd.Series, keys) -> pd.Series:
+    """Int64 sums per key, NA for a key any of whose values is NA (a part not recorded)."""
+    values = values.astype(NA_INT)
+    g = values.groupby(np.asarray(keys))
+    out = g.sum()
+    return out.mask(g.count() < g.size())
 
 
 def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:
@@ -46,6 +70,7 @@ def iteration_spans(events: pd.DataFrame) -> pd.DataFrame:
     """Every iteration's id, thread and [start_ns, end_ns], by the rules in the module docstring."""
     it = events.loc[kind_mask(events, "iteration"),
                     ["iter", "tid", "start_ns", "end_ns", "tokens", "prompt_tokens", "faults"]]
+    it = it.assign(cpu_ns=recorded(events, "cpu_ns").loc[it.index], wait_ns=recorded(events, "wait_ns").loc[it.index])
     it = it.drop_duplicates("iter").rename(columns={"faults": "span_faults"})
     it = it.assign(boundary="update_slots")
     slot_tids = it["tid"].unique()
@@ -62,7 +87,8 @@ def iteration_spans(events: pd.DataFrame) -> pd.DataFrame:
         order = np.lexsort((dec["tid"].to_numpy(), dec["end_ns"].to_numpy()))
         ids = np.empty(len(dec), dtype="int64")
         ids[order] = np.arange(base, base + len(dec), dtype="int64")
-        dec = dec.assign(iter=ids, boundary="decode")
+        # The decode row's clocks cover llama_decode only, not the iteration: not recorded.
+        dec = dec.assign(iter=ids, boundary="decode", cpu_ns=pd.NA, wait_ns=pd.NA)
     spans = pd.concat([it, dec], ignore_index=True) if len(dec) else it
     if not len(spans):
         return empty_frame(SPAN_COLUMNS)

@@ -6,6 +6,11 @@ the checkpoint time of checkpoints inside prefill iterations over those iteratio
 `faults_per_mib` and `ns_per_mib` are whole-checkpoint faults and time per MiB of state copied.
 `reliable` is false, and `reliability` says why, when lost events or spans cut off at attach or
 stop mean some figures miss events.
+
+Values not recorded (NA) are never read as 0: a distribution with any has no figures, only
+its counts. `wait_share` is the checkpoints' run-queue wait over their wall time
+(`prefill_wait_share` the same for prefill iterations): above 10%, wall times mostly measure the
+machine's load; read the on-CPU figures. `fault_sources` counts checkpoints by `fault_source`.
 """
 from __future__ import annotations
 
@@ -21,21 +26,45 @@ STAT_METRICS = {
     "checkpoint_fault_ns": ("checkpoints", "fault_ns"),
     "checkpoint_total_ns": ("checkpoints", "total_ns"),
     "prefill_iteration_ns": ("prefill", "span_ns"),
+    "checkpoint_fill_cpu_ns": ("checkpoints", "fill_cpu_ns"),
+    "checkpoint_copy_cpu_ns": ("checkpoints", "copy_cpu_ns"),
+    "checkpoint_total_cpu_ns": ("checkpoints", "cpu_ns"),
+    "checkpoint_wait_ns": ("checkpoints", "wait_ns"),
+    "prefill_iteration_cpu_ns": ("prefill", "cpu_ns"),
 }
+WAIT_WARN_SHARE = 0.10
 
 
 def describe(values) -> dict:
-    """count, mean, median, p90, p99 of a 1-D sample; None for the figures of an empty one."""
-    v = np.asarray(values, dtype="float64")
-    if not len(v):
-        return {"count": 0, "mean": None, "median": None, "p90": None, "p99": None}
+    """count, mean, median, p90, p99 of a 1-D sample; None for the figures of an empty one.
+
+    `not_recorded` counts NA values. Figures over part of a sample would be biased (the values
+    not recorded are rarely a random part), so any NA makes the figures None; `count` is the
+    number recorded."""
+    s = pd.Series(values)
+    missing = int(s.isna().sum())
+    v = s.dropna().to_numpy(dtype="float64")
+    out = {"count": int(len(v)), "not_recorded": missing, "mean": None, "median": None, "p90": None, "p99": None}
+    if not len(v) or missing:
+        return out
     p50, p90, p99 = np.percentile(v, [50, 90, 99])
-    return {"count": int(len(v)), "mean": float(v.mean()), "median": float(p50),
-            "p90": float(p90), "p99": float(p99)}
+    return {**out, "mean": float(v.mean()), "median": float(p50), "p90": float(p90), "p99": float(p99)}
 
 
 def _ratio(num: float, den: float) -> float | None:
     return float(num) / float(den) if den else None
+
+
+def wait_share(frame: pd.DataFrame, wall: str) -> float | None:
+    """Run-queue wait over wall time, over the rows whose wait was recorded; None when none was."""
+    ok = frame["wait_ns"].notna().to_numpy()
+    return _ratio(frame.loc[ok, "wait_ns"].sum(), frame.loc[ok, wall].sum()) if ok.any() else None
+
+
+def _meta_field(meta: TraceMeta, name: str):
+    """A metadata field a newer recorder writes (typed field or, before the schema knows it, extra)."""
+    value = getattr(meta, name, None)
+    return value if value is not None else meta.extra.get(name)
 
 
 def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMeta) -> dict:
@@ -47,7 +76,9 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
     hits = int(checkpoints["pool_hit"].sum())
     mib = checkpoints["bytes"].sum() / MIB
     in_prefill = checkpoints["iter"].isin(prefill["iter"])
-    fault_measured = bool(checkpoints["fault_timed"].sum() > 0)
+    sources = checkpoints["fault_source"].value_counts().reindex(checkpoints["fault_source"].cat.categories,
+                                                                  fill_value=0)
+    fault_sources = {str(k): int(v) for k, v in sources.items()}
 
     lost, partial, open_ = meta.lost_events, meta.partial_spans, meta.open_at_stop.total
     problems = []
@@ -60,9 +91,29 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
                         "may be incomplete")
     reliability = "; ".join(problems) if problems else "no events lost and no spans cut off"
     notes = []
-    if not fault_measured and n:
-        notes.append("fault time was not measured (no timed faults): fault_ns is 0, fill and copy "
-                     "times still include their faults")
+    if fault_sources["not recorded"]:
+        notes.append(f"fault time not recorded for {fault_sources['not recorded']} checkpoints (no measured "
+                     "span of their kind in this trace, e.g. trace format 1): their fault_ns is NA; fill "
+                     "and copy times still include their faults")
+    if fault_sources["estimated"]:
+        notes.append(f"fault time estimated for {fault_sources['estimated']} checkpoints (faults x the median "
+                     "ns per fault of measured spans of the same kind in this trace)")
+        over = checkpoints["fault_source"].eq("estimated") & (
+            checkpoints["fault_ns"] > checkpoints["cpu_ns"].fillna(checkpoints["total_ns"]))
+        if over.any():
+            notes.append(f"{int(over.sum())} estimated fault times exceed their checkpoint's time: the "
+                         "estimate is not clamped; those spans faulted more cheaply than the median")
+    sched = _meta_field(meta, "sched_counters")
+    cpu_recorded = bool(checkpoints["cpu_ns"].notna().any() or prefill["cpu_ns"].notna().any())
+    if not cpu_recorded and (n or len(prefill)):
+        why = sched.get("note") if isinstance(sched, dict) and sched.get("note") else \
+            "trace format 1, or a recorder without scheduler counters"
+        notes.append(f"on-CPU time and run-queue wait not recorded ({why}): wall times include waiting for a CPU")
+    shares = {"checkpoints": wait_share(checkpoints, "total_ns"), "prefill iterations": wait_share(prefill, "span_ns")}
+    for what, share in shares.items():
+        if share is not None and share > WAIT_WARN_SHARE:
+            notes.append(f"{what} spent {share * 100:.0f}% of their wall time waiting for a CPU: the machine "
+                         "was busy; read the on-CPU figures (*_cpu_ns)")
     unassigned = int((checkpoints["iter"] == 0).sum())
     if unassigned:
         notes.append(f"{unassigned} checkpoints fall in no iteration (no update_slots or llama_decode "
@@ -85,8 +136,11 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
         "ns_per_mib": _ratio(checkpoints["total_ns"].sum(), mib),
         "fill_ns_per_mib": _ratio(checkpoints["fill_ns"].sum(), mib),
         "copy_ns_per_mib": _ratio(checkpoints["copy_ns"].sum(), mib),
-        "fault_time_measured": fault_measured,
-        "fault_sample_every": meta.fault_sample_every,
+        "fault_sources": fault_sources,
+        "fault_time": _meta_field(meta, "fault_time"),
+        "cpu_time_recorded": cpu_recorded,
+        "wait_share": shares["checkpoints"],
+        "prefill_wait_share": shares["prefill iterations"],
         "lost_events": lost,
         "partial_spans": partial,
         "open_at_stop": open_,

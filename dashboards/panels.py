@@ -42,6 +42,34 @@ def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
 
 # -- per prefill iteration, stacked over time ---------------------------------------------------
 
+# What a prefill iteration's time is split into, bottom to top; every leg the same way.
+PARTS = {"fill": "fill (on CPU, excl. faults)", "copy": "copy (on CPU, excl. faults)", "faults": "page faults",
+         "wait": "waiting for a CPU", "other": "other (incl. blocked)"}
+
+
+def iteration_parts(it: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """Each iteration's span split into PARTS (they add up to it), and how many had to be cut.
+
+    With on-CPU time recorded, fill and copy are their on-CPU time less their fault time, and
+    the iteration's run-queue wait is its own part; without it, fill and copy are wall times less
+    their fault time and there is no wait part. Fault time not recorded draws as 0 (fill keeps it).
+    """
+    def col(name):
+        return it[name].to_numpy(dtype="float64", na_value=np.nan)
+
+    timed = ~np.isnan(col("fill_cpu_ns")) & ~np.isnan(col("copy_cpu_ns")) & ~np.isnan(col("wait_ns"))
+    fill = np.where(timed, col("fill_cpu_ns"), col("fill_ns"))
+    copy = np.where(timed, col("copy_cpu_ns"), col("copy_ns"))
+    fill_fault = np.nan_to_num(col("fill_fault_ns"))
+    copy_fault = np.nan_to_num(col("copy_fault_ns"))
+    over = int(((fill_fault > fill) | (copy_fault > copy)).sum())
+    fill_fault, copy_fault = np.minimum(fill_fault, fill), np.minimum(copy_fault, copy)
+    wait = np.where(timed, np.nan_to_num(col("wait_ns")), 0.0)
+    parts = pd.DataFrame({"start_ns": it["start_ns"].to_numpy(), "fill": fill - fill_fault, "copy": copy - copy_fault,
+                          "faults": fill_fault + copy_fault, "wait": wait})
+    parts["other"] = np.maximum(col("span_ns") - parts[list(PARTS)[:-1]].sum(axis=1).to_numpy(), 0.0)
+    return parts, over
+
 def iterations_panel(legs: list[Leg]) -> Panel:
     shown = [leg for leg in legs if len(leg.prefill)]
     if not shown:
@@ -52,27 +80,18 @@ def iterations_panel(legs: list[Leg]) -> Panel:
     fig = make_subplots(rows=len(shown), cols=1, vertical_spacing=gap_px / height,
                         subplot_titles=[leg.name for leg in shown])
     for row, leg in enumerate(shown, start=1):
-        it = leg.prefill
-        fill_fault = it["fill_fault_ns"].to_numpy()
-        # Fault time split back onto the phase it happened in, so the stack adds up to the span.
-        fill_fault = np.clip(fill_fault, 0, it["fill_ns"].to_numpy())
-        copy_fault = np.clip(it["fault_ns"].to_numpy() - fill_fault, 0, it["copy_ns"].to_numpy())
-        parts = pd.DataFrame({
-            "start_ns": it["start_ns"].to_numpy(),
-            "fill": it["fill_ns"].to_numpy() - fill_fault,
-            "copy": it["copy_ns"].to_numpy() - copy_fault,
-            "faults": fill_fault + copy_fault,
-            "other": it["other_ns"].to_numpy(),
-        })
-        parts, k = bin_rows(parts, ["fill", "copy", "faults", "other"])
+        parts, over = iteration_parts(leg.prefill)
+        if over:
+            notes.append(f"{leg.name}: in {over} iterations the fault time (estimated, never clamped) exceeds its "
+                         "phase's time; drawn as the whole phase")
+        parts, k = bin_rows(parts, list(PARTS))
         if k > 1:
-            notes.append(f"{leg.name} {len(it):,} as {len(parts):,} bars of {k}")
+            notes.append(f"{leg.name} {len(leg.prefill):,} as {len(parts):,} bars of {k}")
         t0 = time_origin(leg.meta, leg.analysis.trace.events)
         x = ((parts["start_ns"].to_numpy() - t0) / 1e9).astype("float32")
         # plotly.js aligns auto ticks to the bars (0.11, 0.246, ...); ask for round steps.
         fig.update_xaxes(tick0=0, dtick=_nice_step(float(x.max() - x.min()) if len(x) else 1.0), row=row, col=1)
-        for phase, label in (("fill", "fill (excl. faults)"), ("copy", "copy (excl. faults)"),
-                             ("faults", "page faults"), ("other", "other")):
+        for phase, label in PARTS.items():
             fig.add_trace(go.Bar(x=x, y=to_ms(parts[phase]), name=label, legendgroup=phase, showlegend=row == 1,
                                  marker=dict(color=PHASE_COLOURS[phase], line=dict(width=0)),
                                  hovertemplate="%{x:.3f} s: %{y:.2f} ms<extra>" + label + "</extra>"),
@@ -81,9 +100,11 @@ def iterations_panel(legs: list[Leg]) -> Panel:
     fig.update_xaxes(title_text="time since recording start (s)", row=len(shown), col=1)
     fig.update_layout(barmode="stack", bargap=0)
     _layout(fig, "Prefill iterations over time: where each one's time went", height)
-    if notes:
-        notes = [f"Prefill iterations binned (over {MAX_BARS:,} per leg): each bar is the mean of k "
-                 f"consecutive iterations; " + "; ".join(notes) + "."]
+    binned = [n for n in notes if " bars of " in n]
+    notes = [n for n in notes if " bars of " not in n]
+    if binned:
+        notes.append(f"Prefill iterations binned (over {MAX_BARS:,} per leg): each bar is the mean of k "
+                     f"consecutive iterations; " + "; ".join(binned) + ".")
     return Panel(fig, notes=notes)
 
 
@@ -180,19 +201,21 @@ DISTRIBUTIONS = [("checkpoints", "fill_ns", "checkpoint fill (ms)"),
                  ("checkpoints", "copy_ns", "checkpoint copy (ms)"),
                  ("checkpoints", "fault_ns", "checkpoint faults (ms)"),
                  ("checkpoints", "total_ns", "checkpoint total (ms)"),
-                 ("prefill", "span_ns", "prefill iteration (ms)")]
+                 ("prefill", "span_ns", "prefill iteration (ms)"),
+                 ("checkpoints", "cpu_ns", "checkpoint on CPU (ms)"),
+                 ("checkpoints", "wait_ns", "checkpoint waiting (ms)")]
 
 
 def distributions_panel(legs: list[Leg]) -> Panel:
     cols = [(src, col, title) for src, col, title in DISTRIBUTIONS
-            if any(len(getattr(leg, src)) for leg in legs)]
+            if any(getattr(leg, src)[col].notna().any() for leg in legs)]
     if not cols:
         return Panel(None, "no checkpoints and no prefill iterations")
     notes = []
     fig = make_subplots(rows=1, cols=len(cols), subplot_titles=[t for _, _, t in cols], horizontal_spacing=0.05)
     for c, (src, col, title) in enumerate(cols, start=1):
         for leg in legs:
-            values = getattr(leg, src)[col].to_numpy()
+            values = getattr(leg, src)[col].dropna().to_numpy(dtype="float64")  # NA: not recorded
             if not len(values):
                 continue
             shown, sampled = order_statistics(values)
@@ -231,6 +254,10 @@ def comparison_panel(comparison) -> Panel:
     m = comparison.metrics
     if not len(m):
         return Panel(None, "the comparison has no metrics")
+    pool = comparison.pool
+    if pool is not None and len(pool):  # pool hits and misses apart, each against the baseline
+        m = pd.concat([m, pool.assign(metric=pool["class"] + ": " + pool["metric"], unit="ns")], ignore_index=True)
+    stat = plain(comparison.statistic)
     base, cand = plain(comparison.baseline), plain(comparison.candidate)
     names = [plain(x) for x in m["metric"]]
     change = m["change_pct"].astype("float64").to_numpy()
@@ -243,7 +270,8 @@ def comparison_panel(comparison) -> Panel:
     height = 130 + chart_px + gap_px + table_px
     fig = make_subplots(rows=2, cols=1, row_heights=[chart_px, table_px], vertical_spacing=gap_px / height,
                         specs=[[{"type": "xy"}], [{"type": "table"}]],
-                        subplot_titles=["change of the median, % (95% interval); shaded: baseline drift",
+                        subplot_titles=[f"change of the {stat} (hits/misses: of the median), % (95% interval); "
+                                        "shaded: baseline drift",
                                         "per metric"])
     has_drift = np.isfinite(drift)
     if has_drift.any():
@@ -269,8 +297,8 @@ def comparison_panel(comparison) -> Panel:
     units = [str(u) for u in m["unit"]] if "unit" in m else ["ns" if str(x).endswith("_ns") else ""
                                                               for x in m["metric"]]
     cells = [names,
-             [_fmt_value(u, v) for u, v in zip(units, m["baseline_median"])],
-             [_fmt_value(u, v) for u, v in zip(units, m["candidate_median"])],
+             [_fmt_value(u, v) for u, v in zip(units, m["baseline_value"])],
+             [_fmt_value(u, v) for u, v in zip(units, m["candidate_value"])],
              [_fmt_pct(v) for v in change],
              [f"{_fmt_pct(a)} .. {_fmt_pct(b)}" for a, b in zip(lo, hi)],
              [_fmt_pct(v) if np.isfinite(v) else "-" for v in drift],
@@ -279,7 +307,7 @@ def comparison_panel(comparison) -> Panel:
                                                            m.get("samples_candidate", [""] * len(m)))]]
     fig.add_trace(go.Table(
         columnwidth=[2.2, 1.4, 1.4, 1, 1.6, 0.9, 1.1, 1],
-        header=dict(values=["metric", f"median {base}", f"median {cand}", "change", "95% interval",
+        header=dict(values=["metric", f"{stat} {base}", f"{stat} {cand}", "change", "95% interval",
                             "drift", "verdict", "samples"], fill_color="#EEE", align="left"),
         cells=dict(values=cells, align="left", height=ROW_PX,
                    font=dict(color=[["#222"] * len(m)] * 6 + [[VERDICT_COLOURS.get(v, "#222") for v in verdicts]]

@@ -66,7 +66,10 @@ def synthetic_trace(label: str, *, checkpoints: int = 60, per_iteration: int = 2
 
     def rows(kind, start, end, **cols):
         n = len(start)
-        d = {"kind": [kind] * n, "tid": np.full(n, tid, "int32"), "start_ns": start, "end_ns": end}
+        wall = np.asarray(end) - np.asarray(start)
+        wait = (wall * rng.uniform(0.01, 0.08, n)).astype("int64")  # a lightly loaded machine
+        d = {"kind": [kind] * n, "tid": np.full(n, tid, "int32"), "start_ns": start, "end_ns": end,
+             "cpu_ns": pd.array(wall - wait, dtype="Int64"), "wait_ns": pd.array(wait, dtype="Int64")}
         d.update(cols)
         return pd.DataFrame(d)
 
@@ -78,22 +81,23 @@ def synthetic_trace(label: str, *, checkpoints: int = 60, per_iteration: int = 2
              tokens=np.where(kinds == "prefill", 64, 1).astype("int32"),
              prompt_tokens=np.where(kinds == "prefill", 63, 0).astype("int32")),
         rows("checkpoint", ck_start, ck_end, ckpt=ck_id, iter=it_id[ck_iter_pos],
-             bytes=np.full(n_ck, bytes_per_checkpoint), faults=fill_faults + copy_faults,
-             fault_timed=fill_faults + copy_faults, fault_timed_ns=fill_fault_ns + copy_fault_ns,
-             phase="iteration"),
+             bytes=np.full(n_ck, bytes_per_checkpoint), faults=fill_faults + copy_faults, phase="iteration"),
         rows("fill", fill_start[~hit], copy_start[~hit], ckpt=ck_id[~hit], iter=it_id[ck_iter_pos][~hit],
              bytes=np.full((~hit).sum(), bytes_per_checkpoint), faults=fill_faults[~hit],
-             fault_timed=fill_faults[~hit], fault_timed_ns=fill_fault_ns[~hit], phase="checkpoint"),
+             fault_ns=pd.array(fill_fault_ns[~hit], dtype="Int64"), phase="checkpoint"),
         rows("copy", copy_start, copy_start + copy_ns, ckpt=ck_id, iter=it_id[ck_iter_pos],
-             bytes=np.full(n_ck, bytes_per_checkpoint), faults=copy_faults, fault_timed=copy_faults,
-             fault_timed_ns=copy_fault_ns, phase="checkpoint"),
+             bytes=np.full(n_ck, bytes_per_checkpoint), faults=copy_faults,
+             fault_ns=pd.array(copy_fault_ns, dtype="Int64"), phase="checkpoint"),
         rows("mmap", fill_start[~hit], fill_start[~hit] + 5_000, ckpt=ck_id[~hit],
              iter=it_id[ck_iter_pos][~hit], bytes=np.full((~hit).sum(), bytes_per_checkpoint),
              phase="fill"),
     ]
     ev = pd.concat(ev, ignore_index=True).sort_values("start_ns", kind="stable").reset_index(drop=True)
-    ev = ev.fillna({c: 0 for c in ev.columns if c not in ("kind", "phase")} | {"phase": "none"})
+    nullable = ("cpu_ns", "wait_ns", "fault_ns")  # trace format 2: NA = not recorded, left as it is
+    ev = ev.fillna({c: 0 for c in ev.columns if c not in ("kind", "phase", *nullable)} | {"phase": "none"})
     events = normalize_events(ev)
+    for c in nullable:  # kept even by a trace.py that predates them
+        events[c] = ev[c].astype("Int64").to_numpy()
     stop = int(it_end[-1]) + 1_000_000
     lib = "/opt/sample/libsample-common.so"
     meta = TraceMeta(

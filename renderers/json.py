@@ -45,8 +45,10 @@ def comparison_json(c) -> dict:
     for leg in legs:
         leg["build_ids"] = [b for b in leg["build_ids"].split(",") if b]
     return {"baseline": c.baseline, "candidate": c.candidate, "samples": c.samples,
-            "seed": c.seed, "n_boot": c.n_boot, "min_effect_pct": c.min_effect_pct, "legs": legs,
-            "metrics": records(c.metrics), "warnings": list(c.warnings), "explanation": c.explanation}
+            "seed": c.seed, "n_boot": c.n_boot, "min_effect_pct": c.min_effect_pct, "statistic": c.statistic,
+            "legs": legs, "metrics": records(c.metrics),
+            "pool": records(c.pool) if c.pool is not None else [],
+            "warnings": list(c.warnings), "explanation": c.explanation}
 
 
 def dumps(doc: dict) -> str:

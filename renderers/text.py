@@ -12,11 +12,18 @@ from ckptrace.trace import time_origin
 from ckptrace.units import MIB
 
 WIDTH = 80
+FAULT_MARK = {"measured": "", "estimated": "*", "none": "", "not recorded": ""}
 
 
 def fmt_ms(ns) -> str:
     """ns as milliseconds, 2 decimals; "-" for none."""
     return "-" if ns is None or (isinstance(ns, float) and math.isnan(ns)) else f"{ns / 1e6:.2f}"
+
+
+def ms_column(ns: pd.Series) -> pd.Series:
+    """A column of ns as ms strings, 2 decimals; "-" where not recorded (NA)."""
+    v = pd.Series(ns).astype("Float64") / 1e6
+    return v.map(lambda x: "-" if x is pd.NA else f"{x:.2f}").astype("str")  # str even when empty
 
 
 def wrap(text: str, indent: str = "") -> str:
@@ -59,24 +66,26 @@ def checkpoint_lines(analysis, limit: int | None) -> list[str]:
         "ckpt": shown["ckpt"].astype(str) + shown["draft"].map({True: "d", False: ""}),
         "iter": shown["iter"].astype(str).where(shown["iter"] != 0, "-"),
         "at s": ((shown["start_ns"] - t0) / 1e9).map("{:.3f}".format),
-        "total": (shown["total_ns"] / 1e6).map("{:.2f}".format),
-        "fill": (shown["fill_ns"] / 1e6).map("{:.2f}".format),
-        "copy": (shown["copy_ns"] / 1e6).map("{:.2f}".format),
-        "fault": (shown["fault_ns"] / 1e6).map("{:.2f}".format),
+        "total": ms_column(shown["total_ns"]),
+        "fill": ms_column(shown["fill_ns"]),
+        "copy": ms_column(shown["copy_ns"]),
+        "fault": ms_column(shown["fault_ns"]) + shown["fault_source"].map(FAULT_MARK).astype(str),
+        "cpu": ms_column(shown["cpu_ns"]),
+        "wait": ms_column(shown["wait_ns"]),
         "faults": shown["faults"].astype(str),
         "MiB": (shown["bytes"] / MIB).map("{:.1f}".format),
-        "mm/un": shown["mmaps"].astype(str) + "/" + shown["munmaps"].astype(str),
         "hit": shown["pool_hit"].map({True: "yes", False: "no"}),
     }
-    minimum = {"ckpt": 4, "iter": 5, "at s": 7, "faults": 7, "MiB": 6, "mm/un": 5}
-    widths = {k: max(len(k), minimum.get(k, 8 if k != "hit" else 3), int(v.str.len().max()) if len(v) else 0)
+    minimum = {"ckpt": 4, "iter": 4, "at s": 6, "faults": 6, "MiB": 5, "hit": 3}
+    widths = {k: max(len(k), minimum.get(k, 6), int(v.str.len().max()) if len(v) else 0)
               for k, v in cols.items()}
     head = " ".join(k.rjust(widths[k]) for k in cols)
     body = pd.Series([""] * len(shown), index=shown.index, dtype="str")
     for i, (k, v) in enumerate(cols.items()):
         if len(shown):
             body = body + (" " if i else "") + v.astype("str").str.rjust(widths[k])
-    lines = ["Checkpoints (times in ms; d = draft; mm/un = mmaps/munmaps inside)", head, *body.tolist()]
+    lines = [wrap("Checkpoints (ms; d = draft; fault: the faults' whole cost, * estimated; cpu: on CPU, "
+                  "wait: waiting for a CPU; - = not recorded)"), head, *body.tolist()]
     if len(shown) < len(ck):
         lines.append(f"... {len(ck) - len(shown)} more (--all shows every row)")
     return lines
@@ -90,20 +99,34 @@ def iteration_lines(analysis) -> list[str]:
         n=("iter", "size"), med=("span_ns", "median"), total=("span_ns", "sum"), fill=("fill_ns", "sum"),
         copy=("copy_ns", "sum"), other=("other_ns", "sum"), ck=("checkpoints", "sum"))
     bounds = ", ".join(sorted(it["boundary"].astype(str).unique()))
-    lines = [f"Iterations (times in ms; boundary: {bounds})",
+    lines = [f"Iterations (ms; boundary: {bounds})",
              f"{'kind':8} {'count':>6} {'median':>9} {'total':>10} {'fill':>9} {'copy':>9} {'other':>10} {'ckpts':>6}"]
     for kind, r in g.iterrows():  # two rows at most: prefill, decode
         lines.append(f"{kind:8} {int(r['n']):>6} {fmt_ms(r['med'] if r['n'] else None):>9} {fmt_ms(r['total']):>10} "
                      f"{fmt_ms(r['fill']):>9} {fmt_ms(r['copy']):>9} {fmt_ms(r['other']):>10} {int(r['ck']):>6}")
+    for kind, rows in it.groupby("kind", observed=True):
+        ok = rows["cpu_ns"].notna() & rows["wait_ns"].notna()
+        if ok.any():
+            wall = int(rows.loc[ok, "span_ns"].sum())
+            lines.append(wrap(f"{kind}: on CPU {fmt_ms(int(rows.loc[ok, 'cpu_ns'].sum()))}, waiting for a CPU "
+                              f"{fmt_ms(int(rows.loc[ok, 'wait_ns'].sum()))} of {fmt_ms(wall)} wall"
+                              + (f" ({int(ok.sum())} of {len(rows)} recorded)" if not ok.all() else "")))
     return lines
 
 
 def summary_lines(s: dict) -> list[str]:
     names = {"checkpoint_fill_ns": "fill", "checkpoint_copy_ns": "copy", "checkpoint_fault_ns": "fault",
-             "checkpoint_total_ns": "checkpoint total", "prefill_iteration_ns": "prefill iteration"}
-    lines = ["Summary (ms)", f"{'':18} {'count':>6} {'mean':>9} {'median':>9} {'p90':>9} {'p99':>9}"]
+             "checkpoint_total_ns": "checkpoint total", "prefill_iteration_ns": "prefill iteration",
+             "checkpoint_fill_cpu_ns": "fill on CPU", "checkpoint_copy_cpu_ns": "copy on CPU",
+             "checkpoint_total_cpu_ns": "checkpoint on CPU", "checkpoint_wait_ns": "checkpoint wait",
+             "prefill_iteration_cpu_ns": "prefill on CPU"}
+    lines = ["Summary (ms; count: values recorded)",
+             f"{'':18} {'count':>6} {'mean':>9} {'median':>9} {'p90':>9} {'p99':>9}"]
     for key, name in names.items():
         d = s["stats"][key]
+        if key.endswith("cpu_ns") or key == "checkpoint_wait_ns":
+            if not d["count"]:
+                continue  # not recorded: one note below says so
         lines.append(f"{name:18} {d['count']:>6} {fmt_ms(d['mean']):>9} {fmt_ms(d['median']):>9} "
                      f"{fmt_ms(d['p90']):>9} {fmt_ms(d['p99']):>9}")
     share = s["checkpoint_share_of_prefill"]
@@ -118,9 +141,13 @@ def summary_lines(s: dict) -> list[str]:
     if s["faults_per_mib"] is not None:
         figures.append(f"per MiB of state: {s['faults_per_mib']:.1f} faults, {s['ns_per_mib'] / 1e6:.3f} ms "
                        f"(fill {s['fill_ns_per_mib'] / 1e6:.3f}, copy {s['copy_ns_per_mib'] / 1e6:.3f})")
-    every = s.get("fault_sample_every")
-    figures.append("fault time: " + ("measured" + (f" (in 1 of {every} 0.25 s slices)" if every and every != 1 else "")
-                                     if s["fault_time_measured"] else "not measured"))
+    src = s["fault_sources"]
+    method = (s.get("fault_time") or {}).get("method") if isinstance(s.get("fault_time"), dict) else None
+    figures.append("fault time (checkpoints): " + ", ".join(f"{n} {k}" for k, n in src.items() if n)
+                   + (f"; method: {printable(method)}" if method else ""))
+    for what, key in (("checkpoints", "wait_share"), ("prefill iterations", "prefill_wait_share")):
+        if s.get(key) is not None:
+            figures.append(f"{what} waited for a CPU {s[key] * 100:.1f}% of their wall time")
     lines += [wrap(f) for f in figures]
     lines.append(wrap(("reliability: ok, " if s["reliable"] else "reliability: WARNING: ") + s["reliability"]))
     lines += [wrap("note: " + n) for n in s["notes"]]
@@ -137,7 +164,8 @@ def analysis_report(analysis, limit: int | None = 20) -> str:
 
 NAMES = {"checkpoint_fill_ns": "ckpt fill ms", "checkpoint_copy_ns": "ckpt copy ms",
          "checkpoint_fault_ns": "ckpt fault ms", "checkpoint_total_ns": "ckpt total ms",
-         "prefill_iteration_ns": "prefill iter ms", "checkpoint_faults": "ckpt faults"}
+         "prefill_iteration_ns": "prefill iter ms", "checkpoint_faults": "ckpt faults",
+         "checkpoint_fill_cpu_ns": "fill on-CPU ms", "checkpoint_total_cpu_ns": "total on-CPU ms"}
 
 
 def _pct(x: float) -> str:
@@ -162,26 +190,43 @@ def _arm_line(c, arm: str) -> str:
             f"checkpoints, {int(legs['prefill_iterations'].sum())} prefill iterations)")
 
 
-def compare_report(c) -> str:
-    lines = [wrap(_arm_line(c, "baseline")), wrap(_arm_line(c, "candidate")),
-             wrap(f"samples: {c.samples}; 95% bootstrap intervals of the change of medians "
-                  f"({c.n_boot} resamples, seed {c.seed})"), ""]
-    lines.append(f"{'metric':15} {'baseline':>8} {'candidate':>9} {'change':>7} {'95% interval':>16} "
-                 f"{'drift':>6} verdict")
+def _metric_lines(rows: list[dict], first: str, name_of) -> tuple[list[str], list[str]]:
+    """The verdict table (one line per row) and the notes for rows without a percentage."""
+    lines = [f"{first:15} {'baseline':>8} {'candidate':>9} {'change':>7} {'95% interval':>16} {'drift':>6} verdict"]
     notes = []
-    for m in c.metrics.to_dict("records"):  # six rows
+    for m in rows:
         interval = (f"[{_pct(m['ci_low_pct'])[:-1]}, {_pct(m['ci_high_pct'])[:-1]}]"
                     if math.isfinite(m["ci_low_pct"]) or math.isinf(m["ci_low_pct"]) else "-")
-        name = NAMES.get(m["metric"], m["metric"])
-        lines.append(f"{name:15} {_value(m['baseline_median'], m['unit']):>8} "
-                     f"{_value(m['candidate_median'], m['unit']):>9} {_pct(m['change_pct']):>7} {interval:>16} "
+        name = name_of(m)
+        lines.append(f"{name:15} {_value(m['baseline_value'], m['unit']):>8} "
+                     f"{_value(m['candidate_value'], m['unit']):>9} {_pct(m['change_pct']):>7} {interval:>16} "
                      f"{_pct(m['drift_pct']).lstrip('+'):>6} {m['verdict']}")
-        if math.isnan(m["change_pct"]) and not math.isnan(m["diff_median"]):
+        if math.isnan(m["change_pct"]) and not math.isnan(m["diff"]):
             u = "ms" if m["unit"] == "ns" else m["unit"]
-            notes.append(f"{name}: the baseline median is 0, so no percentage; the candidate's is "
-                         f"{_value(m['diff_median'], m['unit'])} {u} higher, interval "
+            notes.append(f"{name.strip()}: the baseline {m['statistic']} is 0, so no percentage; the candidate's "
+                         f"is {_value(m['diff'], m['unit'])} {u} higher, interval "
                          f"[{_value(m['diff_ci_low'], m['unit'])}, {_value(m['diff_ci_high'], m['unit'])}] {u}")
-    lines += [wrap(n) for n in notes]
+    return lines, notes
+
+
+def _pool_lines(c) -> list[str]:
+    legs = c.legs
+    rates = "; ".join(f"leg {int(r['leg'])} {r['pool_hits']} of {r['checkpoints']}" for r in legs.to_dict("records"))
+    lines = ["", wrap(f"pool hits: {rates}. Hits and misses apart, each against the baseline (medians; the "
+                      "baseline's own hits or misses when it has hits too):")]
+    rows = [{**m, "unit": "ns"} for m in c.pool.to_dict("records")]
+    table, notes = _metric_lines(rows, "class", lambda m: f"{m['class']} {NAMES[m['metric']].split(' ', 1)[1][:-3]}")
+    return lines + table + [wrap(n) for n in notes]
+
+
+def compare_report(c) -> str:
+    lines = [wrap(_arm_line(c, "baseline")), wrap(_arm_line(c, "candidate")),
+             wrap(f"samples: {c.samples}; each arm is summarised by its {c.statistic}; 95% bootstrap "
+                  f"intervals of the change ({c.n_boot} resamples, seed {c.seed})"), ""]
+    table, notes = _metric_lines(c.metrics.to_dict("records"), "metric", lambda m: NAMES.get(m["metric"], m["metric"]))
+    lines += table + [wrap(n) for n in notes]
+    if c.pool is not None and len(c.pool):
+        lines += _pool_lines(c)
     lines += ["", wrap(c.explanation)]
     if c.warnings:
         lines.append("")

@@ -9,12 +9,14 @@ import pytest
 from ckptrace.meta import TraceMeta
 from ckptrace.trace import write_trace
 from helpers import assert_one_line_error, assert_parts_fit, ckptrace, record_with_truth, within_clock
-from test_analyzers import MIB, MS, META, decode_rows, make_events, slots_rows
+from test_analyzers import MIB, MS, META, V2, decode_rows, make_events, slots_rows
 
-CONTRACT = ["start_ns", "end_ns", "tid", "bytes", "fill_ns", "copy_ns", "fault_ns", "fill_faults",
-            "copy_faults", "mmaps", "munmaps", "pool_hit"]
+CONTRACT = ["start_ns", "end_ns", "tid", "bytes", "fill_ns", "copy_ns", "fill_faults", "copy_faults", "mmaps",
+            "munmaps", "pool_hit"]
+NULLABLE = ["fault_ns", "fill_fault_ns", "copy_fault_ns", "cpu_ns", "wait_ns", "fill_cpu_ns", "copy_cpu_ns",
+            "fill_wait_ns", "copy_wait_ns"]
 ITER_CONTRACT = ["start_ns", "end_ns", "kind", "fill_ns", "copy_ns", "fault_ns", "other_ns", "checkpoints",
-                 "bytes", "faults"]
+                 "bytes", "faults", "cpu_ns", "wait_ns"]
 
 
 @pytest.fixture
@@ -36,6 +38,9 @@ def test_json_contract(slots_path):
         assert set(CONTRACT) <= set(c)
         for k in CONTRACT:
             assert type(c[k]) is (bool if k == "pool_hit" else int), k
+        for k in NULLABLE:  # null means not recorded, never 0
+            assert c[k] is None or type(c[k]) is int, k
+        assert c["fault_source"] in ("measured", "estimated", "none", "not recorded")
     first = cks[0]
     assert (first["start_ns"], first["end_ns"], first["fill_ns"], first["copy_ns"]) == (10 * MS, 40 * MS, 24 * MS, 4 * MS)
     assert (first["fill_faults"], first["mmaps"], first["pool_hit"]) == (8192, 1, False)
@@ -134,5 +139,69 @@ def test_recorded_workload_matches_its_truth(require_root_ebpf, workload, tmp_pa
         assert_parts_fit(its)
     r = ckptrace("compare", legs["off1"], legs["on"], legs["off2"], "--json")
     assert r.returncode == 0, r.stderr
-    m = {x["metric"]: x for x in json.loads(r.stdout)["metrics"]}
-    assert m["checkpoint_fill_ns"]["verdict"] == "faster" and m["checkpoint_fill_ns"]["ci_high_pct"] < 0
+    doc = json.loads(r.stdout)
+    m = {x["metric"]: x for x in doc["metrics"]}
+    # Only verdicts with a wide margin (issue 8): the pool-on leg is a mixture of warm-up misses
+    # and hits. Its hits have no fill at all (-100% by definition), and the mean fill of the
+    # mixture falls by about its hit fraction (~80% here), four times the 20% floor, so neither
+    # can flip with how many hits a run happens to get.
+    pool = {(x["class"], x["metric"]): x for x in doc["pool"]}
+    assert pool[("hits", "checkpoint_fill_ns")]["candidate_value"] == 0
+    assert pool[("hits", "checkpoint_fill_ns")]["verdict"] == "faster"
+    rate = doc["legs"][1]["pool_hits"] / doc["legs"][1]["checkpoints"]
+    assert rate >= 0.5, rate  # the sample's pool misses only while warming up
+    assert m["checkpoint_fill_ns"]["verdict"] == "faster" and m["checkpoint_fill_ns"]["ci_high_pct"] < -20
+
+
+def v1_trace(path, events, meta) -> None:
+    """A trace as format version 1 wrote it: without the v2 columns, version 1 in its metadata."""
+    import pyarrow.parquet as pq
+
+    write_trace(path, events, meta)
+    table = pq.read_table(path)
+    table = table.drop_columns([c for c in V2 if c in table.column_names])
+    md = dict(table.schema.metadata)
+    for key in (b"ckptrace", b"PANDAS_ATTRS"):
+        doc = json.loads(md[key])
+        (doc["ckptrace"] if key == b"PANDAS_ATTRS" else doc)["version"] = 1
+        md[key] = json.dumps(doc).encode()
+    pq.write_table(table.replace_schema_metadata(md), path)
+
+
+def test_v1_trace_reads_with_new_figures_not_recorded(tmp_path):
+    p = tmp_path / "v1.parquet"
+    v1_trace(p, make_events(slots_rows()), META)
+    r = ckptrace("analyze", p, "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["trace"]["version"] == 1
+    cks = {c["ckpt"]: c for c in doc["checkpoints"]}
+    for c in cks.values():  # null, never 0
+        assert all(c[k] is None for k in ("cpu_ns", "wait_ns", "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns"))
+    assert cks[1]["fault_source"] == "not recorded" and cks[1]["fault_ns"] is None
+    assert cks[4]["fault_source"] == "none" and cks[4]["fault_ns"] == 0  # no faults: no fault time
+    assert all(i["cpu_ns"] is None and i["wait_ns"] is None for i in doc["iterations"])
+    assert doc["summary"]["cpu_time_recorded"] is False
+    out = ckptrace("analyze", p).stdout
+    assert "on-CPU time and run-queue wait not recorded" in out and "fault time not recorded" in out
+    assert max(map(len, out.splitlines())) <= 80
+
+
+def test_report_shows_cpu_wait_and_estimates():
+    from ckptrace.analyzers import analyze_trace
+    from ckptrace.renderers.text import analysis_report
+    from ckptrace.trace import Trace
+
+    out = analysis_report(analyze_trace(Trace(make_events(slots_rows()), META, "slots.parquet")))
+    rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln[:4].strip().rstrip("d").isdigit()}
+    head = next(ln.split() for ln in out.splitlines() if ln.lstrip().startswith("ckpt"))
+    col = {name: i + 1 for i, name in enumerate(head[2:])}  # "at s" is two words
+    assert rows["1"][col["cpu"]] == "20.00" and rows["1"][col["wait"]] == "8.00"
+    assert rows["1"][col["fault"]] == "13.11"  # measured: 8192 x 1600 ns
+    assert rows["3"][col["fault"]] == "15.16*"  # estimated: 8192 x 1600 + 2048 x 1000 ns
+    assert rows["4d"][col["cpu"]] == "-"  # not recorded
+    assert "prefill: on CPU 140.00, waiting for a CPU 35.00 of 190.00 wall" in out
+    summary = {ln[:18].strip(): ln[18:].split() for ln in out.splitlines()}
+    assert summary["checkpoint on CPU"] == ["3", "-", "-", "-", "-"]  # one not recorded: no partial figures
+    assert summary["prefill on CPU"][:3] == ["2", "70.00", "70.00"]
+    assert max(map(len, out.splitlines())) <= 80

@@ -13,20 +13,32 @@ from ckptrace.analyzers.compare import METRICS, compare
 from ckptrace.errors import AnalysisError, TraceFormatError
 from ckptrace.meta import ObjectInfo, ProbeInfo, TraceMeta
 from ckptrace.renderers.json import comparison_json
-from ckptrace.trace import read_trace, write_trace
+from ckptrace.trace import Trace, read_trace, write_trace
 from helpers import assert_one_line_error, assert_parts_fit, ckptrace
 from test_analyzers import MIB, MS, make_events
 
 
 def leg_events(seed: int, n: int = 40, fill_ms: float = 24.0, copy_ms: float = 6.0, other_ms: float = 1.0,
-               spread: float = 0.05, pool_hit: bool = False) -> pd.DataFrame:
+               spread: float = 0.05, pool_hit: bool = False, hits: int = 0, wait_share: float = 0.02,
+               clocks: bool = True) -> pd.DataFrame:
     """n prefill iterations (update_slots), one checkpoint each, then a decode iteration.
-    Fill, copy and other are lognormal around the given ms; fill faults = fill_ns / 3000."""
+
+    Fill, copy and other are lognormal around the given ms; fill faults = fill_ns / 3000, each
+    costing 1500 ns (measured). `hits`: the last `hits` checkpoints are pool hits (no fill), as
+    after a pool's warm-up; `pool_hit`: all are. With `clocks`, every span spends `wait_share` of
+    its wall time waiting for a CPU and the rest on it; without, on-CPU time and wait are not
+    recorded (NA)."""
     rng = np.random.default_rng(seed)
-    fill = np.zeros(n) if pool_hit else fill_ms * MS * rng.lognormal(0, spread, n)
+    hit = np.arange(n) >= (0 if pool_hit else n - hits)
+    fill = np.where(hit, 0, fill_ms * MS * rng.lognormal(0, spread, n))
     copy = copy_ms * MS * rng.lognormal(0, spread, n)
     other = other_ms * MS * rng.lognormal(0, spread, n)
     fill, copy, other = (np.rint(x).astype("int64") for x in (fill, copy, other))
+
+    def clock(wall):
+        wait = int(wall * wait_share)
+        return dict(cpu_ns=wall - wait, wait_ns=wait) if clocks else {}
+
     rows = []
     t = 0
     for k in range(n):
@@ -35,39 +47,49 @@ def leg_events(seed: int, n: int = 40, fill_ms: float = 24.0, copy_ms: float = 6
         ck_end = fill_end + copy[k] + other[k] - other[k] // 2
         faults = int(fill[k] // 3000)
         rows += [dict(kind="iteration", tid=9, start_ns=t, end_ns=ck_end + 20 * MS, iter=2 * k + 1, tokens=256,
-                      prompt_tokens=255),
+                      prompt_tokens=255, **clock(ck_end + 20 * MS - t)),
                  dict(kind="checkpoint", tid=9, start_ns=ck0, end_ns=ck_end, ckpt=k + 1, iter=2 * k + 1,
-                      bytes=36 * MIB, faults=faults + 3)]
-        if not pool_hit:
+                      bytes=36 * MIB, faults=faults + 3, **clock(ck_end - ck0))]
+        if not hit[k]:
             rows.append(dict(kind="fill", tid=9, start_ns=ck0 + other[k] // 2, end_ns=fill_end, ckpt=k + 1,
-                             iter=2 * k + 1, bytes=36 * MIB, faults=faults, fault_timed=faults,
-                             fault_timed_ns=faults * 1500))
+                             iter=2 * k + 1, bytes=36 * MIB, faults=faults, fault_ns=faults * 1500,
+                             **clock(int(fill[k]))))
         rows += [dict(kind="copy", tid=9, start_ns=fill_end, end_ns=fill_end + copy[k], ckpt=k + 1,
-                      iter=2 * k + 1, bytes=36 * MIB, faults=3, fault_timed=3, fault_timed_ns=3 * 1500),
+                      iter=2 * k + 1, bytes=36 * MIB, faults=3, fault_ns=3 * 1500, **clock(int(copy[k]))),
                  dict(kind="iteration", tid=9, start_ns=ck_end + 25 * MS, end_ns=ck_end + 30 * MS,
-                      iter=2 * k + 2, tokens=1)]
+                      iter=2 * k + 2, tokens=1, **clock(5 * MS))]
         t = ck_end + 40 * MS
     return make_events(rows)
 
 
+def leg_meta(label: str, build: str = "aaaa", points=("update_tgt", "fill", "copy")) -> TraceMeta:
+    return TraceMeta(label=label, objects=[ObjectInfo("/lib/libx.so", build)],
+                     probes=[ProbeInfo(x, x, "/lib/libx.so", 0x1000, 0x1000, build) for x in points])
+
+
 def leg(tmp_path, name: str, label: str, build: str = "aaaa", points=("update_tgt", "fill", "copy"),
         **kw) -> Path:
+    """A leg as a trace file (what the CLI reads)."""
     p = tmp_path / f"{name}.parquet"
-    meta = TraceMeta(label=label, objects=[ObjectInfo("/lib/libx.so", build)],
-                     probes=[ProbeInfo(x, x, "/lib/libx.so", 0x1000, 0x1000, build) for x in points])
-    write_trace(p, leg_events(**kw), meta)
+    write_trace(p, leg_events(**kw), leg_meta(label, build, points))
     return p
+
+
+def mem_leg(label: str, **kw) -> Trace:
+    """A leg in memory, every column kept (on-CPU time and fault time included)."""
+    return Trace(leg_events(**kw), leg_meta(label), f"{label}.parquet")
 
 
 def metric(c, name):
     return c.metrics.set_index("metric").loc[name]
 
 
-def test_pooled_candidate_is_faster_in_aba(tmp_path):
-    paths = [leg(tmp_path, "off1", "pool-off", seed=1),
-             leg(tmp_path, "on", "pool-on", build="bbbb", seed=2, fill_ms=2.4),
-             leg(tmp_path, "off2", "pool-off", seed=3)]
-    c = compare([read_trace(p) for p in paths])
+def pool_row(c, cls, name):
+    return c.pool.set_index(["class", "metric"]).loc[(cls, name)]
+
+
+def test_pooled_candidate_is_faster_in_aba():
+    c = compare([mem_leg("pool-off", seed=1), mem_leg("pool-on", seed=2, fill_ms=2.4), mem_leg("pool-off", seed=3)])
     assert (c.baseline, c.candidate) == ("pool-off", "pool-on")
     assert c.legs["arm"].astype(str).tolist() == ["baseline", "candidate", "baseline"]
     assert c.legs["checkpoints"].tolist() == [40, 40, 40]
@@ -76,31 +98,95 @@ def test_pooled_candidate_is_faster_in_aba(tmp_path):
     assert fill["change_pct"] == pytest.approx(-90, abs=3)  # 10x smaller by construction
     assert fill["samples_baseline"] == 80 and fill["samples_candidate"] == 40
     assert fill["drift_pct"] < 10  # legs of one distribution with 5% spread
-    assert metric(c, "checkpoint_total_ns")["verdict"] == "faster"
-    assert metric(c, "checkpoint_faults")["verdict"] == "faster"
+    for name in ("checkpoint_total_ns", "checkpoint_faults", "checkpoint_fault_ns", "checkpoint_fill_cpu_ns",
+                 "checkpoint_total_cpu_ns"):
+        assert metric(c, name)["verdict"] == "faster", name
+    assert metric(c, "checkpoint_fill_cpu_ns")["change_pct"] == pytest.approx(-90, abs=3)
     # The copy did not change: same distribution in every leg.
     assert metric(c, "checkpoint_copy_ns")["verdict"] in ("no change", "within drift")
     assert "fill" in c.explanation and "pool-on against pool-off" in c.explanation
     assert not any("build" in w for w in c.warnings)  # a candidate from another build is expected
+    assert not any("waiting for a CPU" in w for w in c.warnings)  # 2% waiting: nothing to say
     assert set(c.metrics["metric"]) == set(METRICS)
 
 
-def test_same_distribution_reads_no_change_or_within_drift(tmp_path):
-    paths = [leg(tmp_path, "a1", "A", seed=11), leg(tmp_path, "b", "B", seed=12), leg(tmp_path, "a2", "A", seed=13)]
-    c = compare([read_trace(p) for p in paths])
-    assert set(c.metrics["verdict"]) <= {"no change", "within drift"}
+# Compare's rules one by one (README): each case sits far from its threshold.
+
+def test_interval_rule_identical_arms_read_no_change():
+    # Candidate and both baseline legs hold the same values: the change is exactly 0, so the
+    # interval holds 0 and nothing else decides (floor off).
+    c = compare([mem_leg("A", seed=7), mem_leg("B", seed=7), mem_leg("A", seed=7)], min_effect_pct=0)
+    assert (c.metrics["change_pct"] == 0).all() and (c.metrics["drift_pct"] == 0).all()
+    assert set(c.metrics["verdict"]) == {"no change"}
 
 
-def test_change_smaller_than_drift_reads_within_drift(tmp_path):
-    # The two A legs differ by 20% in fill (drift); B sits 8% below the pooled A median.
-    paths = [leg(tmp_path, "a1", "A", seed=21, fill_ms=20.0, spread=0.01),
-             leg(tmp_path, "b", "B", seed=22, fill_ms=20.0, spread=0.01),
-             leg(tmp_path, "a2", "A", seed=23, fill_ms=24.0, spread=0.01)]
-    c = compare([read_trace(p) for p in paths])
+def test_interval_rule_and_floor():
+    # Baseline legs identical (drift 0), spread 1%: the candidate's fill is 10% lower, far outside
+    # its interval. Only the floor decides: under 10% it reads faster, above it within drift.
+    legs = [mem_leg("A", seed=7, spread=0.01), mem_leg("B", seed=8, spread=0.01, fill_ms=21.6),
+            mem_leg("A", seed=7, spread=0.01)]
+    for floor, verdict in ((0, "faster"), (5, "faster"), (20, "within drift")):
+        fill = metric(compare(legs, min_effect_pct=floor), "checkpoint_fill_ns")
+        assert fill["drift_pct"] == 0 and fill["ci_high_pct"] < -5  # the interval excludes 0 by far
+        assert fill["change_pct"] == pytest.approx(-10, abs=1)
+        assert fill["verdict"] == verdict, floor
+
+
+def test_drift_rule():
+    # Floor off. The baseline legs' fills sit at 20 and 26 ms (drift about 26% of the pooled 23):
+    # a candidate 9% below the pooled baseline is within drift, one 40% below is faster.
+    def aba(fill_ms):
+        return [mem_leg("A", seed=21, fill_ms=20.0, spread=0.01), mem_leg("B", seed=22, fill_ms=fill_ms, spread=0.01),
+                mem_leg("A", seed=23, fill_ms=26.0, spread=0.01)]
+    near = metric(compare(aba(21.0), min_effect_pct=0), "checkpoint_fill_ns")
+    assert near["drift_pct"] == pytest.approx(26, abs=2) and near["change_pct"] == pytest.approx(-9, abs=1.5)
+    assert not (near["ci_low_pct"] <= 0 <= near["ci_high_pct"])  # the interval alone would say faster
+    assert near["verdict"] == "within drift"
+    far = metric(compare(aba(13.8), min_effect_pct=0), "checkpoint_fill_ns")
+    assert far["change_pct"] == pytest.approx(-40, abs=1.5) and far["verdict"] == "faster"
+
+
+@pytest.mark.parametrize("hits", [12, 20, 24, 30, 36])
+def test_pooled_leg_verdict_does_not_flip_with_the_hit_fraction(hits):
+    # A pool-on leg is a mixture: misses (fill as the baseline's) then hits (no fill). From 30% to
+    # 90% hits the overall verdict on the fill stays "faster"; hits and misses are judged apart.
+    c = compare([mem_leg("off", seed=1), mem_leg("on", seed=2, hits=hits), mem_leg("off", seed=3)])
     fill = metric(c, "checkpoint_fill_ns")
-    assert fill["drift_pct"] > abs(fill["change_pct"])
-    assert fill["verdict"] == "within drift"
-    assert not (fill["ci_low_pct"] <= 0 <= fill["ci_high_pct"])  # the interval alone would have said faster
+    assert fill["statistic"] == "mean" and fill["verdict"] == "faster"
+    assert fill["change_pct"] == pytest.approx(-100 * hits / 40, abs=4)
+    assert pool_row(c, "hits", "checkpoint_fill_ns")["verdict"] == "faster"
+    assert pool_row(c, "hits", "checkpoint_fill_ns")["candidate_value"] == 0
+    assert pool_row(c, "misses", "checkpoint_fill_ns")["verdict"] in ("no change", "within drift")
+    assert c.legs["pool_hits"].tolist() == [0, hits, 0]
+
+
+def test_the_median_of_a_mixture_would_flip():
+    # Why compare summarises by the mean: with 30% hits the candidate's median fill is a miss's,
+    # so a median reads no real change while the mean sees 30% less fill time.
+    legs = [mem_leg("off", seed=1), mem_leg("on", seed=2, hits=12), mem_leg("off", seed=3)]
+    assert metric(compare(legs, statistic="median"), "checkpoint_fill_ns")["verdict"] in ("no change", "within drift")
+    assert metric(compare(legs, statistic="mean"), "checkpoint_fill_ns")["verdict"] == "faster"
+
+
+def test_waiting_for_a_cpu_is_warned_and_on_cpu_metrics_hold():
+    # Leg 2 waits 40% of its spans' time; its on-CPU fill is the baseline's.
+    legs = [mem_leg("A", seed=1), mem_leg("B", seed=2, wait_share=0.4), mem_leg("A", seed=3)]
+    c = compare(legs)
+    waits = [w for w in c.warnings if "waiting for a CPU" in w]
+    assert len(waits) == 1 and waits[0].startswith("leg 2 (B) spent 40%") and "on-CPU metrics" in waits[0]
+    assert metric(c, "checkpoint_fill_cpu_ns")["change_pct"] == pytest.approx(-100 * 0.38 / 0.98, abs=3)
+    assert metric(c, "checkpoint_fill_ns")["verdict"] in ("no change", "within drift")
+
+
+def test_not_recorded_is_left_out_not_zero():
+    # Leg 2 has no clocks (a format 1 trace): on-CPU metrics have no candidate, never zeros.
+    c = compare([mem_leg("A", seed=1), mem_leg("B", seed=2, clocks=False), mem_leg("A", seed=3)])
+    for name in ("checkpoint_fill_cpu_ns", "checkpoint_total_cpu_ns"):
+        m = metric(c, name)
+        assert m["verdict"] == "not recorded" and m["samples_candidate"] == 0 and m["samples_baseline"] == 80
+    assert any(w.startswith("leg 2 did not record every value of checkpoint_fill_cpu_ns, "
+                            "checkpoint_total_cpu_ns") for w in c.warnings)
+    assert metric(c, "checkpoint_fill_ns")["verdict"] in ("no change", "within drift")
 
 
 def test_same_seed_same_output_and_seed_matters(tmp_path):
@@ -119,7 +205,7 @@ def test_zero_baseline_median_is_handled(tmp_path):
              leg(tmp_path, "on2", "pool-on", seed=3, pool_hit=True)]
     c = compare([read_trace(p) for p in paths])
     fill = metric(c, "checkpoint_fill_ns")
-    assert fill["baseline_median"] == 0 and np.isnan(fill["change_pct"])
+    assert fill["baseline_value"] == fill["baseline_median"] == 0 and np.isnan(fill["change_pct"])
     assert fill["verdict"] == "slower" and fill["diff_ci_low"] > 0
     d = comparison_json(c)
     m = {x["metric"]: x for x in d["metrics"]}
@@ -176,8 +262,8 @@ def test_cli_json_contract(tmp_path):
     assert (d["baseline"], d["candidate"]) == ("pool-off", "pool-on")
     assert [x["arm"] for x in d["legs"]] == ["baseline", "candidate", "baseline"]
     for m in d["metrics"]:
-        assert {"metric", "baseline_median", "candidate_median", "change_pct", "ci_low_pct", "ci_high_pct",
-                "verdict"} <= set(m)
+        assert {"metric", "statistic", "baseline_value", "candidate_value", "baseline_median", "candidate_median",
+                "baseline_mean", "candidate_mean", "change_pct", "ci_low_pct", "ci_high_pct", "verdict"} <= set(m)
     assert {m["metric"]: m["verdict"] for m in d["metrics"]}["checkpoint_fill_ns"] == "faster"
     text = ckptrace("compare", *paths).stdout
     assert max(map(len, text.splitlines())) <= 80
@@ -203,3 +289,27 @@ def test_cli_bad_input_subprocess(tmp_path):
     cases = {"single": [p], "garbage": [p, junk], "future": [p, future], "same label": [p, p]}
     for name, args in cases.items():
         assert_one_line_error(ckptrace("compare", *args))
+
+
+def test_cli_min_effect_seed_resamples(tmp_path):
+    # The floor legs of test_interval_rule_and_floor, as files: fill -10%, drift 0.
+    paths = [leg(tmp_path, "a1", "A", seed=7, spread=0.01), leg(tmp_path, "b", "B", seed=8, spread=0.01, fill_ms=21.6),
+             leg(tmp_path, "a2", "A", seed=7, spread=0.01)]
+
+    def run(*opts):
+        r = ckptrace("compare", *paths, "--json", *opts)
+        assert r.returncode == 0, r.stderr
+        d = json.loads(r.stdout)
+        return d, {m["metric"]: m for m in d["metrics"]}["checkpoint_fill_ns"]
+
+    d, fill = run()
+    assert (d["min_effect_pct"], d["seed"], d["n_boot"], d["statistic"]) == (20, 0, 2000, "mean")
+    assert fill["verdict"] == "within drift"
+    d, low = run("--min-effect", "5")
+    assert d["min_effect_pct"] == 5 and low["verdict"] == "faster"
+    d, other = run("--seed", "3", "--resamples", "100")
+    assert (d["seed"], d["n_boot"]) == (3, 100)
+    assert (other["ci_low_pct"], other["ci_high_pct"]) != (fill["ci_low_pct"], fill["ci_high_pct"])
+    assert other["change_pct"] == fill["change_pct"]  # the point estimate needs no resampling
+    assert_one_line_error(ckptrace("compare", *paths, "--resamples", "50"), "--resamples")
+    assert_one_line_error(ckptrace("compare", *paths, "--min-effect", "-1"), "--min-effect")

@@ -11,7 +11,7 @@ import pytest
 from browser import Browser, chromium_available, distinct_colours, read_png
 from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.compare import compare
-from ckptrace.dashboards.legs import MAX_POINTS, bin_rows, order_statistics, plain
+from ckptrace.dashboards.legs import MAX_POINTS, PHASE_COLOURS, bin_rows, order_statistics, plain
 from ckptrace.dashboards.report import build_panels, write_dashboard
 from ckptrace.dashboards.synthetic import synthetic_aba, synthetic_trace
 from ckptrace.meta import TraceMeta
@@ -62,6 +62,28 @@ def test_stacked_parts_add_up_to_each_prefill_iteration(aba):
         stacked = np.sum(per_leg[axis], axis=0)
         span_ms = a.iterations.loc[a.iterations["kind"] == "prefill", "span_ns"].to_numpy() / 1e6
         np.testing.assert_allclose(stacked, span_ms, rtol=1e-5)
+
+
+def test_every_leg_is_drawn_the_same_way_with_waiting_its_own_colour(aba):
+    # Issue 8: the same workload must look the same in every leg (no leg all "faults" and another
+    # all "fill" from a clamped estimate), and waiting for a CPU is a part of its own.
+    analyses, comparison = aba
+    fig = figures(build_panels(analyses, comparison, "t"))["iterations"]
+    per_leg = {}
+    for tr in fig.data:
+        per_leg.setdefault(tr.yaxis, []).append((tr.name, tr.marker.color, float(np.sum(tr.y))))
+    names = {tuple((n, c) for n, c, _ in parts) for parts in per_leg.values()}
+    assert len(names) == 1  # the same parts, in the same order and colours, in every leg
+    (parts,) = names
+    assert ("waiting for a CPU", PHASE_COLOURS["wait"]) in parts
+    assert len({c for _, c in parts}) == len(parts)  # each part its own colour
+    baseline_legs = [per_leg[ax] for ax, a in zip(sorted(per_leg, key=lambda s: int(s[1:] or 1)), analyses)
+                     if a.trace.label == comparison.baseline]
+    for leg in baseline_legs:  # the two pool-off legs: faults drawn in both, and of like size
+        totals = {n: t for n, _, t in leg}
+        assert totals["page faults"] > 0 and totals["waiting for a CPU"] > 0
+    f1, f2 = ({n: t for n, _, t in leg}["page faults"] for leg in baseline_legs)
+    assert 0.5 < f1 / f2 < 2
 
 
 def test_comparison_panel_draws_the_given_frame(aba):
