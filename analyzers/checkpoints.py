@@ -32,7 +32,7 @@ import pandas as pd
 from ckptrace.errors import AnalysisError
 from ckptrace.trace import empty_frame
 
-from .spans import CLOCK_COLUMNS, NA_INT, assign_iterations, kind_mask, recorded, sum_by
+from .spans import CLOCK_COLUMNS, NA_INT, assign_iterations, kind_mask, select, sum_by
 
 FAULT_SOURCES = ["none", "measured", "estimated", "not recorded"]  # a checkpoint takes the last of its spans'
 
@@ -64,8 +64,9 @@ CHECKPOINT_COLUMNS: dict[str, object] = {
 
 def _spans(events: pd.DataFrame, kind: str) -> pd.DataFrame:
     """A kind's rows with their fault time resolved: measured, estimated or none (see docstring)."""
-    rows = events.loc[kind_mask(events, kind), ["ckpt", "start_ns", "end_ns", "faults"]]
-    cpu, wait, fault = (recorded(events, c).loc[rows.index] for c in ("cpu_ns", "wait_ns", "fault_ns"))
+    rows = select(events, kind_mask(events, kind), ["ckpt", "start_ns", "end_ns", "faults", "cpu_ns", "wait_ns",
+                                                    "fault_ns"])
+    cpu, wait, fault = rows["cpu_ns"], rows["wait_ns"], rows["fault_ns"]
     faults = rows["faults"]
     measured = fault.notna() & (faults > 0)
     rate = float(np.median(fault[measured].to_numpy("float64") / faults[measured].to_numpy("float64"))) \
@@ -89,8 +90,8 @@ def _per_checkpoint(spans: pd.DataFrame) -> pd.DataFrame:
 
 def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     """One row per checkpoint (CHECKPOINT_COLUMNS), sorted by start_ns; `spans` from iteration_spans(events)."""
-    ck = events.loc[kind_mask(events, "checkpoint"),
-                    ["ckpt", "tid", "iter", "start_ns", "end_ns", "bytes", "draft", "faults"]]
+    ck = select(events, kind_mask(events, "checkpoint"),
+                ["ckpt", "tid", "iter", "start_ns", "end_ns", "bytes", "draft", "faults", "cpu_ns", "wait_ns"])
     if not len(ck):
         return empty_frame(CHECKPOINT_COLUMNS)
     dup = ck["ckpt"].duplicated()
@@ -98,7 +99,6 @@ def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
         raise AnalysisError(
             f"checkpoint id {int(ck['ckpt'][dup].iloc[0])} appears on {int(dup.sum()) + 1} checkpoint rows: "
             "ids must be unique within a trace; analyze each recording separately")
-    ck = ck.assign(cpu_ns=recorded(events, "cpu_ns").loc[ck.index], wait_ns=recorded(events, "wait_ns").loc[ck.index])
 
     fills, copies = _spans(events, "fill"), _spans(events, "copy")
     # An update that copied no state saved nothing: llama-server calls update_dft on every
