@@ -139,6 +139,8 @@ def _preflight(opts: RecordOptions):
     """Every check that needs no target, so a bad option or machine fails before anything starts."""
     if opts.fault_sample not in FAULT_SAMPLE_CHOICES:
         raise TargetError(f"--fault-sample must be one of {', '.join(map(str, FAULT_SAMPLE_CHOICES))}")
+    if opts.ringbuf_pages < 1 or opts.ringbuf_pages & (opts.ringbuf_pages - 1):
+        raise TargetError(f"--ringbuf-pages must be a power of two, got {opts.ringbuf_pages}")
     check_output(opts.output, what="trace")  # a refused -o is said now, not after the recording
     kernel.require_privileges()
     bcc = kernel.import_bcc()
@@ -249,8 +251,6 @@ def _say(text: str) -> None:
 
 def _load(bcc, target: int, offsets: dict, opts: RecordOptions):
     pages = opts.ringbuf_pages
-    if pages & (pages - 1):
-        raise TargetError("ring buffer pages must be a power of two")
     # Integers only: nothing the user typed becomes C source.
     cflags = [
         f"-I{BPF_SOURCE.parent}",

@@ -32,12 +32,15 @@ Examples:
 @click.option("--fault-sample", type=click.Choice([str(n) for n in FAULT_SAMPLE_CHOICES]), default="8", show_default=True,
               help="Time page faults during 1 in N slices of 0.25 s (1 = always, about 9% overhead "
                    "on fault-bound code; 0 = counts only). Fault counts are always exact.")
+@click.option("--ringbuf-pages", type=click.IntRange(min=1, max=1 << 18), default=512, show_default=True,
+              help="Size of the BPF ring buffer in 4 KiB pages, a power of two (512 = 2 MiB). A full "
+                   "buffer drops events and counts them as lost.")
 @click.option("--hint-after", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
               help="Say why, if no checkpoint has been seen after this many seconds.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout at the end.")
 @click.option("--quiet", is_flag=True, help="No live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def command(pid, output, label, duration, fault_sample, hint_after, as_json, quiet, command):
+def command(pid, output, label, duration, fault_sample, ringbuf_pages, hint_after, as_json, quiet, command):
     """Record checkpoint, iteration, fault and mmap events of one process.
 
     Give either --pid PID or -- COMMAND [ARGS...]. Stops on Ctrl-C, SIGTERM, target exit
@@ -48,7 +51,8 @@ def command(pid, output, label, duration, fault_sample, hint_after, as_json, qui
     from ckptrace.probes.recorder import RecordOptions, record
 
     opts = RecordOptions(output=output, label=label, duration_s=duration,
-                         fault_sample=int(fault_sample), status=not quiet, no_checkpoint_hint_s=hint_after)
+                         fault_sample=int(fault_sample), ringbuf_pages=ringbuf_pages, status=not quiet,
+                         no_checkpoint_hint_s=hint_after)
     result = record(opts, pid=pid, command=list(command) if command else None)
     if as_json:
         click.echo(json.dumps({

@@ -3,6 +3,7 @@
 #include "common.h"
 #include "truth.h"
 
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
@@ -13,6 +14,23 @@
 #include <algorithm>
 
 
+
+// --pause-in-checkpoint: the first checkpoint stops between its fill and its copy, says so on
+// stderr and waits for SIGUSR1 (blocked by main before any thread starts), so a tracer can be
+// attached while a checkpoint is open.
+static bool pause_first_checkpoint = false;
+
+void common_checkpoint_pause_first(bool on) { pause_first_checkpoint = on; }
+
+static void pause_here() {
+    pause_first_checkpoint = false;
+    fprintf(stderr, "paused in checkpoint pid=%d\n", (int) getpid());
+    sigset_t usr1;
+    sigemptyset(&usr1);
+    sigaddset(&usr1, SIGUSR1);
+    int sig = 0;
+    sigwait(&usr1, &sig);
+}
 
 // The body of update_tgt()/update_dft(), inlined into each so that the resize and the copy are
 // calls made from inside the probed function, as in llama.cpp's common.cpp.
@@ -39,6 +57,9 @@ static inline __attribute__((always_inline)) void update_state(std::vector<uint8
     const int64_t f1 = thread_faults();
     t.fill_ns = t1 - t.fill_start_ns;
     t.fill_faults = f1 - f0;
+    if (pause_first_checkpoint) {
+        pause_here();
+    }
 
     const int64_t f2 = thread_faults();
     t.copy_start_ns = now_ns();

@@ -44,6 +44,9 @@ struct common_prompt_checkpoint {
     void update_dft(llama_context * ctx, int seq_id, unsigned int flags);
 };
 
+// Test hook: the next checkpoint pauses after its fill until SIGUSR1 (see common.cpp).
+void common_checkpoint_pause_first(bool on);
+
 struct common_state_buffer_pool_stats {
     int64_t hits = 0;
     int64_t misses = 0;

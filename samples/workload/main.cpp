@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -71,6 +72,10 @@ static void usage(FILE * f) {
             "  --draft                 also update the draft state (update_dft) per checkpoint\n"
             "  --truth FILE            write ground-truth JSON lines to FILE\n"
             "  --wait-signal           print 'ready pid=PID' to stderr, wait for SIGUSR1\n"
+            "  --mremap                grow a 1 MiB mapping to 4 MiB with mremap() before the first\n"
+            "                          iteration (a 'mremap' truth line)\n"
+            "  --pause-in-checkpoint   the first checkpoint prints 'paused in checkpoint pid=PID'\n"
+            "                          after its fill and waits for SIGUSR1 (attach tests)\n"
             "  --exit-code N           exit status at the end (0)\n"
             "  --help                  this text\n",
             prog);
@@ -84,13 +89,15 @@ struct options {
     int32_t noise_threads = 0;
     std::string truth;
     bool wait_signal = false;
+    bool pause_in_checkpoint = false;
+    bool mremap = false;
     int exit_code = 0;
 };
 
 static options parse_options(int argc, char ** argv) {
     enum {
         O_SLOTS = 1000, O_ITER, O_DPP, O_CKPT, O_GROW, O_POOL, O_KEEP, O_PROMPT, O_DECODE_US,
-        O_NOISE, O_TRUTH, O_WAIT, O_EXIT, O_DRAFT, O_HELP
+        O_NOISE, O_TRUTH, O_WAIT, O_PAUSE, O_MREMAP, O_EXIT, O_DRAFT, O_HELP
     };
     static const struct option longopts[] = {
         {"slots", required_argument, nullptr, O_SLOTS},
@@ -105,6 +112,8 @@ static options parse_options(int argc, char ** argv) {
         {"noise-threads", required_argument, nullptr, O_NOISE},
         {"truth", required_argument, nullptr, O_TRUTH},
         {"wait-signal", no_argument, nullptr, O_WAIT},
+        {"pause-in-checkpoint", no_argument, nullptr, O_PAUSE},
+        {"mremap", no_argument, nullptr, O_MREMAP},
         {"exit-code", required_argument, nullptr, O_EXIT},
         {"draft", no_argument, nullptr, O_DRAFT},
         {"help", no_argument, nullptr, O_HELP},
@@ -142,6 +151,8 @@ static options parse_options(int argc, char ** argv) {
                 o.truth = optarg;
                 break;
             case O_WAIT: o.wait_signal = true; break;
+            case O_PAUSE: o.pause_in_checkpoint = true; break;
+            case O_MREMAP: o.mremap = true; break;
             case O_EXIT: o.exit_code = (int) parse_int("--exit-code", optarg, 0, 255); break;
             case O_DRAFT: o.sp.draft = true; break;
             case O_HELP: usage(stdout); exit(0);
@@ -216,6 +227,25 @@ static void write_iteration(FILE * f, const server_iteration_truth & it) {
     fflush(f);
 }
 
+// --mremap: one mapping grown in place or moved, so a tracer's mremap rows can be checked.
+static void grow_a_mapping(FILE * truth) {
+    const size_t from = (size_t) 1 << 20, to = (size_t) 4 << 20;
+    void * p = mmap(nullptr, from, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    const int64_t start = now_ns();
+    void * q = p == MAP_FAILED ? MAP_FAILED : mremap(p, from, to, MREMAP_MAYMOVE);
+    const int64_t end = now_ns();
+    if (q == MAP_FAILED) {
+        fprintf(stderr, "%s: mmap/mremap failed: %s\n", prog, strerror(errno));
+        exit(1);
+    }
+    if (truth) {
+        fprintf(truth, "{\"type\":\"mremap\",\"tid\":%d,\"addr\":%llu,\"bytes\":%zu,\"start_ns\":%lld,\"end_ns\":%lld}\n",
+                (int) syscall(SYS_gettid), (unsigned long long) (uintptr_t) q, to, (long long) start, (long long) end);
+        fflush(truth);
+    }
+    munmap(q, to);
+}
+
 static double median(std::vector<int64_t> v) {
     if (v.empty()) {
         return 0.0;
@@ -241,9 +271,10 @@ int main(int argc, char ** argv) {
     sigset_t usr1;
     sigemptyset(&usr1);
     sigaddset(&usr1, SIGUSR1);
-    if (o.wait_signal) {
+    if (o.wait_signal || o.pause_in_checkpoint) {
         pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
     }
+    common_checkpoint_pause_first(o.pause_in_checkpoint);
 
     auto & pool = common_state_buffer_pool::instance();
     pool.set_enabled(o.pool);
@@ -256,6 +287,10 @@ int main(int argc, char ** argv) {
         fprintf(stderr, "ready pid=%d\n", (int) getpid());
         int sig = 0;
         sigwait(&usr1, &sig);
+    }
+
+    if (o.mremap) {
+        grow_a_mapping(truth);
     }
 
     noise nz;
