@@ -38,6 +38,8 @@ class Browser:
 
     def __init__(self, width: int = 1400, height: int = 3000, timeout_s: float = 30):
         self.timeout_s = timeout_s
+        self._to_child = self._from_child = -1
+        self.proc = None
         self.profile = tempfile.mkdtemp(prefix="ckptrace-chromium-")
         to_child_r, self._to_child = os.pipe()
         self._from_child, from_child_w = os.pipe()
@@ -60,12 +62,27 @@ class Browser:
         self._next_id = 0
         self.events: list[dict] = []
         self.session = None
-        target = self.call("Target.createTarget", url="about:blank")["targetId"]
-        self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
-        for domain in ("Page", "Runtime", "Log", "Network"):
-            self.call(f"{domain}.enable")
-        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
-                  mobile=False)
+        try:
+            target = self.call("Target.createTarget", url="about:blank")["targetId"]
+            self.session = self.call("Target.attachToTarget", targetId=target, flatten=True)["sessionId"]
+            for domain in ("Page", "Runtime", "Log", "Network"):
+                self.call(f"{domain}.enable")
+            self.call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1,
+                      mobile=False)
+        except BaseException:
+            self.close()
+            raise
+
+    @classmethod
+    def start(cls, attempts: int = 3, **kw) -> "Browser":
+        """A started Browser. Starting is what times out on a loaded machine (a cold Chromium on
+        two busy cores), so a start that fails is retried; what the page does is never retried."""
+        for attempt in range(1, attempts + 1):
+            try:
+                return cls(**kw)
+            except (BrowserError, OSError):
+                if attempt == attempts:
+                    raise
 
     # -- protocol ---------------------------------------------------------------------------
     def _read_message(self, deadline: float) -> dict:
@@ -154,6 +171,8 @@ class Browser:
         return Path(png)
 
     def close(self) -> None:
+        if self.proc is None:
+            return
         try:
             self.call("Browser.close")
         except (BrowserError, OSError):

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -86,11 +87,56 @@ def recorder(out: Path, *args) -> Iterator[subprocess.Popen]:
         yield proc
 
 
+def launched_pid(start_line: str) -> int:
+    """The launched command's pid from record's start line (`... (pid N) ...`)."""
+    return int(start_line.split("(pid ")[1].split(")")[0])
+
+
+def wait_until(condition, what: str, timeout_s: float = 60, every_s: float = 0.02):
+    """Poll `condition()` until it returns something true (an event: a line, a file, a counter),
+    and return that; fail naming `what` after timeout_s (a bound for a hung test, not a speed)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = condition()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
+        time.sleep(every_s)
+
+
+def proc_status(pid: int) -> dict[str, str]:
+    """/proc/PID/status as a dict ({} once the process is gone and reaped)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return {}
+    return dict(line.split(":\t", 1) for line in text.splitlines() if ":\t" in line)
+
+
+def signal_pending(pid: int, sig: int) -> bool:
+    """`sig` is pending for the process (sent to it, not yet delivered: e.g. it is stopped)."""
+    st = proc_status(pid)
+    return bool(st) and bool(int(st["ShdPnd"], 16) & (1 << (sig - 1)))
+
+
 # --- the workload's truth ---------------------------------------------------------------------
 
 def truth_records(path: Path) -> list[dict]:
     """The workload's truth file as written: one JSON object per line."""
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+def truth_count(path: Path, kind: str = "checkpoint") -> int:
+    """How many records of `kind` the workload has written so far (it flushes each line)."""
+    try:
+        return sum(f'"type":"{kind}"' in line for line in Path(path).read_text().splitlines())
+    except FileNotFoundError:
+        return 0
+
+
+def wait_for_truth(path: Path, n: int = 1, kind: str = "checkpoint") -> None:
+    """Until the workload has finished n records of `kind` (it is past them, by its own account)."""
+    wait_until(lambda: truth_count(path, kind) >= n, f"{n} {kind} lines in {path}")
 
 
 def load_truth(path: Path) -> dict[str, pd.DataFrame]:

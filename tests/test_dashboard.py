@@ -16,7 +16,7 @@ from ckptrace.dashboards.report import build_panels, write_dashboard
 from ckptrace.dashboards.synthetic import synthetic_aba, synthetic_trace
 from ckptrace.meta import TraceMeta
 from ckptrace.trace import write_trace
-from helpers import assert_one_line_error, ckptrace
+from helpers import assert_one_line_error, ckptrace, record_with_truth, within_clock
 
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
 HOSTILE_TITLE = "</script><script>document.title='pwned-title'</script>"
@@ -194,6 +194,8 @@ def test_bad_input_is_one_line(case, trace_files, tmp_path):
 
 # -- in a real browser ---------------------------------------------------------------------------
 
+ALL_DRAWN = ("[...document.querySelectorAll('.plotly-graph-div')]"
+             ".every(d => d._fullLayout && d.querySelector('.main-svg'))")
 needs_chromium = pytest.mark.skipif(not chromium_available(), reason="chromium not installed (apt-get install chromium)")
 
 
@@ -205,10 +207,9 @@ def rendered(tmp_path_factory):
               synthetic_trace(MARKUP, checkpoints=12, pool=True, seed=2)]
     analyses = [analyze_trace(t) for t in traces]
     html = write_dashboard(analyses, compare(analyses), d / "report.html", HOSTILE_TITLE)
-    with Browser(width=1400, height=1600) as b:
+    with Browser.start(width=1400, height=1600) as b:
         b.open(html)
-        ready = b.wait_until("[...document.querySelectorAll('.plotly-graph-div')]"
-                             ".every(d => d._fullLayout && d.querySelector('.main-svg'))")
+        ready = b.wait_until(ALL_DRAWN, timeout_s=60)
         plots = b.evaluate("""[...document.querySelectorAll('.plotly-graph-div')].map(d => ({
             id: d.id, svgs: d.querySelectorAll('.main-svg').length, data: d.data.length,
             traces: d.querySelectorAll('g.trace').length, tables: d.querySelectorAll('g.table').length}))""")
@@ -285,3 +286,39 @@ def test_empty_trace_still_gives_a_page_that_says_what_is_missing(tmp_path):
     for pid in ("iterations", "timeline", "distributions", "churn"):
         assert f"Panel '{pid}' omitted" in header
     assert write_dashboard([a], None, tmp_path / "e.html", "empty").stat().st_size > 0
+
+
+# -- a real recording, in a real browser ---------------------------------------------------------
+
+@pytest.mark.ebpf
+@pytest.mark.browser
+@needs_chromium
+def test_a_real_recording_renders_its_own_numbers(require_root_ebpf, workload, tmp_path):
+    """The sample workload recorded pool-off and pool-on, `ckptrace dashboard` on the two traces,
+    loaded in Chromium: each prefill iteration's stacked bar, as the page holds it, is that
+    iteration's span by the workload's own clock (README's 5% + 0.5 ms)."""
+    legs = [record_with_truth(tmp_path, [workload, "--iterations", "9", "--pool", pool], "--label",
+                              f"pool-{pool}", name=pool) for pool in ("off", "on")]
+    out = tmp_path / "real.html"
+    r = ckptrace("dashboard", *(leg.path for leg in legs), "-o", out)
+    assert r.returncode == 0, r.stderr
+    with Browser.start(width=1400, height=1600) as b:
+        b.open(out)
+        assert b.wait_until(ALL_DRAWN, timeout_s=60)
+        bars = b.evaluate("""document.getElementById('ckptrace-iterations')._fullData.map(
+            t => ({axis: t.yaxis, y: Array.from(t.y)}))""")
+        drawn = b.evaluate("[...document.querySelectorAll('.plotly-graph-div')].map(d => d.id)")
+        errors = b.errors()
+    assert errors == []
+    assert set(drawn) == {f"ckptrace-{p}" for p in ALL_PANELS}
+    per_leg = {}
+    for t in bars:
+        per_leg.setdefault(t["axis"], []).append(np.asarray(t["y"], dtype="float64"))
+    assert len(per_leg) == len(legs)
+    for axis, leg in zip(sorted(per_leg, key=lambda a: int(a[1:] or 1)), legs):
+        stacked_ns = np.sum(per_leg[axis], axis=0) * 1e6
+        it = leg.truth["iteration"]
+        prefill = it[it["kind"] == "prefill"].sort_values("start_ns")
+        truth_ns = (prefill["end_ns"] - prefill["start_ns"]).to_numpy()
+        assert len(stacked_ns) == len(truth_ns)
+        assert within_clock(stacked_ns, truth_ns), (stacked_ns, truth_ns)
