@@ -63,6 +63,19 @@ def static_workload():
     return workload_binary(static=True)
 
 
+@pytest.fixture()
+def nobody_dir():
+    """An empty folder user nobody can write, removed afterwards."""
+    import shutil
+    import tempfile
+    from pathlib import Path
+
+    d = tempfile.mkdtemp(prefix="ckptrace-nobody-")
+    os.chmod(d, 0o777)
+    yield Path(d)
+    shutil.rmtree(d, ignore_errors=True)
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if "ebpf" not in report.keywords:
         return

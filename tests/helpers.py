@@ -24,6 +24,8 @@ import numpy as np
 import pandas as pd
 
 CKPTRACE = Path(sys.executable).with_name("ckptrace")
+# Run as user nobody, with no capabilities.
+AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
 # The same entry with bcc made unimportable (None in sys.modules makes `import bcc` fail).
 NO_BCC = [sys.executable, "-c", "import sys; sys.modules['bcc'] = None; from ckptrace.cli import main; main()"]
 
@@ -35,6 +37,17 @@ def ckptrace(*args, timeout: float = 120, env: dict | None = None, entry: list |
     cmd = [*wrap, *(entry or [str(CKPTRACE)]), *map(str, args)]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
                           env={**os.environ, **(env or {})}, **kw)
+
+
+def why_nobody_cannot_run_ckptrace() -> str | None:
+    """None when user nobody can import ckptrace with this Python, else why not (e.g. a clone
+    under /root): tests that need nobody skip with it."""
+    r = subprocess.run([*AS_NOBODY, sys.executable, "-c", "import ckptrace.cli"], capture_output=True,
+                       text=True, cwd="/", timeout=120)
+    if r.returncode == 0:
+        return None
+    return (f"user nobody can't run {sys.executable} with ckptrace ({r.stderr.strip().splitlines()[-1:]}): "
+            "the checkout must be world-readable")
 
 
 def assert_one_line_error(p: subprocess.CompletedProcess, *needles: str, code: int | None = None) -> str:

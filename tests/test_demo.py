@@ -2,11 +2,15 @@
 from __future__ import annotations
 
 import json
+import re
+import signal
 import subprocess
+from pathlib import Path
 
 import pytest
 
-from helpers import ckptrace
+from ckptrace.trace import read_trace
+from helpers import CKPTRACE, ckptrace, load_truth, proc_status, wait_until, within_clock
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
 
@@ -20,11 +24,25 @@ def test_demo_records_checks_compares_and_writes_the_report(tmp_path):
     assert (tmp_path / "report.html").stat().st_size > 100_000
     assert len(out["traces"]) == 3 and all((tmp_path / f).exists() for f in
                                            ("1-pool-off.parquet", "2-pool-on.parquet", "3-pool-off.parquet"))
-    # The demo's own cross-check: recorded fill faults equal the workload's getrusage counts.
-    for check in out["checks"]:
-        faults = check.split("fill faults ")[1]
-        recorded, truth = faults.split(" (getrusage: ")
-        assert recorded == truth.split(")")[0]
+    # The demo's own cross-check, every figure of it: the recording beside the workload's truth,
+    # both re-read here from the files the demo left.
+    names = ("1-pool-off", "2-pool-on", "3-pool-off")
+    assert len(out["checks"]) == 3
+    for check, name in zip(out["checks"], names):
+        m = re.fullmatch(r"checkpoints (\d+) \(workload: (\d+)\), fill faults (\d+) \(getrusage: (\d+)\), "
+                         r"fill ([\d.]+) ms \(workload clock: ([\d.]+) ms\)", check)
+        assert m, check
+        rec_ck, wl_ck, rec_faults, wl_faults = map(int, m.groups()[:4])
+        rec_ms, wl_ms = map(float, m.groups()[4:])
+        ev = read_trace(tmp_path / f"{name}.parquet").events
+        truth = load_truth(tmp_path / f"{name}.truth.jsonl")["checkpoint"]
+        fills = ev[ev["kind"] == "fill"]
+        assert (rec_ck, rec_faults) == ((ev["kind"] == "checkpoint").sum(), fills["faults"].sum())
+        assert (wl_ck, wl_faults) == (len(truth), truth["fill_faults"].sum())
+        assert rec_ms == round((fills["end_ns"] - fills["start_ns"]).sum() / 1e6, 1)
+        assert wl_ms == round(truth["fill_ns"].sum() / 1e6, 1)
+        assert rec_ck == wl_ck and rec_faults == wl_faults
+        assert within_clock(rec_ms * 1e6, wl_ms * 1e6), check
 
 
 @pytest.mark.llama
@@ -46,3 +64,40 @@ def test_demo_llama_server_records_checks_compares_and_writes_the_report(tmp_pat
         assert recorded == logged == same_size >= 6, check
     # nothing it started is left running
     assert not subprocess.run(["pgrep", "-f", str(tmp_path)], capture_output=True).stdout
+
+
+def children_of(pid: int) -> dict[int, str]:
+    """pid -> command line of each live child of `pid`."""
+    out = {}
+    for d in Path("/proc").iterdir():
+        try:
+            if d.name.isdigit() and int((d / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
+                out[int(d.name)] = (d / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (FileNotFoundError, ProcessLookupError, IndexError):
+            pass
+    return out
+
+
+@pytest.mark.llama
+def test_demo_llama_server_stops_everything_it_started_on_ctrl_c(tmp_path):
+    """Ctrl-C while leg 1 runs (its server and its recorder both started, seen as the demo's
+    children): the demo says so in one line and exits 130, and neither child is left."""
+    demo = subprocess.Popen([str(CKPTRACE), "demo", "--llama-server", "--out", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        def both_children():
+            kids = children_of(demo.pid)
+            server = [p for p, cmd in kids.items() if "llama-server" in cmd.split(" ")[0]]
+            rec = [p for p, cmd in kids.items() if " record " in cmd]
+            return (server + rec) if server and rec else None
+        started = wait_until(both_children, "the demo's server and recorder", timeout_s=1200, every_s=0.2)
+        demo.send_signal(signal.SIGINT)
+        out, err = demo.communicate(timeout=180)
+    finally:
+        if demo.poll() is None:
+            demo.kill()
+            demo.wait()
+    assert demo.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "ckptrace: interrupted", err
+    assert "Traceback" not in err
+    wait_until(lambda: not any(proc_status(p) for p in started), "the demo's children to be gone", timeout_s=30)

@@ -6,18 +6,15 @@ import os
 import re
 import shutil
 import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 from ckptrace.errors import EbpfUnavailable
 from ckptrace.probes import kernel
-from helpers import NO_BCC, assert_one_line_error, ckptrace
+from helpers import AS_NOBODY, NO_BCC, assert_one_line_error, ckptrace, why_nobody_cannot_run_ckptrace
 
 REPO = Path(__file__).resolve().parents[1]
 # Run the CLI as user nobody, or as uid 0 with every capability dropped.
-AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
 AS_CAPLESS_ROOT = ["setpriv", "--inh-caps=-all", "--ambient-caps=-all", "--bounding-set=-all"]
 
 
@@ -82,29 +79,13 @@ def test_doctor_checks_every_tracepoint_the_recorder_attaches():
     assert raw <= {event for _, event in kernel.TRACEPOINTS}
 
 
-def _nobody_can_run_the_cli() -> str | None:
-    r = run([sys.executable, "-c", "import ckptrace.cli"], prefix=AS_NOBODY, cwd="/")
-    if r.returncode == 0:
-        return None
-    return (f"user nobody can't run {sys.executable} with ckptrace from {REPO} "
-            f"({lines_of(r.stderr)[-1:]}): the checkout must be world-readable")
-
-
-@pytest.fixture()
-def nobody_dir():
-    d = tempfile.mkdtemp(prefix="ckptrace-nobody-")
-    os.chmod(d, 0o777)
-    yield Path(d)
-    shutil.rmtree(d, ignore_errors=True)
-
-
 @pytest.mark.parametrize("who", ["nobody", "root-without-capabilities"])
 @pytest.mark.parametrize("what", ["doctor", "record"])
 def test_without_privileges_one_clear_line(who, what, nobody_dir):
     if os.geteuid() != 0:
         pytest.skip("needs root to switch to another user or drop capabilities")
     if who == "nobody":
-        why = _nobody_can_run_the_cli()
+        why = why_nobody_cannot_run_ckptrace()
         if why:  # e.g. a clone under /root; the capability-less root case still runs
             pytest.skip(why)
     prefix = AS_NOBODY if who == "nobody" else AS_CAPLESS_ROOT

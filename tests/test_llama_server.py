@@ -10,6 +10,7 @@ size = X MiB)` at -lv 4.
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -76,18 +77,35 @@ def test_pool_off_fills_every_checkpoint_with_faults(legs):
         assert (ck["fill_ns"] > 0).all() and (ck["fill_faults"] > 0).all()
 
 
+def fresh_buffer(leg: dict) -> pd.Series:
+    """Per checkpoint (by ckpt id): its copy wrote into a mapping its own fill had just mmap()ed.
+    Buffer identity from the trace's addresses, whatever order the requests arrived in."""
+    ev = leg["trace"].events
+    copies = ev[ev["kind"] == "copy"].set_index("ckpt")["addr"]
+    maps = ev[(ev["kind"] == "mmap") & (ev["ckpt"] > 0)]
+    inside = {c: ((maps["ckpt"] == c) & (maps["addr"] <= a) & (a < maps["addr"] + maps["bytes"])).any()
+              for c, a in copies.items()}
+    return pd.Series(inside, dtype=bool)
+
+
 @e2e
-def test_pool_on_hits_without_fill_faults_after_warm_up(legs):
+def test_pool_misses_are_exactly_the_fresh_buffers(legs):
+    for leg in legs:
+        ck = checkpoint_rows(leg).set_index("ckpt")
+        fresh = fresh_buffer(leg).reindex(ck.index)
+        assert (ck["pool_hit"] == ~fresh).all(), ck[["pool_hit", "fill_faults"]].assign(fresh=fresh)
+    # pool-on: most checkpoints reuse a buffer an earlier checkpoint of the leg wrote into,
+    # resident, so neither the fill nor the copy into it faults
     ck = checkpoint_rows(legs[1])
-    # warm-up: each slot's first prompt finds the pool empty (2 checkpoints a prompt); a slot
-    # taking its next prompt erases its old checkpoints into the pool before making new ones
-    warm_up = 2 * CLIENTS
-    after = ck.iloc[warm_up:]
-    assert len(after) >= CLIENTS, ck
-    assert after["pool_hit"].all(), ck[["ckpt", "pool_hit", "fill_faults", "faults"]]
-    # a pooled buffer is resident: neither the fill nor the copy into it faults
-    assert (after["fill_faults"] == 0).all() and (after["faults"] == 0).all()
-    assert (ck.iloc[:warm_up]["fill_faults"] > 0).all()
+    ev = legs[1]["trace"].events
+    dest = ev[ev["kind"] == "copy"].set_index("ckpt")["addr"]
+    hits = ck[ck["pool_hit"]]
+    assert len(hits) > len(ck) / 2, ck[["ckpt", "pool_hit", "fill_faults", "faults"]]
+    for _, h in hits.iterrows():
+        earlier = ck[ck["start_ns"] < h["start_ns"]]["ckpt"]
+        assert dest[h["ckpt"]] in set(dest[earlier]), h
+    assert (hits["fill_faults"] == 0).all() and (hits["faults"] == 0).all()
+    assert (ck[~ck["pool_hit"]]["fill_faults"] > 0).all()
 
 
 @e2e
@@ -96,6 +114,12 @@ def test_every_request_completed_with_a_first_token(legs):
         t = leg["ttft"]
         assert len(t) == REQUESTS and (t["status"] == "ok").all(), t
         assert (t["ttft_ns"] > 0).all() and (t["ttft_ns"] <= t["total_ns"]).all()
+        # the real server's own account: one timing block per request it processed, each with
+        # at most the prompt tokens drive says the server evaluated (fewer when a prefix was reused)
+        processed = [int(n) for n in re.findall(r"prompt eval time = +[\d.]+ ms / +(\d+) tokens",
+                                                 leg["log"].read_text())]
+        assert len(processed) == REQUESTS, leg["log"]
+        assert sum(processed) <= t["prompt_tokens"].sum() and min(processed) > 0
 
 
 @e2e
@@ -124,6 +148,7 @@ class FakeCompletion(BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
     first_delay_s = 0.05
+    step_s = 0.0  # each request's first chunk comes this much later than the previous one's
     lock = threading.Lock()
     prompts: list[str] = []
     in_flight = 0
@@ -149,7 +174,9 @@ class FakeCompletion(BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
-        time.sleep(cls.first_delay_s)
+        with cls.lock:
+            delay = cls.first_delay_s + cls.step_s * (len(cls.prompts) - 1)
+        time.sleep(delay)
         for _ in range(body["n_predict"]):
             self._chunk({"content": "tok", "stop": False})
         with cls.lock:  # before the last chunk: the client may send its next request on seeing it
@@ -191,6 +218,25 @@ def test_drive_sends_distinct_prompts_and_times_first_token(fake_server):
     assert not set(handler.prompts) & {make_prompt(i, 20, 6) for i in range(7)}
 
 
+def test_drive_text_percentiles_are_those_of_its_table(fake_server):
+    """The text report's p50/p90/p99 are the (linear) percentiles of the TTFTs it lists; the
+    stand-in spreads them 10 ms apart so a wrong rank would show."""
+    handler, url = fake_server
+    handler.first_delay_s, handler.step_s = 0.01, 0.01
+    r = ckptrace("drive", url, "--clients", "1", "--requests", "10", "--prompt-tokens", "8", "--n-predict", "1")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert lines[0].split() == ["req", "client", "prompt_tok", "start_ms", "ttft_ms", "total_ms", "status"]
+    rows = [ln.split() for ln in lines[1:-1]]
+    assert [int(x[0]) for x in rows] == list(range(10)) and all(x[-1] == "ok" for x in rows)
+    ttft = pd.Series([float(x[4]) for x in rows])
+    assert ttft.max() - ttft.min() >= 20  # the spread is there (90 ms by construction)
+    m = re.fullmatch(r"10 of 10 requests ok, 10 sent; TTFT ms: p50 ([\d.]+)  p90 ([\d.]+)  p99 ([\d.]+)", lines[-1])
+    assert m, lines[-1]
+    for q, printed in zip((0.5, 0.9, 0.99), m.groups()):
+        assert abs(float(printed) - ttft.quantile(q)) <= 0.1, (q, printed, ttft.quantile(q))
+
+
 def test_drive_stops_at_the_time_bound(fake_server):
     handler, url = fake_server
     handler.first_delay_s = 3.0
@@ -201,9 +247,13 @@ def test_drive_stops_at_the_time_bound(fake_server):
 
 def test_drive_json_fields(fake_server):
     _, url = fake_server
+    before = time.monotonic_ns()
     r = ckptrace("drive", url, "--clients", "2", "--requests", "2", "--json")
+    after = time.monotonic_ns()
     assert r.returncode == 0, r.stderr
     rows = json.loads(r.stdout)
+    # start_ns is on the trace clock (CLOCK_MONOTONIC, system-wide): inside this test's window
+    assert all(before < row["start_ns"] < after for row in rows), (before, rows, after)
     assert {k for row in rows for k in row} == {"request", "client", "prompt_tokens", "start_unix_ns",
                                                 "start_ns", "ttft_ns", "total_ns", "status"}
 

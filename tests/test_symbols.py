@@ -6,6 +6,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,7 +15,7 @@ from elftools.elf.elffile import ELFFile
 from ckptrace.errors import SymbolError, TargetError
 from ckptrace.probes import symbols
 from ckptrace.probes.symbols import format_plan, qualified_name, resolve_binary, resolve_pid
-from helpers import assert_one_line_error, ckptrace, waiting_workload
+from helpers import AS_NOBODY, assert_one_line_error, ckptrace, waiting_workload, why_nobody_cannot_run_ckptrace
 
 REQUIRED = {"update_tgt", "resize_grow", "state_copy"}
 UPDATE_TGT = "_ZN24common_prompt_checkpoint10update_tgtEP13llama_contextij"
@@ -120,10 +121,29 @@ def test_verify_with_bcc_for_a_live_non_pie_process(static):
         plan = resolve_pid(proc.pid)
         symbols.verify_with_bcc(plan, proc.pid)
         symbols.verify_with_bcc(plan)
-        if not os.access("/proc/1/root/", os.R_OK):
-            # bcc reads the object through /proc/1/root and, failing, keeps vaddr as the offset.
-            with pytest.raises(SymbolError, match=r"would probe update_tgt at file offset"):
-                symbols.verify_with_bcc(plan, 1)
+
+
+def test_verify_with_bcc_refuses_a_root_it_cannot_read(static, nobody_dir):
+    """As nobody, /proc/1/root is unreadable: bcc would keep the vaddr as the file offset (a
+    non-PIE probe in the wrong place), and verify_with_bcc says so instead."""
+    pytest.importorskip("bcc")
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run a process as nobody")
+    why = why_nobody_cannot_run_ckptrace()
+    if why:
+        pytest.skip(why)
+    exe = nobody_dir / "ckpt-workload-static"
+    shutil.copy(static, exe)
+    os.chmod(exe, 0o755)
+    code = ("import sys; from ckptrace.probes.symbols import resolve_binary, verify_with_bcc; "
+            "plan = resolve_binary(sys.argv[1]); verify_with_bcc(plan); print('own namespace ok', flush=True); "
+            "verify_with_bcc(plan, 1)")
+    r = subprocess.run([*AS_NOBODY, sys.executable, "-c", code, str(exe)], capture_output=True, text=True,
+                       cwd=nobody_dir, timeout=120)
+    assert r.returncode != 0 and r.stdout == "own namespace ok\n", r.stdout + r.stderr
+    assert re.search(r"SymbolError: bcc would probe update_tgt at file offset 0x[0-9a-f]+ of .*, not 0x",
+                     r.stderr), r.stderr
+
 
 
 def test_live_process_matches_the_binary(pie):
