@@ -331,14 +331,18 @@ def test_unwritable_output_is_rescued(tmp_path, workload):
 
 
 def test_duration(tmp_path, workload):
-    # The target waits forever for a signal it never gets: only --duration can end this recording
-    # (else the 60 s timeout fails the test).
-    with waiting_workload(workload, "--iterations", "100000") as wl:
-        p = ckptrace("record", "--quiet", "--pid", wl.pid, "--duration", "1", "-o", tmp_path / "d.parquet",
-                     timeout=60)
-        assert p.returncode == 0, p.stderr
+    """By construction: the target runs at least 8 s once signalled (its decode spins on the
+    clock: 4 prefills of 2 ubatches and 8 decodes of 1, 0.5 s each) and we ask for 1 s. A recorder
+    that honours --duration stops first and leaves it running; one that did not would stop at
+    the target's exit ("target exited")."""
+    out = tmp_path / "d.parquet"
+    with waiting_workload(workload, "--iterations", "12", "--decode-us", "500000") as wl, \
+            recorder(out, "--pid", wl.pid, "--duration", "1") as rec:
+        go(wl)
+        _, err = rec.communicate(timeout=60)
+        assert rec.returncode == 0, err
         assert wl.poll() is None  # attaching never stops someone else's process
-    meta = read_trace(tmp_path / "d.parquet").meta
+    meta = read_trace(out).meta
     assert meta.stop_reason == "duration"
     assert meta.stop_ns - meta.attach_ns >= 1e9  # not before the duration
 
