@@ -381,7 +381,7 @@ def test_bad_inputs(tmp_path, workload):
     (["--ringbuf-pages", "3"], "--ringbuf-pages must be a power of two"),
     (["--ringbuf-pages", "0"], "--ringbuf-pages"),
     (["--hint-after", "0"], "--hint-after"),
-    (["-o", "{tmp}/no/such/dir/x.parquet"], "does not exist"),
+    (["-o", "{tmp}/no/such/dir/x.parquet"], "no such directory"),
     (["-o", "{tmp}"], "is a directory"),
     (["--pid", "0"], "--pid"),
     (["--pid", "abc"], "--pid"),
