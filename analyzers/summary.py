@@ -14,6 +14,8 @@ machine's load; read the on-CPU figures. `fault_sources` counts checkpoints by `
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pandas as pd
 
@@ -62,8 +64,11 @@ def wait_share(frame: pd.DataFrame, wall: str) -> float | None:
 
 
 def _meta_field(meta: TraceMeta, name: str):
-    """A metadata field a newer recorder writes (typed field or, before the schema knows it, extra)."""
+    """A metadata field a newer recorder writes, as plain JSON values (typed field or, before the
+    schema knows it, extra)."""
     value = getattr(meta, name, None)
+    if dataclasses.is_dataclass(value):
+        return dataclasses.asdict(value)
     return value if value is not None else meta.extra.get(name)
 
 
@@ -138,6 +143,7 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
         "copy_ns_per_mib": _ratio(checkpoints["copy_ns"].sum(), mib),
         "fault_sources": fault_sources,
         "fault_time": _meta_field(meta, "fault_time"),
+        "sched_counters": sched,
         "cpu_time_recorded": cpu_recorded,
         "wait_share": shares["checkpoints"],
         "prefill_wait_share": shares["prefill iterations"],

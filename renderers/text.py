@@ -6,6 +6,7 @@ import textwrap
 
 import pandas as pd
 
+from ckptrace.analyzers.summary import WAIT_WARN_SHARE
 from ckptrace.meta import TraceMeta
 from ckptrace.terminal import printable
 from ckptrace.trace import time_origin
@@ -146,7 +147,7 @@ def summary_lines(s: dict) -> list[str]:
     figures.append("fault time (checkpoints): " + ", ".join(f"{n} {k}" for k, n in src.items() if n)
                    + (f"; method: {printable(method)}" if method else ""))
     for what, key in (("checkpoints", "wait_share"), ("prefill iterations", "prefill_wait_share")):
-        if s.get(key) is not None:
+        if s.get(key) is not None and s[key] <= WAIT_WARN_SHARE:  # above it, a note says so and what to do
             figures.append(f"{what} waited for a CPU {s[key] * 100:.1f}% of their wall time")
     lines += [wrap(f) for f in figures]
     lines.append(wrap(("reliability: ok, " if s["reliable"] else "reliability: WARNING: ") + s["reliability"]))
