@@ -25,9 +25,11 @@ def command(traces, as_json, seed, n_boot, min_effect):
     """Compare baseline and candidate legs, given in run order (A/B/A).
 
     Legs are grouped by their label: the first label is the baseline, the second the candidate.
-    Each metric gets both arms' medians, the change in percent with a bootstrap 95% interval,
+    Each metric gets both arms' means, the change in percent with a bootstrap 95% interval,
     and a verdict: "no change" when the interval includes 0, "within drift" when the spread
-    between baseline legs (or --min-effect) could explain it, else "faster" or "slower".
+    between baseline legs (or --min-effect) could explain it, else "faster" or "slower". Legs
+    with pool hits are also judged as hits and misses apart. On a busy machine read the on-CPU
+    metrics (*_cpu_ns): a warning says when a leg waited over 10% for a CPU.
     """
     from ckptrace.analyzers.compare import compare
     from ckptrace.renderers.json import comparison_json, dumps
