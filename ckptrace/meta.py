@@ -48,6 +48,23 @@ class OpenSpans:
 
 
 @dataclass
+class SchedCounters:
+    """Whether cpu_ns, wait_ns, nvcsw and nivcsw were recorded, and how or why not (one line)."""
+    recorded: bool = False
+    note: str = "not recorded"
+
+
+@dataclass
+class FaultTime:
+    """How fault_ns was measured (probes/fault_time.py), with the calibration it used."""
+    method: str = "none"  # "cpu-minus-resident", or "none"
+    definition: str = "not measured"
+    resident_ns: dict[str, list[list[int]]] | None = None  # span kind -> [[bytes, ns], ...]
+    resident_max_share: float | None = None  # measured only where resident <= this share of cpu_ns
+    calibration_s: float | None = None
+
+
+@dataclass
 class TraceMeta:
     label: str = ""  # how compare groups legs
     tool_version: str | None = None
@@ -76,6 +93,8 @@ class TraceMeta:
     fault_slices_timed: int | None = None
     fault_time_definition: str | None = None
     events: int | None = None  # rows in the event table
+    sched_counters: SchedCounters | None = None  # None: a version 1 trace
+    fault_time: FaultTime | None = None
     # The file's own format stamp as read; write_trace stamps the writer's.
     format: str | None = None
     version: int | None = None

@@ -23,7 +23,7 @@ from ckptrace.terminal import printable
 from ckptrace.validate import check_column, check_events, check_table, open_regular
 
 FORMAT = "ckptrace-trace"
-VERSION = 1
+VERSION = 2
 # Oldest reader that can read what this version writes. Bump VERSION for additions; bump this
 # only for changes an old reader would misread. Never reuse a removed column name.
 MIN_READER_VERSION = 1
@@ -51,7 +51,15 @@ COLUMNS: dict[str, object] = {
     "prompt_tokens": np.dtype("int32"),  # decode/iteration: tokens that request no logits (prompt)
     "phase": pd.CategoricalDtype(PHASES),
     "draft": np.dtype("bool"),  # checkpoint from update_dft rather than update_tgt
+    # Version 2. NA = not recorded (a v1 trace, a kernel without the field, a row without spans).
+    "cpu_ns": pd.Int64Dtype(),  # the thread's on-CPU time over the span
+    "wait_ns": pd.Int64Dtype(),  # its run-queue wait (runnable, waiting for a CPU) over the span
+    "nvcsw": pd.Int64Dtype(),  # voluntary context switches over the span
+    "nivcsw": pd.Int64Dtype(),  # involuntary context switches (preemptions) over the span
+    "fault_ns": pd.Int64Dtype(),  # whole cost of the span's page faults to the thread (fault_time)
 }
+# Columns a trace may lack (older versions): read as NA, never as zeros.
+OPTIONAL = {"cpu_ns", "wait_ns", "nvcsw", "nivcsw", "fault_ns"}
 
 
 @dataclass
@@ -85,6 +93,8 @@ def normalize_events(df: pd.DataFrame) -> pd.DataFrame:
             values = np.full(n, "none", dtype=object)
         elif col == "draft":
             values = np.zeros(n, dtype=bool)
+        elif col in OPTIONAL:
+            values = pd.array([pd.NA] * n, dtype=dtype)
         else:
             values = np.zeros(n, dtype="int64")
         s = pd.Series(values, copy=False)
@@ -158,7 +168,7 @@ def read_meta(path: str | os.PathLike) -> TraceMeta:
             f"{path}: trace format version {version} needs a reader of version >= {min_reader}; "
             f"this ckptrace reads up to {VERSION}: upgrade ckptrace"
         )
-    missing = [c for c in COLUMNS if c not in schema.names]
+    missing = [c for c in COLUMNS if c not in schema.names and c not in OPTIONAL]
     if missing:
         raise TraceFormatError(f"{path}: trace lacks columns {', '.join(missing)}")
     try:
@@ -177,6 +187,8 @@ def read_trace(path: str | os.PathLike) -> Trace:
         pf = pq.ParquetFile(source)
         check_table(pf, COLUMNS, source.size(), shown)
         for col in COLUMNS:
+            if col not in pf.schema_arrow.names:
+                continue  # a column added after this trace was written: normalize_events makes it NA
             values = pf.read(columns=[col]).column(0)
             check_column(col, values, COLUMNS[col], shown)
             cols[col] = values.to_pandas(self_destruct=True)

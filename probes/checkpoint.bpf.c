@@ -6,6 +6,9 @@
  *   MIN_FLT_OFF     byte offset of task_struct.min_flt in the RUNNING kernel (from its BTF; the
  *   MAJ_FLT_OFF     installed headers are for another kernel version, so never take it from them)
  *   RINGBUF_PAGES   ring buffer size in pages (power of two)
+ *   SCHED_COUNTERS  1: read the scheduler counters below (0 on a kernel without them)
+ *   SUM_EXEC_RUNTIME_OFF, EXEC_START_OFF, RUN_DELAY_OFF, NVCSW_OFF, NIVCSW_OFF   task_struct offsets
+ *   SE_CFS_RQ_OFF, CFS_RQ_RQ_OFF, RQ_CLOCK_OFF, RQ_CLOCK_TASK_OFF       to find the thread's rq
  */
 #include <uapi/linux/ptrace.h>
 #include "checkpoint.h"
@@ -13,11 +16,20 @@
 /* A fault's own accounting comes within microseconds; a longer gap is a sample that lost its pair. */
 #define MAX_FAULT_NS 1000000ULL
 
+/* The thread's scheduler counters at one instant (see sched_read). */
+struct sched_now {
+    u64 cpu;
+    u64 wait;
+    u64 nvcsw;
+    u64 nivcsw;
+};
+
 struct span {
     u64 start;
     u64 faults0;
     u64 timed0;
     u64 timed_ns0;
+    struct sched_now sc0;
 };
 
 struct tstate {
@@ -76,6 +88,44 @@ static __always_inline u64 new_id(void)
     return __sync_fetch_and_add(v, 1) + 1;
 }
 
+static __always_inline u64 kread(u64 addr)
+{
+    u64 v = 0;
+    bpf_probe_read_kernel(&v, sizeof(v), (void *)addr);
+    return v;
+}
+
+/* The running thread's scheduler counters. `cpu` is on-CPU time up to this instant, in a frame
+ * where only differences mean anything: the kernel accounts se.sum_exec_runtime lazily (at ticks
+ * and switches) and keeps se.sum_exec_runtime - se.exec_start constant while the thread runs, so
+ * the exact figure is that constant plus the rq's clock_task now. clock_task is sched_clock minus
+ * the steal time the rq has accounted (rq->clock - rq->clock_task), and bpf_ktime_get_ns() runs at
+ * sched_clock's rate; so ktime - (clock - clock_task) is clock_task now up to a constant, whatever
+ * CPU the thread is on. What it leaves out is steal not yet accounted (at most one tick's). */
+static __always_inline void sched_read(struct sched_now *n)
+{
+#if SCHED_COUNTERS
+    u64 task = bpf_get_current_task();
+    u64 sum = 0, e2 = 0, now = 0, steal = 0;
+    /* A tick or a switch between the reads moves exec_start: read again (bounded). */
+    for (int i = 0; i < 3; i++) {
+        u64 e1 = kread(task + EXEC_START_OFF);
+        u64 rq = kread(kread(task + SE_CFS_RQ_OFF) + CFS_RQ_RQ_OFF);
+        sum = kread(task + SUM_EXEC_RUNTIME_OFF);
+        u64 ct = kread(rq + RQ_CLOCK_TASK_OFF);
+        steal = kread(rq + RQ_CLOCK_OFF) - ct;
+        now = bpf_ktime_get_ns();
+        e2 = kread(task + EXEC_START_OFF);
+        if (e1 == e2 && ct == kread(rq + RQ_CLOCK_TASK_OFF))
+            break;
+    }
+    n->cpu = sum - e2 + now - steal;
+    n->wait = kread(task + RUN_DELAY_OFF); /* waits are added at switch-in: exact while running */
+    n->nvcsw = kread(task + NVCSW_OFF);
+    n->nivcsw = kread(task + NIVCSW_OFF);
+#endif
+}
+
 /* min_flt + maj_flt of the current thread: what getrusage(RUSAGE_THREAD) reports. */
 static __always_inline u64 thread_faults(void)
 {
@@ -106,6 +156,7 @@ static __always_inline struct tstate *state_of(u32 tid)
 
 static __always_inline void open_span(struct span *sp, struct tstate *s)
 {
+    sched_read(&sp->sc0);
     sp->faults0 = thread_faults();
     sp->timed0 = s->timed;
     sp->timed_ns0 = s->timed_ns;
@@ -136,6 +187,12 @@ static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struc
     e->faults = thread_faults() - sp->faults0;
     e->fault_timed = s->timed - sp->timed0;
     e->fault_timed_ns = s->timed_ns - sp->timed_ns0;
+    struct sched_now sc = {};
+    sched_read(&sc);
+    e->cpu_ns = sc.cpu - sp->sc0.cpu;
+    e->wait_ns = sc.wait - sp->sc0.wait;
+    e->nvcsw = sc.nvcsw - sp->sc0.nvcsw;
+    e->nivcsw = sc.nivcsw - sp->sc0.nivcsw;
     e->tid = tid;
     e->kind = kind;
     e->tokens = 0;

@@ -5,6 +5,7 @@ import contextlib
 import ctypes
 import errno
 import functools
+import json
 import os
 import platform
 import re
@@ -182,12 +183,14 @@ def kernel_headers_dir() -> Path:
     return d
 
 
-def _btf_raw() -> str:
+@functools.cache
+def btf_types() -> dict[int, dict]:
+    """The running kernel's BTF types by id, from `bpftool -j btf dump` (JSON, not its text)."""
     if not BTF_PATH.exists():
         raise error_with_fix(EbpfUnavailable, f"the kernel exposes no BTF at {BTF_PATH}",
                      "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y")
     try:
-        out = subprocess.run(["bpftool", "btf", "dump", "file", str(BTF_PATH), "format", "raw"],
+        out = subprocess.run(["bpftool", "-j", "btf", "dump", "file", str(BTF_PATH), "format", "raw"],
                              capture_output=True, text=True, check=False)
     except FileNotFoundError:
         raise error_with_fix(EbpfUnavailable, "bpftool is missing (it reads task_struct offsets from BTF)",
@@ -196,78 +199,107 @@ def _btf_raw() -> str:
         first = (out.stderr.strip().splitlines() or ["no output"])[0]
         raise error_with_fix(EbpfUnavailable, f"bpftool could not dump {BTF_PATH}: {first}",
                      "apt-get install --reinstall bpftool")
-    return out.stdout
+    try:
+        types = json.loads(out.stdout)["types"]
+        return {int(t["id"]): t for t in types}
+    except (ValueError, KeyError, TypeError):
+        raise error_with_fix(EbpfUnavailable, f"bpftool's JSON dump of {BTF_PATH} is not what ckptrace "
+                     "reads", "apt-get install --reinstall bpftool") from None
 
 
-_TYPE = re.compile(r"^\[(\d+)\] (\w+) '([^']*)'(.*)$")
-_MEMBER = re.compile(r"^\t'([^']*)' type_id=(\d+) bits_offset=(\d+)(?: bitfield_size=(\d+))?")
 _MODIFIERS = {"TYPEDEF", "CONST", "VOLATILE", "RESTRICT", "TYPE_TAG"}
 
 
-def _parse_btf(raw: str) -> dict[int, tuple[str, str, str, list]]:
-    """id -> (kind, name, rest of the header line, members) from `bpftool ... format raw`."""
-    types: dict[int, tuple[str, str, str, list]] = {}
-    members: list = []
-    for line in raw.splitlines():
-        m = _TYPE.match(line)
-        if m:
-            members = []
-            types[int(m[1])] = (m[2], m[3], m[4], members)
-            continue
-        m = _MEMBER.match(line)
-        if m:
-            members.append((m[1], int(m[2]), int(m[3]), int(m[4] or 0)))
-    return types
-
-
-def _resolve(types, type_id: int):
+def _resolve(types: dict[int, dict], type_id: int) -> dict:
     """Follow typedef/const/volatile to the underlying type."""
     t = types[type_id]
-    while t[0] in _MODIFIERS:
-        type_id = int(re.search(r"type_id=(\d+)", t[2])[1])
-        t = types[type_id]
+    while t["kind"] in _MODIFIERS:
+        t = types[t["type_id"]]
     return t
 
 
-def _find_member(types, struct, name: str, base_bits: int = 0):
+def _find_member(types: dict[int, dict], struct: dict, name: str, base_bits: int = 0):
     """(bits_offset, bitfield_size, type) of a member, searching anonymous structs and unions."""
-    for mname, tid, bits, bitfield in struct[3]:
-        if mname == name:
-            return base_bits + bits, bitfield, _resolve(types, tid)
-        if mname == "(anon)":
-            inner = _resolve(types, tid)
-            if inner[0] in ("STRUCT", "UNION"):
-                found = _find_member(types, inner, name, base_bits + bits)
+    for m in struct.get("members", ()):
+        if m["name"] == name:
+            return base_bits + m["bits_offset"], m.get("bitfield_size", 0), _resolve(types, m["type_id"])
+        if m["name"] == "(anon)":
+            inner = _resolve(types, m["type_id"])
+            if inner["kind"] in ("STRUCT", "UNION"):
+                found = _find_member(types, inner, name, base_bits + m["bits_offset"])
                 if found:
                     return found
     return None
+
+
+def _struct(name: str) -> dict | None:
+    for t in btf_types().values():
+        if t["kind"] == "STRUCT" and t["name"] == name:
+            return t
+    return None
+
+
+def _u64_offset(path: str) -> int | str:
+    """Byte offset of the 8-byte field or pointer `struct.member[.member...]`, or why there is none."""
+    name, *parts = path.split(".")
+    types, t, bits = btf_types(), _struct(name), 0
+    if t is None:
+        return f"no struct {name} in this kernel's BTF"
+    for part in parts:
+        found = _find_member(types, t, part) if t["kind"] in ("STRUCT", "UNION") else None
+        if found is None:
+            return f"{path} is not in this kernel's BTF"
+        more, bitfield, t = found
+        bits += more
+        if bitfield:
+            return f"{path} is a bitfield in this kernel's BTF"
+    # The recorder reads these as u64: refuse anything else rather than misread.
+    if bits % 8 or (t["kind"] != "PTR" and t.get("size") != 8):
+        return f"{path} is not an 8-byte field in this kernel's BTF"
+    return bits // 8
+
+
+# Field -> path. Fault counters are what getrusage(RUSAGE_THREAD) reports; the scheduler fields
+# are what CLOCK_THREAD_CPUTIME_ID and /proc/PID/task/TID/schedstat report, and the thread's rq
+# clocks relate se.exec_start to the time of the read (see checkpoint.bpf.c sched_read).
+FAULT_FIELDS = {"min_flt": "task_struct.min_flt", "maj_flt": "task_struct.maj_flt"}
+SCHED_FIELDS = {"sum_exec_runtime": "task_struct.se.sum_exec_runtime",
+                "exec_start": "task_struct.se.exec_start", "run_delay": "task_struct.sched_info.run_delay",
+                "nvcsw": "task_struct.nvcsw", "nivcsw": "task_struct.nivcsw",
+                "se_cfs_rq": "task_struct.se.cfs_rq", "cfs_rq_rq": "cfs_rq.rq",
+                "rq_clock": "rq.clock", "rq_clock_task": "rq.clock_task"}
 
 
 @functools.cache
 def task_struct_offsets() -> dict[str, int]:
     """Byte offsets of min_flt and maj_flt in the running kernel's task_struct, from its BTF.
 
-    Never from the kernel headers: those are another kernel version's (docs/kernel-facts.md).
+    Never from the kernel headers: those may be another kernel version's (docs/kernel-facts.md).
     """
-    types = _parse_btf(_btf_raw())
-    structs = [t for t in types.values() if t[0] == "STRUCT" and t[1] == "task_struct"]
-    if not structs:
-        raise error_with_fix(EbpfUnavailable, f"no struct task_struct in {BTF_PATH}",
-                     "boot a kernel built with CONFIG_DEBUG_INFO_BTF=y")
     offsets = {}
-    for field in ("min_flt", "maj_flt"):
-        found = _find_member(types, structs[0], field)
-        if found is None:
-            raise error_with_fix(EbpfUnavailable, f"task_struct in {BTF_PATH} has no {field}",
-                         "report this kernel version to ckptrace")
-        bits, bitfield, ftype = found
-        size = re.search(r"size=(\d+)", ftype[2])
-        # The recorder reads these as unsigned long: refuse anything else rather than misread.
-        if bitfield or bits % 8 or not size or int(size[1]) != 8:
-            raise error_with_fix(EbpfUnavailable, f"task_struct.{field} is not an 8-byte field in this "
-                         "kernel's BTF", "report this kernel version to ckptrace")
-        offsets[field] = bits // 8
+    for field, path in FAULT_FIELDS.items():
+        off = _u64_offset(path)
+        if isinstance(off, str):
+            raise error_with_fix(EbpfUnavailable, off, "report this kernel version to ckptrace")
+        offsets[field] = off
     return offsets
+
+
+@functools.cache
+def sched_offsets() -> tuple[dict[str, int] | None, str]:
+    """Offsets of the thread's scheduler counters, or (None, one line saying why they are absent).
+
+    Optional: without them recording still works and the CPU/wait columns are 'not recorded'.
+    """
+    offsets = {}
+    for field, path in SCHED_FIELDS.items():
+        off = _u64_offset(path)
+        if isinstance(off, str):
+            return None, f"{off}: on-CPU time, run-queue wait and switches are not recorded"
+        offsets[field] = off
+    return offsets, ("the thread's task_struct se.sum_exec_runtime (plus the part not yet accounted, "
+                     "since se.exec_start), sched_info.run_delay, nvcsw and nivcsw, read at span "
+                     "entry and return")
 
 
 @contextlib.contextmanager

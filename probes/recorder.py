@@ -18,7 +18,7 @@ import pandas as pd
 
 from ckptrace import __version__
 from ckptrace.errors import EbpfUnavailable, TargetError
-from ckptrace.meta import OpenSpans, ProbeInfo, TraceMeta
+from ckptrace.meta import OpenSpans, ProbeInfo, SchedCounters, TraceMeta
 from ckptrace.probes import kernel
 from ckptrace.probes.target import alive, process_of
 from ckptrace.probes.launch import HeldChild
@@ -37,6 +37,7 @@ PROGRAMS = {
     "update_slots": ("iter_enter", "iter_return"),
     "llama_decode": ("decode_enter", "decode_return"),
 }
+SCHED_COLUMNS = ("cpu_ns", "wait_ns", "nvcsw", "nivcsw")
 # Indices of the kernel's `counters` array (checkpoint.h enum ckpt_counter; C_NEXT_ID is the
 # kernel's id allocator, never read here). tests/test_enums.py holds these to the header.
 C_LOST, C_PARTIAL, C_ABANDONED = 0, 1, 3
@@ -83,18 +84,20 @@ class RecordResult:
 def record(opts: RecordOptions, pid: int | None = None, command: list[str] | None = None) -> RecordResult:
     """Record one process (attach by pid, or launch command held until the probes are in)."""
     bcc, offsets = _preflight(opts)
+    sched, sched_note = kernel.sched_offsets()
     child, target, plan = _resolve_target(pid, command)
     try:
-        bpf = _load(bcc, target, offsets, opts)
+        bpf = _load(bcc, target, offsets, sched, opts)
         attached, attach_retries = _attach(bpf, plan, target)
     except BaseException:
         if child:
             child.abandon()
         raise
 
-    session = _Session(bpf, opts)
+    session = _Session(bpf, opts, sched_recorded=sched is not None)
     meta = _trace_meta(opts, plan, target, command, attach_retries)
-    _say(_start_line(opts, plan, child, command, target, attached))
+    meta.sched_counters = SchedCounters(sched is not None, sched_note)
+    _say(_start_line(opts, plan, child, command, target, attached, meta.sched_counters))
 
     stop_reason = "interrupted"
     # A dropped SSH session (SIGHUP) or Ctrl-\\ (SIGQUIT) stops like Ctrl-C: the trace is written.
@@ -203,11 +206,13 @@ def _note_stop(meta: TraceMeta, session: _Session, events: pd.DataFrame, stop_re
     meta.events = int(len(events))
 
 
-def _start_line(opts: RecordOptions, plan, child, command, target: int, attached: int) -> str:
+def _start_line(opts: RecordOptions, plan, child, command, target: int, attached: int,
+                sched: SchedCounters) -> str:
     what = f"command {command[0]!r} (pid {target})" if child else f"PID {target} ({plan.target})"
     faults = ("page faults (service time always)" if opts.fault_sample == 1 else
               f"page faults (service time in 1 of {opts.fault_sample} slices)" if opts.fault_sample
               else "page faults (counts only)")
+    faults += ", on-CPU time and run-queue wait" if sched.recorded else f" ({sched.note.split(':')[0]})"
     return (f"ckptrace: tracing {what}: {attached} uprobes in {len({p.object for p in plan.points})} "
             f"objects, {faults}, mmap/munmap/mremap. "
             + ("Ctrl-C to stop." if not opts.duration_s else f"{opts.duration_s:g} s, or Ctrl-C to stop."))
@@ -249,7 +254,7 @@ def _say(text: str) -> None:
     print(printable(text, lines=True), file=sys.stderr, flush=True)
 
 
-def _load(bcc, target: int, offsets: dict, opts: RecordOptions):
+def _load(bcc, target: int, offsets: dict, sched: dict | None, opts: RecordOptions):
     pages = opts.ringbuf_pages
     # Integers only: nothing the user typed becomes C source.
     cflags = [
@@ -258,7 +263,9 @@ def _load(bcc, target: int, offsets: dict, opts: RecordOptions):
         f"-DMIN_FLT_OFF={int(offsets['min_flt'])}",
         f"-DMAJ_FLT_OFF={int(offsets['maj_flt'])}",
         f"-DRINGBUF_PAGES={int(pages)}",
+        f"-DSCHED_COUNTERS={int(sched is not None)}",
     ]
+    cflags += [f"-D{name.upper()}_OFF={int(off)}" for name, off in (sched or {}).items()]
     bpf = kernel.load_bpf(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
     # Load every uprobe program now, so a verifier rejection is reported here, in one line.
     for enter, ret in PROGRAMS.values():
@@ -314,8 +321,9 @@ def _attach(bpf, plan, target: int) -> tuple[int, int]:
 class _Session:
     """Ring buffer consumer: keeps raw events, counts for the status line, knows when to stop."""
 
-    def __init__(self, bpf, opts: RecordOptions):
+    def __init__(self, bpf, opts: RecordOptions, sched_recorded: bool):
         self.bpf = bpf
+        self.sched_recorded = sched_recorded
         self.opts = opts
         self.layout = bpf["event_layout"].Leaf
         self.dtype = np.dtype(self.layout)
@@ -410,4 +418,10 @@ class _Session:
         df["kind"] = pd.Categorical.from_codes(df["kind"].astype("int64"), categories=KINDS)
         df["phase"] = pd.Categorical.from_codes(df["phase"].astype("int64"), categories=PHASES)
         df["draft"] = df["draft"].astype(bool)
+        # Syscall rows are instants of another kind: they carry no span counters.
+        not_span = df["kind"].isin(["mmap", "munmap", "mremap"]).to_numpy()
+        for col in SCHED_COLUMNS:
+            values = pd.array(df[col].to_numpy().astype("int64"), dtype="Int64")
+            values[not_span | (not self.sched_recorded)] = pd.NA
+            df[col] = values
         return df.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)

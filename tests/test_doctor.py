@@ -136,8 +136,18 @@ def test_task_struct_fault_counters_are_adjacent_longs():
     assert set(off) == {"min_flt", "maj_flt"}
     assert off["min_flt"] % 8 == 0
     assert off["maj_flt"] == off["min_flt"] + 8
-    size = re.search(r"^\[\d+\] STRUCT 'task_struct' size=(\d+)", kernel._btf_raw(), re.M)
-    assert 0 < off["min_flt"] < off["maj_flt"] + 8 <= int(size[1])
+    size = next(t["size"] for t in kernel.btf_types().values()
+                if t["kind"] == "STRUCT" and t["name"] == "task_struct")
+    assert 0 < off["min_flt"] < off["maj_flt"] + 8 <= size
+
+
+def test_scheduler_counters_are_found_in_btf():
+    """This kernel has them (CONFIG_SCHED_INFO): every offset is inside its struct."""
+    off, note = kernel.sched_offsets()
+    assert off is not None, note
+    assert set(off) == set(kernel.SCHED_FIELDS)
+    assert off["sum_exec_runtime"] == off["exec_start"] + 8  # adjacent u64s in sched_entity
+    assert off["nivcsw"] == off["nvcsw"] + 8
 
 
 @pytest.mark.ebpf

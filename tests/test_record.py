@@ -39,6 +39,10 @@ def checkpoints_vs_truth(trace, truth, draft: bool = False) -> pd.DataFrame:
         "bytes": ck["bytes"], "truth_bytes": t["bytes"],
         "fill_ns": ck["ckpt"].map(fill["dur_ns"]).fillna(0), "truth_fill_ns": t["fill_ns"],
         "copy_ns": ck["ckpt"].map(copy["dur_ns"]), "truth_copy_ns": t["copy_ns"],
+        "fill_cpu_ns": ck["ckpt"].map(fill["cpu_ns"]).fillna(0).astype("int64"),
+        "truth_fill_cpu_ns": t["fill_cpu_ns"].where(~t["pool_hit"].astype(bool), 0),
+        "copy_cpu_ns": ck["ckpt"].map(copy["cpu_ns"]).astype("int64"), "truth_copy_cpu_ns": t["copy_cpu_ns"],
+        "cpu_ns": ck["cpu_ns"].astype("int64"), "truth_cpu_ns": t["cpu_ns"],
         "fill_faults": ck["ckpt"].map(fill["faults"]).fillna(0), "truth_fill_faults": t["fill_faults"],
         "copy_faults": ck["ckpt"].map(copy["faults"]), "truth_copy_faults": t["copy_faults"],
         "has_fill": ck["ckpt"].isin(fill.index), "truth_pool_hit": t["pool_hit"].astype(bool),
@@ -46,12 +50,15 @@ def checkpoints_vs_truth(trace, truth, draft: bool = False) -> pd.DataFrame:
     })
 
 
-def assert_matches_truth(m: pd.DataFrame, timing: bool = True) -> None:
+def assert_matches_truth(m: pd.DataFrame) -> None:
     assert (m["tid"] == m["truth_tid"]).all()
     assert (m["bytes"] == m["truth_bytes"]).all()
     # A checkpoint has a fill row exactly when the workload's resize had to grow.
     assert (m["has_fill"] == ~m["truth_pool_hit"]).all()
-    for col in ("fill_ns", "copy_ns") if timing else ():
+    # On the thread's CPU clock: on a busy machine wall time is mostly waiting for a CPU, and a
+    # preemption between the workload's clock read and the probe would move a wall figure by a
+    # time slice. Measured under load, recorder against workload: 5 to 50 us.
+    for col in ("fill_cpu_ns", "copy_cpu_ns", "cpu_ns"):
         err = (m[col] - m[f"truth_{col}"]).abs()
         bad = m[err > clock_tolerance(m[f"truth_{col}"])]
         assert bad.empty, f"{col} off the workload's clock:\n{bad[[col, f'truth_{col}']].to_string()}"
@@ -101,10 +108,9 @@ def test_other_threads_growing_vectors_are_not_checkpoints(tmp_path, workload):
     r = record_with_truth(
         tmp_path, [str(workload), "--iterations", "9", "--noise-threads", "2", "--draft"])
     assert r.truth["summary"]["noise_calls"].iloc[0] > 0
-    # Three busy threads on two cores: the workload's clock reads around each call can be
-    # preempted, so times are checked in the other tests; here counts, sizes and faults.
+    # Three busy threads on two cores: wall times are mostly waiting; on-CPU times still match.
     for draft in (False, True):
-        assert_matches_truth(checkpoints_vs_truth(r.trace, r.truth, draft=draft), timing=False)
+        assert_matches_truth(checkpoints_vs_truth(r.trace, r.truth, draft=draft))
     ev = r.trace.events
     phases = ev[ev["kind"].isin(["fill", "copy"])]
     assert (phases["ckpt"] > 0).all()
@@ -211,7 +217,7 @@ def test_attach_mid_run_never_reports_a_partial_checkpoint(tmp_path, workload):
     ev = trace.events
     ck = ev[ev["kind"] == "checkpoint"]
     assert len(ck) > 0 and ck["start_ns"].min() > truth["start_ns"].min()  # attached mid-run
-    # Every recorded checkpoint is a whole one the workload made: same start, same length, and
+    # Every recorded checkpoint is a whole one the workload made: same start, same CPU time, and
     # its fill and copy are both there unless it was a pool hit.
     # The workload writes its truth line after the checkpoint returns: the kill can fall between.
     ck = ck[ck["start_ns"] <= truth["start_ns"].max() + 1e6]
@@ -219,9 +225,7 @@ def test_attach_mid_run_never_reports_a_partial_checkpoint(tmp_path, workload):
     joined = pd.merge_asof(ck.sort_values("start_ns"), t.sort_values("truth_start_ns"),
                            left_on="start_ns", right_on="truth_start_ns", direction="nearest")
     assert ((joined["start_ns"] - joined["truth_start_ns"]).abs() < 1e6).all()
-    dur = joined["end_ns"] - joined["start_ns"]
-    truth_dur = joined["truth_end_ns"] - joined["truth_start_ns"]
-    assert ((dur - truth_dur).abs() <= 0.05 * truth_dur + 0.5e6).all()
+    assert ((joined["cpu_ns_x"] - joined["cpu_ns_y"]).abs() <= clock_tolerance(joined["cpu_ns_y"])).all()
     # A fill or copy of the checkpoint the kill interrupted can be in the trace; its checkpoint
     # is not, and the analysis counts only whole checkpoints.
     all_ck = ev[ev["kind"] == "checkpoint"]["ckpt"]
@@ -404,9 +408,9 @@ def test_bad_options_are_refused_before_anything_runs(tmp_path, workload, args, 
 
 
 def test_a_full_ring_buffer_loses_events_and_counts_them(tmp_path, workload):
-    """2000 fast iterations make about 13,000 events (104 bytes each in the ring): a 1-page ring
-    (39 events) between two 50 ms drains must overflow unless the run took over 16 s; the default
-    2 MiB ring (20,164 events) holds the whole run, so nothing can be lost there."""
+    """2000 fast iterations make about 13,000 events (136 bytes each in the ring): a 1-page ring
+    (30 events) between two 50 ms drains must overflow unless the run took over 21 s; the default
+    2 MiB ring (15,420 events) holds the whole run, so nothing can be lost there."""
     argv = [workload, "--iterations", "2000", "--decode-us", "0", "--ckpt-mib", "1"]
     small = record_with_truth(tmp_path, argv, "--ringbuf-pages", "1", name="small")
     whole = record_with_truth(tmp_path, argv, name="whole")

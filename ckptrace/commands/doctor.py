@@ -62,7 +62,11 @@ def _tracepoint(category: str, event: str) -> Callable[[], str]:
 
 def _btf() -> str:
     off = kernel.task_struct_offsets()
-    return f"{kernel.BTF_PATH}: task_struct.min_flt +{off['min_flt']}, maj_flt +{off['maj_flt']}"
+    sched, note = kernel.sched_offsets()
+    # Optional: without them recording works and the CPU/wait columns are 'not recorded'.
+    counters = (f"se.sum_exec_runtime +{sched['sum_exec_runtime']}, sched_info.run_delay "
+                f"+{sched['run_delay']}" if sched else f"no CPU/wait columns ({note.split(':')[0]})")
+    return f"{kernel.BTF_PATH}: task_struct.min_flt +{off['min_flt']}, maj_flt +{off['maj_flt']}; {counters}"
 
 
 def _bcc() -> str:

@@ -41,6 +41,7 @@ static inline __attribute__((always_inline)) void update_state(std::vector<uint8
     t = common_checkpoint_truth();
     t.tid = (int) syscall(SYS_gettid);
     t.start_ns = now_ns();
+    const int64_t c_start = thread_cpu_ns();
 
     const size_t size = llama_state_seq_get_size_ext(ctx, seq_id, flags);
     auto & pool = common_state_buffer_pool::instance();
@@ -50,12 +51,16 @@ static inline __attribute__((always_inline)) void update_state(std::vector<uint8
     t.pool_hit = data.size() >= size;
     t.bytes = size;
 
+    // Wall clock outside, thread CPU clock inside, around exactly the call a tracer times.
     const int64_t f0 = thread_faults();
     t.fill_start_ns = now_ns();
+    const int64_t c0 = thread_cpu_ns();
     data.resize(size);  // grows through _M_default_append: zero fill of fresh mmap()ed pages
+    const int64_t c1 = thread_cpu_ns();
     const int64_t t1 = now_ns();
     const int64_t f1 = thread_faults();
     t.fill_ns = t1 - t.fill_start_ns;
+    t.fill_cpu_ns = c1 - c0;
     t.fill_faults = f1 - f0;
     if (pause_first_checkpoint) {
         pause_here();
@@ -63,16 +68,20 @@ static inline __attribute__((always_inline)) void update_state(std::vector<uint8
 
     const int64_t f2 = thread_faults();
     t.copy_start_ns = now_ns();
+    const int64_t c2 = thread_cpu_ns();
     const size_t n = llama_state_seq_get_data_ext(ctx, data.data(), size, seq_id, flags);
+    const int64_t c3 = thread_cpu_ns();
     const int64_t t3 = now_ns();
     const int64_t f3 = thread_faults();
     t.copy_ns = t3 - t.copy_start_ns;
+    t.copy_cpu_ns = c3 - c2;
     t.copy_faults = f3 - f2;
 
     if (n != size) {
         fprintf(stderr, "sample-common: state copy wrote %zu of %zu bytes\n", n, size);
         abort();
     }
+    t.cpu_ns = thread_cpu_ns() - c_start;
     t.end_ns = now_ns();
 }
 

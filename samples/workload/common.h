@@ -21,6 +21,9 @@ struct common_checkpoint_truth {
     int64_t fill_ns = 0;
     int64_t copy_start_ns = 0;  // around llama_state_seq_get_data_ext()
     int64_t copy_ns = 0;
+    int64_t cpu_ns = 0;  // CLOCK_THREAD_CPUTIME_ID deltas over the same three regions
+    int64_t fill_cpu_ns = 0;
+    int64_t copy_cpu_ns = 0;
     int64_t fill_faults = 0;  // getrusage(RUSAGE_THREAD) ru_minflt + ru_majflt deltas
     int64_t copy_faults = 0;
     size_t bytes = 0;

@@ -1,6 +1,7 @@
 // libsample-llama.so: stand-in for libllama.so, a context with resident per-sequence state.
 
 #include "llama.h"
+#include "truth.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,12 +20,6 @@ struct llama_context {
     std::atomic<int64_t> n_decoded;
     std::atomic<int64_t> n_outputs;
 };
-
-static int64_t now_ns() {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 extern "C" {
 
@@ -57,6 +52,8 @@ void sample_llama_set_state_bytes(llama_context * ctx, size_t state_bytes) {
     }
     ctx->state_bytes = state_bytes;
 }
+
+const uint8_t * sample_llama_state(const llama_context * ctx, int32_t seq_id) { return ctx->state[seq_id]; }
 
 int64_t sample_llama_n_decoded(const llama_context * ctx) { return ctx->n_decoded; }
 int64_t sample_llama_n_outputs(const llama_context * ctx) { return ctx->n_outputs; }

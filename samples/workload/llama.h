@@ -47,6 +47,8 @@ struct llama_context * sample_llama_init(int32_t n_seq, size_t max_state_bytes, 
 // Stand-in for the state growing with the context; must not exceed max_state_bytes.
 void sample_llama_set_state_bytes(struct llama_context * ctx, size_t state_bytes);
 // Tokens decoded and logits requested so far (for the ground truth).
+// The resident state of one sequence (what llama_state_seq_get_data_ext copies), unprobed.
+const uint8_t * sample_llama_state(const struct llama_context * ctx, int32_t seq_id);
 int64_t sample_llama_n_decoded(const struct llama_context * ctx);
 int64_t sample_llama_n_outputs(const struct llama_context * ctx);
 void sample_llama_free(struct llama_context * ctx);

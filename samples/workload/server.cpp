@@ -1,18 +1,13 @@
 // libsample-server.so: stand-in for libllama-server-impl.so, the loop that creates checkpoints.
 
 #include "server.h"
+#include "truth.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-
-static int64_t now_ns() {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t) ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
 
 server_context_impl::server_context_impl(llama_context * c, const server_params & p) : ctx(c), params(p) {
     slots.resize(params.n_slots);
@@ -45,6 +40,7 @@ __attribute__((noinline)) void server_context_impl::create_checkpoint(server_slo
 
 __attribute__((noinline)) void server_context_impl::update_slots() {
     const int64_t start = now_ns();
+    const int64_t cpu_start = thread_cpu_ns();
     const bool prefill = n_iter % (params.decode_per_prefill + 1) == 0;
     n_iter++;
     last_checkpoints.clear();
@@ -91,5 +87,6 @@ __attribute__((noinline)) void server_context_impl::update_slots() {
     last_iteration.n_prompt_tokens = prefill ? batch.n_tokens : 0;
     last_iteration.tid = (int) syscall(SYS_gettid);
     last_iteration.start_ns = start;
+    last_iteration.cpu_ns = thread_cpu_ns() - cpu_start;
     last_iteration.end_ns = now_ns();
 }

@@ -24,6 +24,7 @@ struct server_iteration_truth {
     bool prefill = false;
     int64_t start_ns = 0;
     int64_t end_ns = 0;
+    int64_t cpu_ns = 0;  // CLOCK_THREAD_CPUTIME_ID over the same call
     int32_t n_checkpoints = 0;
     int32_t n_tokens = 0;
     int32_t n_prompt_tokens = 0;
