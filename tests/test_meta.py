@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ckptrace.errors import TraceFormatError
-from ckptrace.meta import ObjectInfo, OpenSpans, ProbeInfo, TraceMeta
+from ckptrace.meta import FaultTime, ObjectInfo, OpenSpans, ProbeInfo, SchedCounters, TraceMeta
 from ckptrace.trace import read_meta, read_trace, write_trace
 from helpers import assert_one_line_error, ckptrace
 from test_analyzers import make_events, slots_rows
@@ -27,7 +27,9 @@ def full_meta() -> TraceMeta:
         start_time="2026-11-29T00:00:00.000+00:00", attach_ns=10, stop_ns=30, first_event_ns=20,
         stop_reason="duration", lost_events=1, partial_spans=2, abandoned_spans=3,
         open_at_stop=OpenSpans(4, 5), attach_retries=6, fault_sample_every=8, fault_slices_timed=9,
-        fault_time_definition="d", events=11, extra={"from_a_newer_writer": {"x": [1]}})
+        fault_time_definition="d", events=11, sched_counters=SchedCounters(True, "how"),
+        fault_time=FaultTime("m", "d", {"fill": [[4096, 100]]}, 0.5, 1.5),
+        extra={"from_a_newer_writer": {"x": [1]}})
 
 
 def test_every_field_round_trips_through_a_file(tmp_path):
@@ -52,7 +54,8 @@ def test_committed_v1_traces_read_with_every_key_typed(name):
     raw = json.loads(pq.read_schema(path).metadata[b"ckptrace"])
     meta = read_meta(path)
     assert meta.version == 1 and meta.extra == {}  # the v1 recorder wrote only known keys
-    assert meta.to_json() == raw
+    assert {k: v for k, v in meta.to_json().items() if k in raw} == raw
+    assert meta.sched_counters is None and meta.fault_time is None  # v2's: not recorded
     assert meta.probes[0].point == "update_tgt" and all(o.build_id for o in meta.objects)
     assert meta.open_at_stop == OpenSpans(0, 0) and meta.lost_events == 0
 
@@ -88,8 +91,8 @@ def test_hostile_metadata_is_one_line_naming_the_field(tmp_path, change, words):
 
 def test_unknown_keys_are_kept(tmp_path):
     odd = rewrite_meta(SAMPLES / "2-pool-on.parquet", tmp_path / "odd.parquet",
-                       lambda m: m.update(sched_counters={"recorded": False, "note": "n"}))
+                       lambda m: m.update(gpu_counters={"recorded": False, "note": "n"}))
     meta = read_meta(odd)
-    assert meta.extra == {"sched_counters": {"recorded": False, "note": "n"}}
+    assert meta.extra == {"gpu_counters": {"recorded": False, "note": "n"}}
     write_trace(tmp_path / "again.parquet", read_trace(odd).events, meta)
     assert read_meta(tmp_path / "again.parquet").extra == meta.extra
