@@ -37,6 +37,7 @@ PROGRAMS = {
     "update_slots": ("iter_enter", "iter_return"),
     "llama_decode": ("decode_enter", "decode_return"),
 }
+OUTER_POINTS = ("update_tgt", "update_dft", "update_slots")  # spans other probed calls nest in
 SCHED_COLUMNS = ("cpu_ns", "wait_ns", "nvcsw", "nivcsw")
 # Indices of the kernel's `counters` array (checkpoint.h enum ckpt_counter; C_NEXT_ID is the
 # kernel's id allocator, never read here). tests/test_enums.py holds these to the header.
@@ -307,10 +308,16 @@ def _attach(bpf, plan, target: int) -> tuple[int, int]:
 
     verify_with_bcc(plan, target)  # bcc maps vaddr -> file offset itself; make sure it agrees
     n = retries = 0
-    for p in plan.points:
+    # Attached into a running process, order decides what a call in flight looks like: every
+    # return probe first, then the entries, the outer ones (checkpoint, iteration) last. So a
+    # call whose entry is seen has its return and its inner calls seen too; one already running
+    # is at worst a return without its entry, dropped and counted (partial_spans).
+    order = [(p, False) for p in plan.points] + sorted(
+        ((p, True) for p in plan.points), key=lambda pe: pe[0].point in OUTER_POINTS)
+    for p, entry in order:
         enter, ret = PROGRAMS[p.point]
         what = f"could not attach a uprobe to {p.symbol} in {p.object}"
-        for attach, fn in ((bpf.attach_uprobe, enter), (bpf.attach_uretprobe, ret)):
+        for attach, fn in ((bpf.attach_uprobe, enter),) if entry else ((bpf.attach_uretprobe, ret),):
             # The kernel has refused an attach here now and then (libbcc hides the errno) and
             # accepted the same one a moment later: retry with backoff, and count it.
             for delay in (0.1, 0.3, 0.9, 0.0):
