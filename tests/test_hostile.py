@@ -403,14 +403,21 @@ def column_of(name: str, fill):
     return [fill(i) for i in range(n)]
 
 
+def sample_rows() -> int:
+    import pyarrow.parquet as pq
+
+    return pq.read_metadata(SAMPLES / "1-pool-off.parquet").num_rows
+
+
+N_ROWS = sample_rows()
 COLUMN_CASES = {
     "bools as strings": ({"draft": column_of("draft", lambda i: "False")}, "column draft holds string"),
     "float 1e30": ({"start_ns": column_of("start_ns", lambda i: 1e30)}, "column start_ns holds double"),
-    "uint64 past int64": ({"bytes": pa.array([1 << 63] * 200, pa.uint64())},
+    "uint64 past int64": ({"bytes": pa.array([1 << 63] * N_ROWS, pa.uint64())},
                           "column bytes holds 9223372036854775808, outside"),
-    "negative time": ({"start_ns": [-5] * 200}, "column start_ns holds -5, outside"),
-    "nulls": ({"faults": [None] + [0] * 199}, "column faults has 1 missing values"),
-    "kind as ints": ({"kind": [1] * 200}, "column kind holds int64, not text"),
+    "negative time": ({"start_ns": [-5] * N_ROWS}, "column start_ns holds -5, outside"),
+    "nulls": ({"faults": [None] + [0] * (N_ROWS - 1)}, "column faults has 1 missing values"),
+    "kind as ints": ({"kind": [1] * N_ROWS}, "column kind holds int64, not text"),
 }
 
 

@@ -49,15 +49,24 @@ def test_every_field_round_trips_through_a_file(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["1-pool-off", "2-pool-on", "3-pool-off"])
-def test_committed_v1_traces_read_with_every_key_typed(name):
+def test_committed_traces_read_with_every_key_typed(name):
     path = SAMPLES / f"{name}.parquet"
     raw = json.loads(pq.read_schema(path).metadata[b"ckptrace"])
     meta = read_meta(path)
-    assert meta.version == 1 and meta.extra == {}  # the v1 recorder wrote only known keys
-    assert {k: v for k, v in meta.to_json().items() if k in raw} == raw
-    assert meta.sched_counters is None and meta.fault_time is None  # v2's: not recorded
+    assert meta.version == 2 and meta.extra == {}  # the recorder writes only known keys
+    assert meta.to_json() == raw
     assert meta.probes[0].point == "update_tgt" and all(o.build_id for o in meta.objects)
     assert meta.open_at_stop == OpenSpans(0, 0) and meta.lost_events == 0
+    assert meta.sched_counters.recorded and meta.fault_time.method == "cpu-minus-resident"
+
+
+def test_a_version_1_trace_reads_its_metadata_with_the_new_fields_not_recorded(tmp_path):
+    def as_v1(m):
+        m.update(version=1, min_reader_version=1)
+        del m["sched_counters"], m["fault_time"]
+    meta = read_meta(rewrite_meta(SAMPLES / "1-pool-off.parquet", tmp_path / "v1.parquet", as_v1))
+    assert meta.version == 1 and meta.extra == {}
+    assert meta.sched_counters is None and meta.fault_time is None
 
 
 def rewrite_meta(src: Path, dst: Path, change) -> Path:

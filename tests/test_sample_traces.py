@@ -22,10 +22,14 @@ def test_sample_trace_matches_its_workload(leg):
     assert (it["kind"] == "prefill").sum() == (t["iteration"]["kind"] == "prefill").sum()
     assert (it["kind"].to_numpy() == t["iteration"].sort_values("start_ns")["kind"].to_numpy()).all()
     prefill = it[it["kind"] == "prefill"]
-    truth_fill = t["checkpoint"]["fill_ns"].sum()
-    assert within_clock(prefill["fill_ns"].sum(), truth_fill)
+    # On the thread's CPU clock: recorded while other jobs shared the cores, wall time is mostly
+    # waiting, and a wait just outside a span (between the workload's clock read and the probe)
+    # is in the workload's wall bracket but not in the span.
+    truth_fill_cpu = t["checkpoint"].loc[~t["checkpoint"]["pool_hit"].astype(bool), "fill_cpu_ns"].sum()
+    assert within_clock(ck["fill_cpu_ns"].sum(), truth_fill_cpu)
+    assert prefill["fill_ns"].sum() <= t["checkpoint"]["fill_ns"].sum()  # spans inside the brackets
     assert ck["fill_faults"].sum() == t["checkpoint"]["fill_faults"].sum()
-    assert_parts_fit(it, faults_measured=True)  # recorded with every fault timed
+    assert_parts_fit(it, faults_measured=True)  # every faulting fill has a measured fault time
     assert (ck["pool_hit"].to_numpy() == t["checkpoint"]["pool_hit"].astype(bool).to_numpy()).all()
 
 
