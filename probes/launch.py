@@ -5,6 +5,8 @@ import ctypes
 import os
 import shutil
 import signal
+import subprocess
+import time
 
 from ckptrace.errors import TargetError
 
@@ -17,6 +19,22 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
     SIGKILL by default: a SIGTERM would be lost on a child that inherited SIGTERM as ignored
     (`nohup`, some service managers), and the command would outlive its recorder."""
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+
+
+def stop(proc, sig: int = signal.SIGTERM, grace_s: float = 20.0) -> int | None:
+    """Stop a process we started (a subprocess.Popen or a HeldChild): `sig`, then SIGKILL if it
+    still runs after `grace_s` seconds. Returns its exit code."""
+    if proc.poll() is None:
+        try:
+            proc.send_signal(sig)
+        except ProcessLookupError:
+            pass
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    return proc.poll()
 
 
 class HeldChild:
@@ -70,23 +88,21 @@ class HeldChild:
                 self.exit_code = os.waitstatus_to_exitcode(status)
         return self.exit_code
 
-    def wait(self, timeout_s: float | None = None) -> int | None:
-        import time
-
+    def wait(self, timeout_s: float | None = None) -> int:
+        """As Popen.wait: the exit code, or subprocess.TimeoutExpired after `timeout_s`."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while self.poll() is None:
             if deadline is not None and time.monotonic() > deadline:
-                return None
+                raise subprocess.TimeoutExpired(self.argv, timeout_s)
             time.sleep(0.02)
         return self.exit_code
 
-    def terminate(self, grace_s: float = 5.0) -> int | None:
+    def send_signal(self, sig: int) -> None:
         if self.poll() is None:
-            try:
-                os.kill(self.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            if self.wait(grace_s) is None:
-                os.kill(self.pid, signal.SIGKILL)
-                self.wait()
-        return self.exit_code
+            os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self, grace_s: float = 5.0) -> int | None:
+        return stop(self, signal.SIGTERM, grace_s)

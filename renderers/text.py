@@ -233,3 +233,19 @@ def compare_report(c) -> str:
         lines.append("")
         lines += [wrap("warning: " + w) for w in c.warnings]
     return "\n".join(lines)
+
+
+def load_report(df: pd.DataFrame, requested: int, ttft_ms: dict[str, float]) -> str:
+    """`ckptrace drive`: one row per request sent, then the TTFT percentiles (ms) of those that
+    succeeded. Statuses quote the server: made printable."""
+    t0 = int(df["start_ns"].min()) if len(df) else 0
+    ms = lambda v: "-" if pd.isna(v) else f"{v / 1e6:.1f}"  # noqa: E731
+    lines = [f"{'req':>4} {'client':>6} {'prompt_tok':>10} {'start_ms':>9} {'ttft_ms':>9} "
+             f"{'total_ms':>9}  status"]
+    for r in df.itertuples(index=False):
+        lines.append(f"{r.request:>4} {r.client:>6} {r.prompt_tokens:>10} {(r.start_ns - t0) / 1e6:>9.1f} "
+                     f"{ms(r.ttft_ns):>9} {ms(r.total_ns):>9}  {printable(r.status)}")
+    n_ok = int((df["status"] == "ok").sum())
+    lines.append(f"{n_ok} of {requested} requests ok, {len(df)} sent; TTFT ms: "
+                 f"p50 {ttft_ms['p50']:.1f}  p90 {ttft_ms['p90']:.1f}  p99 {ttft_ms['p99']:.1f}")
+    return "\n".join(lines)

@@ -17,8 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,7 +26,8 @@ from typing import Callable, Iterator
 import pandas as pd
 
 from ckptrace.errors import CkptraceError, TargetError
-from ckptrace.probes.launch import die_with_parent
+from ckptrace.loadgen import run_load, wait_healthy
+from ckptrace.probes.launch import die_with_parent, stop
 
 HERE = Path(__file__).resolve().parent / "llama-server"
 BUILD_SH = HERE / "build.sh"
@@ -44,9 +43,6 @@ CKPT_LINE = re.compile(r"created context checkpoint (\d+) of (\d+) \(pos_min = (
                        r"pos_max = (-?\d+), n_tokens = (\d+), size = ([0-9.]+) MiB\)")
 LOGGED_COLUMNS = {"n": "int64", "of": "int64", "pos_min": "int64", "pos_max": "int64",
                   "n_tokens": "int64", "size_mib": "float64", "size_text": "string"}
-
-# /health and the load are on 127.0.0.1: never through an http_proxy from the environment.
-_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
 
 def cache_dir() -> Path:
@@ -74,7 +70,7 @@ def build_server(pool: bool, progress: Callable[[str], None] | None = None) -> P
         out = proc.stdout.read()
         rc = proc.wait()
     finally:
-        _stop(proc, signal.SIGTERM, grace=10)
+        stop(proc, signal.SIGTERM, grace_s=10)
     if rc != 0:
         raise CkptraceError(f"{BUILD_SH} {' '.join(argv[2:])} failed ({_tail(last)}): "
                             f"run it by hand to see the whole log")
@@ -134,21 +130,10 @@ def server_argv(binary: Path, model: Path, port: int, slots: int = 3, threads: i
             "-t", str(threads), "-lv", "4", "--cache-ram", "0", "--no-webui"]
 
 
-def _stop(proc: subprocess.Popen, sig: int = signal.SIGTERM, grace: float = 20.0) -> None:
-    """Stop a process we started: `sig`, then SIGKILL after `grace` seconds."""
-    if proc.poll() is None:
-        proc.send_signal(sig)
-        try:
-            proc.wait(grace)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-
-
 def _spawn(argv: list[str], **kw) -> subprocess.Popen:
     # Own process group: a terminal's Ctrl-C reaches only us, and we stop the children in order
     # (recorder first, so its trace is complete, then the server). If we are killed outright,
-    # they get SIGTERM from the kernel instead of running on.
+    # they get SIGKILL from the kernel instead of running on.
     return subprocess.Popen(argv, stdin=subprocess.DEVNULL, process_group=0, preexec_fn=die_with_parent, **kw)
 
 
@@ -172,24 +157,13 @@ def llama_server(binary: Path, model: Path, log: Path, slots: int = 3,
         proc = _spawn(server_argv(binary, model, port, slots), stdout=f, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + ready_timeout_s
-        while True:
-            if proc.poll() is not None:
-                raise TargetError(f"llama-server exited ({proc.returncode}) before it was ready: "
-                                  f"see {log}")
-            if time.monotonic() > deadline:
-                raise TargetError(f"llama-server did not answer {url}/health in {ready_timeout_s:.0f} s: "
-                                  f"see {log}")
-            try:
-                with _OPENER.open(f"{url}/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:  # refused while it starts, HTTP 503 while the model loads
-                pass
-            time.sleep(0.3)
+        try:
+            wait_healthy(url, time.monotonic() + ready_timeout_s, exited=proc.poll)
+        except TargetError as e:
+            raise TargetError(f"llama-server: {e}: see {log}") from None
         yield Server(proc, url, log)
     finally:
-        _stop(proc)
+        stop(proc)
 
 
 @dataclass
@@ -236,7 +210,7 @@ def recorder(pid: int, out: Path, label: str, fault_sample: int | None = None,
             raise CkptraceError(f"ckptrace record --pid {pid} failed: {_tail(rec.stderr)}")
         yield rec
     finally:
-        _stop(proc, signal.SIGINT, grace=60)
+        stop(proc, signal.SIGINT, grace_s=60)
         rec.stdout = proc.stdout.read()
         reader.join(10)
         rec.returncode = proc.returncode
@@ -276,8 +250,6 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
     `fault_sample` 1 times every fault: a leg makes only about 12 checkpoints, too few for
     record's default 1-in-8 time slices (here 2 of 3 legs had no fault timed). Every process
     started is stopped before this returns or raises."""
-    from ckptrace.commands.drive import run_load
-
     say = say or (lambda s: None)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

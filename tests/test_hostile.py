@@ -8,10 +8,12 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import socket
 import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -524,3 +526,129 @@ def test_only_regular_files_are_read(tmp_path, node):
         os.mkfifo(path)  # nobody writes: opening it for reading would block forever
     line = assert_one_error_line(run(["analyze", path], timeout=60))
     assert ("is a directory" if node == "dir" else "not a regular file") in line
+
+
+# --- drive: only the server given, a hard time bound, garbage counted as failures ---------------
+
+class RawServer:
+    """A server on 127.0.0.1 answering /health with 200 and /completion with `reply(sock)`,
+    byte by byte as a hostile or broken server would; counts the /completion requests."""
+
+    def __init__(self, reply):
+        self.reply, self.completions = reply, 0
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+
+    def _serve(self, conn):
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                data = conn.recv(4096)
+                if not data:
+                    return
+                head += data
+            if head.startswith(b"GET /health"):
+                conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+                return
+            self.completions += 1
+            try:
+                self.reply(conn)
+            except OSError:
+                pass  # the client hung up
+
+    def close(self):
+        self.sock.close()
+
+
+def sse(*chunks: bytes) -> bytes:
+    return (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\r\n"
+            + b"".join(chunks))
+
+
+def trickle(conn):
+    conn.sendall(sse(b'data: {"content": "x'))
+    while True:  # one byte at a time, never a whole line: a per-read timeout never fires
+        time.sleep(0.2)
+        conn.sendall(b"x")
+
+
+GARBAGE = {
+    "not HTTP": (lambda c: c.sendall(b"hello, this is not HTTP\r\n\r\n"), "error: BadStatusLine"),
+    "not an event stream": (lambda c: c.sendall(sse(b"<html>hi</html>\n")), "bad response: not an event stream"),
+    "bad JSON": (lambda c: c.sendall(sse(b"data: {nope\n\n")), "bad response: a data line is not JSON"),
+    "empty 200": (lambda c: c.sendall(sse()), "bad response: an empty response"),
+    "no stop chunk": (lambda c: c.sendall(sse(b'data: {"content": "a"}\n\n')),
+                      "bad response: the stream ended before its stop chunk"),
+    "HTTP 500": (lambda c: c.sendall(b"HTTP/1.1 500 Oops\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"),
+                 "bad response: HTTP 500"),
+    "escapes in an error": (lambda c: c.sendall(sse(b'data: {"error": "\\u001b]52;c;aGk=\\u0007"}\n\n')),
+                            "bad response: server error"),
+}
+
+
+@pytest.mark.parametrize("case", GARBAGE, ids=list(GARBAGE))
+def test_drive_counts_malformed_responses_as_failures(case):
+    reply, reason = GARBAGE[case]
+    srv = RawServer(reply)
+    try:
+        r = run(["drive", srv.url, "--clients", "2", "--requests", "3", "--timeout", "60"])
+    finally:
+        srv.close()
+    line = assert_one_error_line_after(r)
+    assert line.startswith(f"ckptrace: error: 3 of 3 requests to {srv.url} did not complete (first: {reason}")
+    rows = r.stdout.splitlines()
+    assert rows[-1].startswith("0 of 3 requests ok, 3 sent;")
+    assert all(reason in row for row in rows[1:-1]), r.stdout
+
+
+def test_drive_follows_no_redirect():
+    elsewhere = RawServer(lambda c: c.sendall(sse(b'data: {"content": "a", "stop": true}\n\n')))
+    srv = RawServer(lambda c: c.sendall(
+        f"HTTP/1.1 302 Found\r\nLocation: {elsewhere.url}/completion\r\nContent-Length: 0\r\n\r\n".encode()))
+    try:
+        r = run(["drive", srv.url, "--requests", "2", "--timeout", "60"])
+    finally:
+        srv.close(), elsewhere.close()
+    assert "HTTP 302 redirect to" in assert_one_error_line_after(r)
+    assert srv.completions == 2 and elsewhere.completions == 0
+
+
+@pytest.mark.parametrize("bound", ["--timeout", "--request-timeout"])
+def test_drive_timeout_is_a_hard_bound_on_a_trickling_server(bound):
+    srv = RawServer(trickle)
+    try:
+        args = ["--timeout", "2"] if bound == "--timeout" else ["--timeout", "120", "--request-timeout", "1"]
+        r = run(["drive", srv.url, "--clients", "2", "--requests", "2", *args], timeout=60)
+    finally:
+        srv.close()
+    assert "(first: timeout)" in assert_one_error_line_after(r)
+    assert r.stdout.splitlines()[-1].startswith("0 of 2 requests ok, 2 sent;")
+
+
+def test_drive_all_ok_exits_zero():
+    srv = RawServer(lambda c: c.sendall(sse(b'data: {"content": "a"}\n\n',
+                                            b'data: {"content": "", "stop": true, "tokens_evaluated": 9}\n\n')))
+    try:
+        r = run(["drive", srv.url, "--requests", "3", "--timeout", "60"])
+    finally:
+        srv.close()
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.splitlines()[-1].startswith("3 of 3 requests ok, 3 sent;")
+
+
+def assert_one_error_line_after(r):
+    """drive prints its table on stdout, then one error line on stderr; no escape byte anywhere."""
+    assert ESC not in r.stdout + r.stderr and "\x07" not in r.stdout + r.stderr
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("ckptrace: error: "), r.stderr
+    return lines[0]

@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pandas as pd
 import pytest
 
-from ckptrace.commands.drive import make_prompt, run_load
+from ckptrace.loadgen import make_prompt, run_load
 from ckptrace.samples.llama_server import (build_server, cached_model, free_port, llama_server, log_path,
                                            logged_checkpoints, run_legs, ttft_path)
 from ckptrace.trace import read_trace
