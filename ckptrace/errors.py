@@ -8,7 +8,7 @@ class CkptraceError(Exception):
 
 
 class NotPermitted(CkptraceError):
-    """Missing privilege (root, or CAP_BPF plus CAP_PERFMON)."""
+    """Missing privilege (root: CAP_SYS_ADMIN, tracefs readable)."""
 
 
 class EbpfUnavailable(CkptraceError):

@@ -61,21 +61,20 @@ def effective_caps() -> int:
 def privileges() -> str:
     """Describe why this process may record, or raise NotPermitted.
 
-    Capabilities decide, not the uid: root with its capabilities dropped can't load BPF, and
-    since Linux 5.8 CAP_BPF plus CAP_PERFMON (or the older CAP_SYS_ADMIN) is enough.
+    Capabilities decide, not the uid: root with its capabilities dropped can't load BPF. CAP_BPF
+    plus CAP_PERFMON load the programs, but attaching a uprobe to one process (perf_event_open
+    with a pid) was refused with EACCES here (Linux 6.18) without CAP_SYS_ADMIN, also with
+    CAP_SYS_PTRACE or CAP_DAC_READ_SEARCH added; CAP_SYS_ADMIN alone recorded.
     """
     caps = effective_caps()
-    has = {name: bool(caps >> bit & 1) for name, bit in
-           (("CAP_BPF", CAP_BPF), ("CAP_PERFMON", CAP_PERFMON), ("CAP_SYS_ADMIN", CAP_SYS_ADMIN))}
     who = "root" if os.geteuid() == 0 else f"uid {os.geteuid()}"
-    if has["CAP_BPF"] and has["CAP_PERFMON"]:
-        return f"{who} with CAP_BPF and CAP_PERFMON"
-    if has["CAP_SYS_ADMIN"]:
+    if caps >> CAP_SYS_ADMIN & 1:
         return f"{who} with CAP_SYS_ADMIN"
     if os.geteuid() == 0:
-        raise error_with_fix(NotPermitted, "recording needs CAP_BPF and CAP_PERFMON, and this root process "
-                     "has had them dropped", "run it as root with full capabilities (plain sudo)")
-    raise error_with_fix(NotPermitted, "recording needs root, or CAP_BPF and CAP_PERFMON", "run with sudo")
+        raise error_with_fix(NotPermitted, "recording needs CAP_SYS_ADMIN (CAP_BPF and CAP_PERFMON alone can't "
+                             "attach uprobes to a process), and this root process has had it dropped",
+                             "run it as root with full capabilities (plain sudo)")
+    raise error_with_fix(NotPermitted, "recording needs root (CAP_SYS_ADMIN, and tracefs readable)", "run with sudo")
 
 
 def require_privileges() -> None:
@@ -101,7 +100,7 @@ def bpf_syscall() -> None:
     err = ctypes.get_errno()
     if err in (errno.EPERM, errno.EACCES):
         raise error_with_fix(NotPermitted, f"bpf(BPF_MAP_CREATE) failed: {os.strerror(err)}",
-                     "run with sudo (root, or CAP_BPF and CAP_PERFMON)")
+                     "run with sudo (root)")
     if err == errno.ENOSYS:
         raise error_with_fix(EbpfUnavailable, "the kernel has no bpf() syscall",
                      "boot a kernel built with CONFIG_BPF_SYSCALL=y")
@@ -352,7 +351,7 @@ def load_bpf(**bpf_kwargs):
     line = _first_error_line(text, failure)
     if "Operation not permitted" in text + str(failure) or "super-user" in str(failure):
         raise error_with_fix(NotPermitted, f"the kernel refused to load a BPF program ({line})",
-                     "run with sudo (root, or CAP_BPF and CAP_PERFMON)")
+                     "run with sudo (root)")
     if "kernel headers" in line:
         raise error_with_fix(EbpfUnavailable, f"bcc could not compile: {line}", f"run {SETUP}")
     raise error_with_fix(EbpfUnavailable, f"bcc could not compile or load a program: {line}",
@@ -377,7 +376,7 @@ def compile_trivial() -> None:
                 line = _first_error_line(log.read(), failure)
                 if "permitted" in line or "super-user" in str(failure):
                     raise error_with_fix(NotPermitted, f"the kernel refused a trivial program ({line})",
-                                 "run with sudo (root, or CAP_BPF and CAP_PERFMON)")
+                                 "run with sudo (root)")
                 raise error_with_fix(EbpfUnavailable, f"the kernel rejected a trivial program: {line}",
                              "check the kernel's BPF support (CONFIG_BPF_SYSCALL)")
     finally:

@@ -2,7 +2,7 @@
 
 Fixtures:
 - `require_root_ebpf`: skips, saying why, only where eBPF is truly unavailable here (no root or
-  CAP_BPF+CAP_PERFMON, bcc not importable, no kernel headers). Use it in every `@pytest.mark.ebpf`
+  CAP_SYS_ADMIN, bcc not importable, no kernel headers). Use it in every `@pytest.mark.ebpf`
   test.
 - `workload`, `static_workload`: paths of the built sample `ckpt-workload` (built once per
   session) and of its static non-PIE build.

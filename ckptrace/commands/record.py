@@ -44,7 +44,7 @@ def command(pid, output, label, duration, fault_sample, ringbuf_pages, hint_afte
     """Record checkpoint, iteration, fault and mmap events of one process.
 
     Give either --pid PID or -- COMMAND [ARGS...]. Stops on Ctrl-C, SIGTERM, target exit
-    or --duration, and always writes a complete trace. Needs root (or CAP_BPF and CAP_PERFMON).
+    or --duration, and always writes a complete trace. Needs root.
     """
     if bool(pid) == bool(command):
         raise click.UsageError("give exactly one of --pid PID or -- COMMAND [ARGS...]")
