@@ -96,6 +96,27 @@ def check_output(path: str | os.PathLike, *, what: str = "output") -> None:
         raise _refused(path, st, what)
 
 
+def output_folder(path: str | os.PathLike, *, what: str = "output") -> Path:
+    """A folder several files will be written into, also by other programs (a server's log, the
+    workload's truth): created if missing, and refused unless it belongs to us or root and no one
+    else can write in it, so nothing can be planted there between our writes."""
+    real, _ = _resolve(os.path.join(os.fspath(path), "."), what)
+    if isinstance(real, int):
+        raise OutputError(f"{printable(path)}: not a folder", errno.ENOTDIR)
+    try:
+        os.makedirs(real, mode=0o755, exist_ok=True)
+        st = os.stat(real, follow_symlinks=False)
+    except OSError as e:
+        raise _error(path, what, e) from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise OutputError(f"{printable(path)}: not a folder", errno.ENOTDIR)
+    whose = None if st.st_uid in (os.geteuid(), 0) else f"of uid {st.st_uid}"
+    if whose or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        raise OutputError(f"{printable(path)}: a folder {whose or 'others can write to'}; give a folder "
+                          f"of your own for the {what}", errno.EPERM)
+    return Path(real)
+
+
 def write_new(folder: str | os.PathLike, prefix: str, suffix: str, write: Writer, *,
               what: str = "output") -> Path:
     """Write a new file with an unpredictable name in `folder` (a rescue copy); returns its path."""

@@ -11,10 +11,12 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import deque
@@ -27,6 +29,7 @@ import pandas as pd
 
 from ckptrace.errors import CkptraceError, TargetError
 from ckptrace.loadgen import run_load, wait_healthy
+from ckptrace.output import output_folder, write_output
 from ckptrace.probes.launch import die_with_parent, stop
 
 HERE = Path(__file__).resolve().parent / "llama-server"
@@ -85,10 +88,12 @@ def make_model(path: Path, d_model: int | None = None, layers: int | None = None
                d_state: int | None = None) -> Path:
     """Write a tiny random mamba GGUF with make_model.py (None: its default, 48.094 MiB checkpoints).
 
-    Written aside and renamed, so an interrupted run never leaves a half model under `path`."""
+    Made in a private folder beside it, then written into place by ckptrace.output, so an
+    interrupted run never leaves a half model under `path` and nothing is written through a link."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    private = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    tmp = private / path.name
     argv = [sys.executable, str(MAKE_MODEL), str(tmp)]
     for flag, value in (("--d-model", d_model), ("--layers", layers), ("--d-state", d_state)):
         if value is not None:
@@ -98,9 +103,10 @@ def make_model(path: Path, d_model: int | None = None, layers: int | None = None
         if p.returncode != 0:
             raise CkptraceError(f"make_model.py failed ({_tail((p.stderr or p.stdout).splitlines())}); "
                                 f"it needs gguf==0.19.0: pip install -e '.[llama]'")
-        os.replace(tmp, path)
+        with open(tmp, "rb") as src:
+            write_output(path, lambda f: shutil.copyfileobj(src, f, 1 << 20), what="model")
     finally:
-        tmp.unlink(missing_ok=True)
+        shutil.rmtree(private, ignore_errors=True)
     return path
 
 
@@ -251,8 +257,7 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
     record's default 1-in-8 time slices (here 2 of 3 legs had no fault timed). Every process
     started is stopped before this returns or raises."""
     say = say or (lambda s: None)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_folder(out_dir, what="legs' files")  # the servers write their logs there too
     binaries = {}
     for pool in dict.fromkeys(p for _, p in legs):
         say(f"llama-server {'pool-on' if pool else 'pool-off'}: build or reuse "
@@ -269,7 +274,7 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
         with llama_server(binaries[pool], model, log_path(trace), slots=clients) as srv:
             with recorder(srv.pid, trace, label, fault_sample):
                 df = run_load(srv.url, clients, requests, prompt_tokens, n_predict, timeout_s, seed=i)
-        df.to_parquet(ttft_path(trace), index=False)
+        write_output(ttft_path(trace), lambda f, df=df: df.to_parquet(f, index=False), what="TTFT table")
         bad = df[df["status"] != "ok"]
         if len(df) < requests or len(bad):
             why = bad["status"].iloc[0] if len(bad) else "not sent in time"

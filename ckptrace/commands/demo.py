@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from ckptrace.output import output_folder
 from ckptrace.terminal import echo
 
 LEGS = [("pool-off", "off"), ("pool-on", "on"), ("pool-off", "off")]
@@ -110,7 +111,7 @@ def command(ctx, out_dir: Path | None, llama: bool, iterations: int, ckpt_mib: i
             raise click.UsageError(f"{' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} "
                                    f"to the sample workload, not to --llama-server")
     out_dir = out_dir or (Path("ckptrace-demo") / "llama-server" if llama else Path("ckptrace-demo"))
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_folder(out_dir, what="demo's files")  # the workload and servers write there too
     say = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     if llama:
         say(f"ckptrace demo: a real llama-server, pool-off / pool-on / pool-off, in {out_dir}")

@@ -97,7 +97,11 @@ def write_model(out: str, d_model: int, layers: int, d_state: int, seed: int, vo
     def normal(*shape: int, std: float = 0.02) -> np.ndarray:
         return (rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float32)
 
-    tmp = out + ".tmp"  # written beside, renamed when complete
+    # Written beside under a name made exclusively (never a predictable one a link could sit
+    # at), renamed when complete.
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(out) + ".", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(out)))
+    os.close(fd)
     writer = gguf.GGUFWriter(tmp, "mamba")
     writer.add_name("ckptrace-tiny-mamba")
     writer.add_context_length(4096)
@@ -134,6 +138,7 @@ def write_model(out: str, d_model: int, layers: int, d_state: int, seed: int, vo
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    os.chmod(tmp, 0o644)  # mkstemp's 0600 is for while it is written
     os.replace(tmp, out)
 
 
