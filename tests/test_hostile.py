@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 from ckptrace.terminal import printable
-from helpers import CKPTRACE, assert_one_line_error, ckptrace
+from helpers import AS_NOBODY, CKPTRACE, assert_one_line_error, ckptrace
 
 CLI = [str(CKPTRACE)]
 ESC = "\x1b"
@@ -123,7 +123,6 @@ def test_no_escape_byte_from_a_trace_reaches_the_terminal(nasty_legs, how):
 
 # --- writing: only what was asked, never through someone else's symlink ----------------------
 
-AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--inh-caps=-all"]
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (as ckptrace runs in production)")
 
 
