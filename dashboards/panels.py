@@ -115,10 +115,23 @@ def _nice_step(span: float, ticks: int = 8) -> float:
     return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
 
 
-def _fault_timing(every) -> str:
-    if every == 1:
-        return "every fault timed"
-    return f"faults timed in 1 of {every} 0.25 s slices" if every else "not timed (counts only)"
+def _fault_timing(meta: TraceMeta) -> str:
+    """How the leg's fault time was measured: the recorder's method, else the legacy interval."""
+    ft = meta.fault_time
+    if ft is not None and ft.method != "none":
+        return f"{ft.method}: {ft.definition}"
+    every = meta.fault_sample_every
+    if every:
+        return ("legacy service interval, every fault timed" if every == 1
+                else f"legacy service interval, faults timed in 1 of {every} 0.25 s slices")
+    return "not recorded (fault counts only)"
+
+
+def _sched(meta: TraceMeta) -> str:
+    sc = meta.sched_counters
+    if sc is None:
+        return "not recorded (trace format 1)"
+    return ("recorded: " if sc.recorded else "not recorded: ") + sc.note
 
 
 # -- one iteration as a timeline -----------------------------------------------------------------
@@ -197,13 +210,12 @@ def timeline_panel(legs: list[Leg]) -> Panel:
 
 # -- distributions -------------------------------------------------------------------------------
 
-DISTRIBUTIONS = [("checkpoints", "fill_ns", "checkpoint fill (ms)"),
-                 ("checkpoints", "copy_ns", "checkpoint copy (ms)"),
-                 ("checkpoints", "fault_ns", "checkpoint faults (ms)"),
-                 ("checkpoints", "total_ns", "checkpoint total (ms)"),
-                 ("prefill", "span_ns", "prefill iteration (ms)"),
+DISTRIBUTIONS = [("checkpoints", "fill_ns", "fill (ms)"),
+                 ("checkpoints", "copy_ns", "copy (ms)"),
+                 ("checkpoints", "fault_ns", "faults (ms)"),
+                 ("checkpoints", "total_ns", "checkpoint (ms)"),
                  ("checkpoints", "cpu_ns", "checkpoint on CPU (ms)"),
-                 ("checkpoints", "wait_ns", "checkpoint waiting (ms)")]
+                 ("prefill", "span_ns", "prefill iteration (ms)")]
 
 
 def distributions_panel(legs: list[Leg]) -> Panel:
@@ -396,6 +408,7 @@ def _table_figure(title: str, header: list[str], rows: list[tuple[str, list[str]
 
 
 def metadata_panel(legs: list[Leg]) -> Panel:
+    width = max(40, 140 // max(1, len(legs)))  # characters per cell line: plotly tables do not wrap
     def row(name, fn):
         return name, [fn(leg) for leg in legs]
 
@@ -426,7 +439,8 @@ def metadata_panel(legs: list[Leg]) -> Panel:
         row("lost events", get("lost_events")),
         row("partial spans / open at stop",
             lambda leg: plain(f"{leg.meta.partial_spans} / {leg.meta.open_at_stop.total}")),
-        row("fault timing", lambda leg: plain(_fault_timing(leg.meta.fault_sample_every))),
+        row("fault time", lambda leg: _wrap(_fault_timing(leg.meta), width)),
+        row("on-CPU time and wait", lambda leg: _wrap(_sched(leg.meta), width)),
         row("probe points", probes),
         row("checkpoints / prefill iterations",
             lambda leg: f"{len(leg.checkpoints):,} / {len(leg.prefill):,}"),
@@ -453,7 +467,7 @@ def _fmt_summary(key: str, v) -> str:
         v = float(v)
         if not math.isfinite(v):
             return "-"
-        if key.rsplit(".", 1)[0].endswith("_ns") and not key.endswith(".count"):
+        if key.rsplit(".", 1)[0].endswith("_ns") and not key.endswith((".count", ".not_recorded")):
             return f"{v / 1e6:,.3f} ms"
         return f"{v:,.6g}"
     if isinstance(v, (list, tuple)):
