@@ -5,6 +5,8 @@ import json
 
 import click
 
+from ckptrace.terminal import echo
+
 
 @click.command("symbols", epilog="""\b
 Examples:
@@ -35,4 +37,4 @@ def command(binary, pid, as_json):
     if as_json:
         click.echo(json.dumps(plan.to_dict(), indent=2))
     else:
-        click.echo(format_plan(plan))
+        echo(format_plan(plan))  # object paths come from the target: made printable
