@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import ctypes
 import datetime as dt
-import os
 import platform
 import signal
 import socket

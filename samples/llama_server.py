@@ -247,15 +247,15 @@ def ttft_path(trace: Path) -> Path:
 
 def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 3,
              requests: int = REQUESTS, prompt_tokens: int = 64, n_predict: int = 4,
-             model: Path | None = None, fault_sample: int | None = 1, timeout_s: float = 600.0,
+             model: Path | None = None, fault_sample: int | None = None, timeout_s: float = 600.0,
              say: Callable[[str], None] | None = None) -> list[Path]:
     """Record each (label, pool) leg in turn against a fresh server; return the trace paths.
 
     Per leg i (from 1): `{i}-{label}.parquet`, its server log (log_path) and the driver's
     results (ttft_path) in `out_dir`. `model`: None for make_model.py's default shape.
-    `fault_sample` 1 times every fault: a leg makes only about 12 checkpoints, too few for
-    record's default 1-in-8 time slices (here 2 of 3 legs had no fault timed). Every process
-    started is stopped before this returns or raises."""
+    `fault_sample`: record's legacy --fault-sample (None: its default, off; every span's fault
+    time is measured without it). Every process started is stopped before this returns or
+    raises."""
     say = say or (lambda s: None)
     out_dir = output_folder(out_dir, what="legs' files")  # the servers write their logs there too
     binaries = {}
