@@ -31,6 +31,11 @@ Rules:
   because two baseline legs give a single, often tiny, drift estimate, while whole runs of the
   same workload moved by more between legs on this project's shared 2-core VM (A/A/A, README).
   Every metric is a time or a fault count, so lower is faster.
+- Busy machine: when any leg's checkpoints or prefill iterations waited for a CPU more than 10% of
+  their wall time, the wall-time metrics (WALL_METRICS) read "not judged": their change is the
+  machine's load as much as the code's (20 A/A/A runs on a loaded 2-core VM read faster or slower
+  in 7 of 20 on wall time, every one with legs waiting 24-79%; on-CPU metrics in none). Their
+  figures are still reported; the on-CPU, fault and fault-count metrics are judged as usual.
 - Pool hits (`pool`, when any leg has them): the candidate's hits and its misses, each against
   the baseline (the baseline's own hits or misses when it has hits too), by their medians (one
   population per class), with the same interval, drift and verdict rules.
@@ -64,6 +69,10 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "checkpoint_fill_cpu_ns": ("checkpoint", ("fill_cpu_ns",), "ns"),
     "checkpoint_total_cpu_ns": ("checkpoint", ("cpu_ns",), "ns"),
 }
+# Wall-clock metrics: they include run-queue wait, so a busy machine moves them (see "Busy machine").
+WALL_METRICS = frozenset({"checkpoint_fill_ns", "checkpoint_copy_ns", "checkpoint_total_ns", "prefill_iteration_ns"})
+JUDGED = ("faster", "slower", "no change", "within drift")
+NOT_JUDGED = "not judged"
 MIN_SAMPLES = 5
 SAMPLES_NOTE = ("each arm's samples are the per-checkpoint values (per prefill iteration for "
                 "prefill_iteration_ns) of all its legs, pooled")
@@ -263,8 +272,21 @@ def _warnings(analyses: list[Analysis], arms: list[str]) -> list[str]:
         shares = [x for x in (s.get("wait_share"), s.get("prefill_wait_share")) if x is not None]
         if shares and max(shares) > WAIT_WARN_SHARE:
             out.append(f"{_leg_name(i, a)} spent {max(shares) * 100:.0f}% of its spans' time waiting for a CPU: "
-                       "wall times measure the machine's load; read the on-CPU metrics (*_cpu_ns)")
+                       f"wall times measure the machine's load, so wall-time metrics read '{NOT_JUDGED}'; "
+                       "read the on-CPU metrics (*_cpu_ns)")
     return out
+
+
+def _busy(analyses: list[Analysis]) -> bool:
+    """Any leg whose spans waited for a CPU more than WAIT_WARN_SHARE of their wall time."""
+    return any(x is not None and x > WAIT_WARN_SHARE
+               for a in analyses for x in (a.summary.get("wait_share"), a.summary.get("prefill_wait_share")))
+
+
+def _withhold_wall(frame: pd.DataFrame) -> None:
+    """Wall-time verdicts of a busy comparison become NOT_JUDGED (figures kept)."""
+    wall = frame["metric"].isin(WALL_METRICS) & frame["verdict"].isin(JUDGED)
+    frame.loc[wall, "verdict"] = NOT_JUDGED
 
 
 def _signed_ms(ns: float) -> str:
@@ -285,7 +307,12 @@ def _explain(m: pd.DataFrame, analyses: list[Analysis], arms: list[str], baselin
     head = (f"{candidate} against {baseline}: {r.loc['checkpoint_total_ns', 'statistic']} checkpoint time "
             f"{said('checkpoint_total_ns')}, "
             f"prefill iteration time {said('prefill_iteration_ns')}.")
-    if r.loc["checkpoint_total_ns", "verdict"] not in ("faster", "slower"):
+    # A busy comparison is explained on CPU, where the waiting is left out.
+    busy = r.loc["checkpoint_total_ns", "verdict"] == NOT_JUDGED
+    key = "checkpoint_total_cpu_ns" if busy else "checkpoint_total_ns"
+    if busy:
+        head += f" On CPU, checkpoint time {said(key)}."
+    if r.loc[key, "verdict"] not in ("faster", "slower"):
         return head + " No checkpoint phase moved beyond its interval and the baseline drift."
 
     # Means add up (total = fill + copy + other), so they split the change between phases.
@@ -293,20 +320,23 @@ def _explain(m: pd.DataFrame, analyses: list[Analysis], arms: list[str], baselin
         return float(np.mean(np.concatenate([a.checkpoints[col].to_numpy(dtype="float64", na_value=np.nan)
                                              for a, x in zip(analyses, arms) if x == arm])))
 
-    delta = {p: mean_of("candidate", f"{p}_ns") - mean_of("baseline", f"{p}_ns") for p in ("fill", "copy", "other")}
-    total = sum(delta.values())
+    cols = ({"fill": "fill_cpu_ns", "copy": "copy_cpu_ns", "total": "cpu_ns"} if busy
+            else {"fill": "fill_ns", "copy": "copy_ns", "total": "total_ns"})
+    delta = {p: mean_of("candidate", cols[p]) - mean_of("baseline", cols[p]) for p in cols}
+    total = delta.pop("total")
+    delta["other"] = total - delta["fill"] - delta["copy"]
     phase = max(delta, key=lambda p: abs(delta[p]) if np.sign(delta[p]) == np.sign(total) else -1)
     fault = mean_of("candidate", "fault_ns") - mean_of("baseline", "fault_ns")
     words = {"fill": "the fill (the resize's zero fill of fresh memory)", "copy": "the state copy",
              "other": "the rest of the checkpoint (neither fill nor copy)"}
     tail = (f" Most of it comes from {words[phase]}: {_signed_ms(delta[phase])} of {_signed_ms(total)} per checkpoint "
-            f"on average, with fault time " + (_signed_ms(fault) if math.isfinite(fault) else "not recorded") + ".")
+            f"on average{' on CPU' if busy else ''}, with fault time " + (_signed_ms(fault) if math.isfinite(fault) else "not recorded") + ".")
     return head + tail
 
 
 MIN_EFFECT_PCT = 20.0
 DEFAULT_STATISTIC = "mean"
-POOL_METRICS = ("checkpoint_total_ns", "checkpoint_fill_ns")
+POOL_METRICS = ("checkpoint_total_ns", "checkpoint_fill_ns", "checkpoint_total_cpu_ns", "checkpoint_fill_cpu_ns")
 POOL_COLUMNS = {"class": "str", "metric": "str", **{k: v for k, v in METRIC_COLUMNS.items()
                                                      if k not in ("metric", "unit", "sample")}}
 
@@ -385,9 +415,13 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
         rows.append(row)
     metrics = pd.DataFrame(rows, columns=list(METRIC_COLUMNS)).astype(METRIC_COLUMNS)
     pooled = legs["pool_hits"].sum() > 0
+    pool = (_pool_rows(analyses, arms, seed, n_boot, min_effect_pct) if pooled
+            else pd.DataFrame(columns=list(POOL_COLUMNS)).astype(POOL_COLUMNS))
+    if _busy(analyses):
+        _withhold_wall(metrics)
+        _withhold_wall(pool)
     return Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
                       warnings=_warnings(analyses, arms),
                       explanation=_explain(metrics, analyses, arms, baseline, candidate),
                       seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, statistic=statistic,
-                      pool=_pool_rows(analyses, arms, seed, n_boot, min_effect_pct) if pooled
-                      else pd.DataFrame(columns=list(POOL_COLUMNS)).astype(POOL_COLUMNS))
+                      pool=pool)

@@ -22,7 +22,8 @@ MAX_BARS = 1_500
 ARM_COLOURS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#9D755D", "#72B7B2", "#EECA3B", "#FF9DA6"]
 PHASE_COLOURS = {"fill": "#4C78A8", "copy": "#F58518", "faults": "#E45756", "wait": "#B279A2", "other": "#BAB0AC",
                  "decode": "#72B7B2", "checkpoint": "#D8D8D8"}
-VERDICT_COLOURS = {"faster": "#2E7D32", "slower": "#C62828", "no change": "#757575", "within drift": "#EF8F00"}
+VERDICT_COLOURS = {"faster": "#2E7D32", "slower": "#C62828", "no change": "#757575", "within drift": "#EF8F00",
+                   "not judged": "#9E9E9E"}
 
 
 def plain(text: object) -> str:

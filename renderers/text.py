@@ -210,13 +210,17 @@ def _metric_lines(rows: list[dict], first: str, name_of) -> tuple[list[str], lis
     return lines, notes
 
 
+POOL_NAMES = {"checkpoint_total_ns": "total", "checkpoint_fill_ns": "fill",
+              "checkpoint_total_cpu_ns": "cpu ckpt", "checkpoint_fill_cpu_ns": "cpu fill"}
+
+
 def _pool_lines(c) -> list[str]:
     legs = c.legs
     rates = "; ".join(f"leg {int(r['leg'])} {r['pool_hits']} of {r['checkpoints']}" for r in legs.to_dict("records"))
     lines = ["", wrap(f"pool hits: {rates}. Hits and misses apart, each against the baseline (medians; the "
                       "baseline's own hits or misses when it has hits too):")]
     rows = [{**m, "unit": "ns"} for m in c.pool.to_dict("records")]
-    table, notes = _metric_lines(rows, "class", lambda m: f"{m['class']} {NAMES[m['metric']].split(' ', 1)[1][:-3]}")
+    table, notes = _metric_lines(rows, "class", lambda m: f"{m['class']} {POOL_NAMES[m['metric']]}")
     return lines + table + [wrap(n) for n in notes]
 
 

@@ -202,3 +202,12 @@ def assert_parts_fit(rows, faults_measured: bool = False) -> None:
     if faults_measured:
         bad |= df["fault_ns"] > df["fill_ns"] + df["copy_ns"]
     assert not bad.any(), f"parts outside their span:\n{df[bad].to_string()}"
+
+
+def assert_pool_faster(comparison: dict, wall: str = "checkpoint_fill_ns", cpu: str = "checkpoint_fill_cpu_ns") -> None:
+    """A pool's effect as compare --json states it: faster on CPU; on wall time faster, unless a leg
+    waited for a CPU over 10% (its warning says so), when the wall verdict is 'not judged'."""
+    m = {x["metric"]: x for x in comparison["metrics"]}
+    assert m[cpu]["verdict"] == "faster", m[cpu]
+    busy = any("waiting for a CPU" in w for w in comparison["warnings"])
+    assert m[wall]["verdict"] == ("not judged" if busy else "faster"), (m[wall], comparison["warnings"])

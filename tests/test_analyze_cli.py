@@ -8,7 +8,7 @@ import pytest
 
 from ckptrace.meta import TraceMeta
 from ckptrace.trace import write_trace
-from helpers import assert_one_line_error, assert_parts_fit, ckptrace, record_with_truth, within_clock
+from helpers import assert_one_line_error, assert_parts_fit, assert_pool_faster, ckptrace, record_with_truth, within_clock
 from test_analyzers import MIB, MS, META, V2, decode_rows, make_events, slots_rows
 
 CONTRACT = ["start_ns", "end_ns", "tid", "bytes", "fill_ns", "copy_ns", "fill_faults", "copy_faults", "mmaps",
@@ -164,11 +164,12 @@ def test_recorded_workload_matches_its_truth(require_root_ebpf, workload, tmp_pa
     # can flip with how many hits a run happens to get.
     pool = {(x["class"], x["metric"]): x for x in doc["pool"]}
     assert pool[("hits", "checkpoint_fill_ns")]["candidate_value"] == 0
-    assert pool[("hits", "checkpoint_fill_ns")]["verdict"] == "faster"
+    assert pool[("hits", "checkpoint_fill_cpu_ns")]["verdict"] == "faster"
     rate = doc["legs"][1]["pool_hits"] / doc["legs"][1]["checkpoints"]
     assert rate >= 0.5, rate  # the sample's pool misses only while warming up
     for name in ("checkpoint_fill_ns", "checkpoint_fill_cpu_ns"):  # on CPU too: hits spend none
-        assert m[name]["verdict"] == "faster" and m[name]["ci_high_pct"] < -20, m[name]
+        assert m[name]["ci_high_pct"] < -20, m[name]
+    assert_pool_faster(doc)  # wall verdict 'not judged' when a leg waited for a CPU (busy machine)
 
 
 def v1_trace(path, events, meta) -> None:

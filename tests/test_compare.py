@@ -175,7 +175,22 @@ def test_waiting_for_a_cpu_is_warned_and_on_cpu_metrics_hold():
     waits = [w for w in c.warnings if "waiting for a CPU" in w]
     assert len(waits) == 1 and waits[0].startswith("leg 2 (B) spent 40%") and "on-CPU metrics" in waits[0]
     assert metric(c, "checkpoint_fill_cpu_ns")["change_pct"] == pytest.approx(-100 * 0.38 / 0.98, abs=3)
-    assert metric(c, "checkpoint_fill_ns")["verdict"] in ("no change", "within drift")
+    # Its wall times are the machine's: not judged (figures kept); on-CPU and faults are judged.
+    for name in ("checkpoint_fill_ns", "checkpoint_copy_ns", "checkpoint_total_ns", "prefill_iteration_ns"):
+        assert metric(c, name)["verdict"] == "not judged" and not np.isnan(metric(c, name)["change_pct"]), name
+    assert metric(c, "checkpoint_fill_cpu_ns")["verdict"] == "faster"
+    assert metric(c, "checkpoint_faults")["verdict"] in ("no change", "within drift")
+    assert "wall-time metrics read 'not judged'" in waits[0]
+
+
+def test_a_busy_leg_withholds_wall_verdicts_of_pool_rows_too():
+    legs = [mem_leg("off", seed=1), mem_leg("on", seed=2, hits=30, wait_share=0.3), mem_leg("off", seed=3)]
+    c = compare(legs)
+    assert pool_row(c, "hits", "checkpoint_fill_ns")["verdict"] == "not judged"
+    assert pool_row(c, "hits", "checkpoint_fill_cpu_ns")["verdict"] == "faster"
+    quiet = compare([mem_leg("off", seed=1), mem_leg("on", seed=2, hits=30), mem_leg("off", seed=3)])
+    assert metric(quiet, "checkpoint_fill_ns")["verdict"] == "faster"  # 2% wait: judged
+    assert pool_row(quiet, "hits", "checkpoint_fill_ns")["verdict"] == "faster"
 
 
 def test_not_recorded_is_left_out_not_zero():

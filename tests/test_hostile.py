@@ -264,19 +264,34 @@ def test_full_disk_for_the_report_leaves_nothing_behind(tmp_path):
 
 # --- recording (real BPF, the sample workload) ------------------------------------------------
 
-FULL = ("for d in \"$@\"; do [ \"$d\" = -- ] && break; mount -t tmpfs -o size=16k ckptrace-full \"$d\" "
-        "|| exit 99; done; while [ \"$1\" != -- ]; do shift; done; shift; \"$@\"; rc=$?; ")
+# The checkout (venv, CLI) stays visible where a full folder would cover it (a CI clone in /tmp):
+# it is bound to /mnt first, then back at its own path inside the covering tmpfs.
+FULL = ("[ -n \"$KEEP\" ] && { mount --bind \"$KEEP\" /mnt || exit 98; }; "
+        "for d in \"$@\"; do [ \"$d\" = -- ] && break; mount -t tmpfs -o size=16k ckptrace-full \"$d\" "
+        "|| exit 99; case \"$KEEP\" in \"$d\"/*) mkdir -p \"$KEEP\" && mount --bind /mnt \"$KEEP\" || exit 97;; esac; "
+        "done; while [ \"$1\" != -- ]; do shift; done; shift; \"$@\"; rc=$?; ")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def kept_in(folder) -> str:
+    """What `ls -A folder` shows of the checkout kept visible inside it ('' when it is elsewhere)."""
+    try:
+        return REPO.relative_to(folder).parts[0]
+    except ValueError:
+        return ""
 
 
 def record_on_full_disks(folders, workload, out, tmpdir):
     """`record` in a private mount namespace where each of `folders` is a full 16 KiB tmpfs;
     prints what each folder holds afterwards (on stdout, one `ls -A` per folder)."""
     script = FULL + "for d in $FOLDERS; do echo \"$d: $(ls -A \"$d\")\"; done; exit $rc"
+    keep = str(REPO) if any(kept_in(f) for f in folders) else ""
     return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
                            *map(str, folders), "--", *CLI, "record", "--quiet", "-o", str(out), "--",
                            str(workload), "--iterations", "3"],
                           capture_output=True, text=True, timeout=180,
-                          env={**os.environ, "TMPDIR": str(tmpdir), "FOLDERS": " ".join(map(str, folders))})
+                          env={**os.environ, "TMPDIR": str(tmpdir), "FOLDERS": " ".join(map(str, folders)),
+                               "KEEP": keep})
 
 
 @pytest.mark.ebpf
@@ -302,7 +317,7 @@ def test_nowhere_to_write_says_the_recording_is_lost(require_root_ebpf, workload
     r = record_on_full_disks(everywhere, workload, "/tmp/t.parquet", "/tmp")
     line = assert_one_error_line(r, after_recording=True)
     assert "is lost" in line and line.count("No space left on device") == 4
-    assert r.stdout.splitlines() == [f"{d}: " for d in everywhere]
+    assert r.stdout.splitlines() == [f"{d}: {kept_in(d)}" for d in everywhere]
 
 
 @pytest.mark.ebpf

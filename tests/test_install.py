@@ -149,7 +149,10 @@ def test_analyze_compare_dashboard_on_the_installed_samples(installed, tmp_path)
     assert "checkpoints" in text
     cmp = json.loads(run([exe, "compare", *legs, "--json"], cwd=cwd).stdout)
     fill = next(m for m in cmp["metrics"] if m["metric"] == "checkpoint_fill_ns")
-    assert cmp["baseline"] == "pool-off" and cmp["candidate"] == "pool-on" and fill["verdict"] == "faster"
+    busy = any("waiting for a CPU" in w for w in cmp["warnings"])  # the samples were recorded on a busy VM
+    cpu_fill = next(m for m in cmp["metrics"] if m["metric"] == "checkpoint_fill_cpu_ns")
+    assert cmp["baseline"] == "pool-off" and cmp["candidate"] == "pool-on" and cpu_fill["verdict"] == "faster"
+    assert fill["verdict"] == ("not judged" if busy else "faster")
     report = tmp_path / "report.html"
     run([exe, "dashboard", *legs, "-o", report], cwd=cwd)
     html = report.read_text()

@@ -29,7 +29,8 @@ def command(traces, as_json, seed, n_boot, min_effect):
     and a verdict: "no change" when the interval includes 0, "within drift" when the spread
     between baseline legs (or --min-effect) could explain it, else "faster" or "slower". Legs
     with pool hits are also judged as hits and misses apart. On a busy machine read the on-CPU
-    metrics (*_cpu_ns): a warning says when a leg waited over 10% for a CPU.
+    metrics (*_cpu_ns): when a leg waited over 10% for a CPU, a warning says so and the
+    wall-time metrics read "not judged".
     """
     from ckptrace.analyzers.compare import compare
     from ckptrace.renderers.json import comparison_json, dumps
