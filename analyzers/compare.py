@@ -34,7 +34,7 @@ Rules:
 - Busy machine: when any leg's checkpoints or prefill iterations waited for a CPU more than 10% of
   their wall time, the wall-time metrics (WALL_METRICS) read "not judged": their change is the
   machine's load as much as the code's (20 A/A/A runs on a loaded 2-core VM read faster or slower
-  in 7 of 20 on wall time, every one with legs waiting 24-79%; on-CPU metrics in none). Their
+  in 7 of 20 on wall time, each with a leg waiting 35-72%; on-CPU metrics in none). Their
   figures are still reported; the on-CPU, fault and fault-count metrics are judged as usual.
 - Pool hits (`pool`, when any leg has them): the candidate's hits and its misses, each against
   the baseline (the baseline's own hits or misses when it has hits too), by their medians (one
