@@ -14,6 +14,7 @@ from ckptrace.trace import Trace
 
 from .checkpoints import CHECKPOINT_COLUMNS, checkpoint_table
 from .iterations import ITERATION_COLUMNS, iteration_table
+from .memory import memory_summary
 from .spans import iteration_spans
 from .summary import summarize
 
@@ -27,10 +28,12 @@ class Analysis:
     checkpoints: pd.DataFrame
     iterations: pd.DataFrame
     summary: dict
+    memory: dict  # checkpoint buffers held and RSS (memory.py)
 
 
 def analyze_trace(trace: Trace) -> Analysis:
     spans = iteration_spans(trace.events)
     checkpoints = checkpoint_table(trace.events, spans)
     iterations = iteration_table(trace.events, spans, checkpoints)
-    return Analysis(trace, checkpoints, iterations, summarize(checkpoints, iterations, trace.meta))
+    return Analysis(trace, checkpoints, iterations, summarize(checkpoints, iterations, trace.meta),
+                    memory_summary(trace.events))

@@ -65,6 +65,17 @@ class FaultTime:
 
 
 @dataclass
+class ProcessInfo:
+    """One recorded process (version 3; a trace of several processes has one per process)."""
+    pid: int
+    label: str = ""  # how compare groups this process's legs (default: the trace's label)
+    comm: str = ""
+    executable: str | None = None
+    build_id: str | None = None  # the executable's GNU build-id
+    profile: str | None = None  # the probe profile its generation matched (probes/symbols.py)
+
+
+@dataclass
 class TraceMeta:
     label: str = ""  # how compare groups legs
     tool_version: str | None = None
@@ -95,6 +106,7 @@ class TraceMeta:
     events: int | None = None  # rows in the event table
     sched_counters: SchedCounters | None = None  # None: a version 1 trace
     fault_time: FaultTime | None = None
+    processes: list[ProcessInfo] = field(default_factory=list)  # version 3: each traced process
     # The file's own format stamp as read; write_trace stamps the writer's.
     format: str | None = None
     version: int | None = None

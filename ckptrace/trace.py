@@ -23,16 +23,18 @@ from ckptrace.terminal import printable
 from ckptrace.validate import check_column, check_events, check_table, open_regular
 
 FORMAT = "ckptrace-trace"
-VERSION = 2
+VERSION = 3
 # Oldest reader that can read what this version writes. Bump VERSION for additions; bump this
 # only for changes an old reader would misread. Never reuse a removed column name.
 MIN_READER_VERSION = 1
 META_KEY = "ckptrace"
 
 # What a row is. Spans have start_ns < end_ns; mmap/munmap/mremap are syscalls (enter..exit).
-KINDS = ["checkpoint", "fill", "copy", "iteration", "decode", "mmap", "munmap", "mremap"]
+KINDS = ["checkpoint", "fill", "copy", "iteration", "decode", "mmap", "munmap", "mremap",
+         "create", "restore", "restore_copy", "spec_state", "prompt_save", "rss"]  # version 3
 # What the thread was doing when the event happened (the innermost open span).
-PHASES = ["none", "iteration", "checkpoint", "fill", "copy"]
+PHASES = ["none", "iteration", "checkpoint", "fill", "copy",
+          "create", "restore", "restore_copy", "spec_state", "prompt_save"]  # version 3
 
 # Column -> dtype. Units are in the names; 0 means "none" for ids.
 COLUMNS: dict[str, object] = {
@@ -57,9 +59,14 @@ COLUMNS: dict[str, object] = {
     "nvcsw": pd.Int64Dtype(),  # voluntary context switches over the span
     "nivcsw": pd.Int64Dtype(),  # involuntary context switches (preemptions) over the span
     "fault_ns": pd.Int64Dtype(),  # whole cost of the span's page faults to the thread (fault_time)
+    # Version 3.
+    "pid": np.dtype("int32"),  # process of the row (older traces: the trace's meta.pid)
+    "spec": np.dtype("bool"),  # checkpoint made for a speculative round
 }
 # Columns a trace may lack (older versions): read as NA, never as zeros.
 OPTIONAL = {"cpu_ns", "wait_ns", "nvcsw", "nivcsw", "fault_ns"}
+# Version 3 columns an older trace lacks: read as their "none" value (pid: the trace's meta.pid).
+ADDED_IN_3 = {"pid", "spec"}
 
 
 @dataclass
@@ -91,7 +98,7 @@ def normalize_events(df: pd.DataFrame) -> pd.DataFrame:
             values = df[col].array  # positional (the caller's index must not reorder rows), no copy
         elif col == "phase":
             values = np.full(n, "none", dtype=object)
-        elif col == "draft":
+        elif col in ("draft", "spec"):
             values = np.zeros(n, dtype=bool)
         elif col in OPTIONAL:
             values = pd.array([pd.NA] * n, dtype=dtype)
@@ -168,7 +175,7 @@ def read_meta(path: str | os.PathLike) -> TraceMeta:
             f"{path}: trace format version {version} needs a reader of version >= {min_reader}; "
             f"this ckptrace reads up to {VERSION}: upgrade ckptrace"
         )
-    missing = [c for c in COLUMNS if c not in schema.names and c not in OPTIONAL]
+    missing = [c for c in COLUMNS if c not in schema.names and c not in OPTIONAL | ADDED_IN_3]
     if missing:
         raise TraceFormatError(f"{path}: trace lacks columns {', '.join(missing)}")
     try:
@@ -195,6 +202,7 @@ def read_trace(path: str | os.PathLike) -> Trace:
         source.close()
     except (pa.ArrowException, OSError) as e:
         raise TraceFormatError(f"{path}: trace is damaged ({_first_line(e)})") from None
+    cols_read = set(cols)
     df = pd.DataFrame(cols, copy=False)
     del cols
     try:
@@ -203,6 +211,9 @@ def read_trace(path: str | os.PathLike) -> Trace:
         raise TraceFormatError(f"{path}: a column has the wrong type ({_first_line(e)})") from None
     if df["kind"].isna().any():
         raise TraceFormatError(f"{path}: trace has event kinds this version does not know")
+    if "pid" not in cols_read and meta.pid:
+        df["pid"] = np.int32(meta.pid)  # before version 3 a trace held one process
+
     check_events(df, shown)
     return Trace(events=df, meta=meta, path=str(path))
 

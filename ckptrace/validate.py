@@ -31,9 +31,10 @@ RANGES = {
     "fault_timed": (0, COUNT_MAX), "fault_timed_ns": (0, NS_MAX), "tokens": (0, INT32_MAX),
     "prompt_tokens": (0, INT32_MAX), "cpu_ns": (0, NS_MAX), "wait_ns": (0, NS_MAX),
     "nvcsw": (0, COUNT_MAX), "nivcsw": (0, COUNT_MAX), "fault_ns": (0, NS_MAX),
+    "pid": (0, INT32_MAX),
 }
 TEXT_COLUMNS = {"kind", "phase"}
-BOOL_COLUMNS = {"draft"}
+BOOL_COLUMNS = {"draft", "spec"}
 # Memory a trace may expand to: this many times its file size (real traces: under 10x), at least
 # MIN_BUDGET, and never more than half the memory available now.
 EXPANSION = 64

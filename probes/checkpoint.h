@@ -12,6 +12,12 @@ enum ckpt_kind {
     K_MMAP = 5,
     K_MUNMAP = 6,
     K_MREMAP = 7,
+    K_CREATE = 8,
+    K_RESTORE = 9,
+    K_RESTORE_COPY = 10,
+    K_SPEC_STATE = 11,
+    K_PROMPT_SAVE = 12,
+    K_RSS = 13,
 };
 
 /* Innermost open span of a thread; the order is ckptrace.trace.PHASES. */
@@ -21,6 +27,11 @@ enum ckpt_phase {
     P_CHECKPOINT = 2,
     P_FILL = 3,
     P_COPY = 4,
+    P_CREATE = 5,
+    P_RESTORE = 6,
+    P_RESTORE_COPY = 7,
+    P_SPEC_STATE = 8,
+    P_PROMPT_SAVE = 9,
 };
 
 /* Kernel-side counters, index into the `counters` array. */

@@ -155,9 +155,33 @@ def summary_lines(s: dict) -> list[str]:
     return lines
 
 
+def memory_lines(m: dict, t0: int, limit: int | None = 20) -> list[str]:
+    """Checkpoint buffers held (mmap'ed during a checkpoint until munmap'ed) and RSS."""
+    if not m["buffers_mapped"] and m["peak_rss_bytes"] is None:
+        return [wrap("Memory: no checkpoint buffer was mapped while recording; RSS not recorded.")]
+    mib = lambda b: f"{b / MIB:.1f} MiB"  # noqa: E731
+    lines = ["Memory (checkpoint buffers: mapped during a checkpoint, held until unmapped)"]
+    peak_at = f" at {(m['peak_held_ns'] - t0) / 1e9:.3f} s" if m["peak_held_ns"] is not None else ""
+    lines.append(wrap(f"held at peak {mib(m['peak_held_bytes'])}{peak_at}; at the end {mib(m['end_held_bytes'])}; "
+                      f"{m['buffers_mapped']} buffers mapped ({mib(m['buffer_bytes_mapped'])}), "
+                      f"{mib(m['released_bytes'])} returned in {len(m['releases'])} releases"))
+    lines.append(wrap("RSS at peak: " + (mib(m["peak_rss_bytes"]) + f" ({m['rss_samples']} changes recorded)"
+                                         if m["peak_rss_bytes"] is not None else "- (not recorded)")))
+    rel = m["releases"] if limit is None else m["releases"][:limit]
+    if rel:
+        lines.append(f"{'released at s':>13} {'pid':>7} {'tid':>7} {'MiB':>8} {'held after':>10}  phase")
+        for r in rel:
+            lines.append(f"{(r['t_ns'] - t0) / 1e9:>13.3f} {r['pid']:>7} {r['tid']:>7} {r['bytes'] / MIB:>8.1f} "
+                         f"{r['held_after_bytes'] / MIB:>10.1f}  {printable(r['phase'])}")
+        if len(rel) < len(m["releases"]):
+            lines.append(f"... {len(m['releases']) - len(rel)} more releases (--all shows every row)")
+    return lines
+
+
 def analysis_report(analysis, limit: int | None = 20) -> str:
+    t0 = time_origin(analysis.trace.meta, analysis.trace.events)
     blocks = [header_lines(analysis), checkpoint_lines(analysis, limit), iteration_lines(analysis),
-              summary_lines(analysis.summary)]
+              summary_lines(analysis.summary), memory_lines(analysis.memory, t0, limit)]
     return "\n\n".join("\n".join(b) for b in blocks)
 
 

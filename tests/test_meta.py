@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ckptrace.errors import TraceFormatError
-from ckptrace.meta import FaultTime, ObjectInfo, OpenSpans, ProbeInfo, SchedCounters, TraceMeta
+from ckptrace.meta import FaultTime, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, SchedCounters, TraceMeta
 from ckptrace.trace import read_meta, read_trace, write_trace
 from helpers import assert_one_line_error, ckptrace
 from test_analyzers import make_events, slots_rows
@@ -29,6 +29,7 @@ def full_meta() -> TraceMeta:
         open_at_stop=OpenSpans(4, 5), attach_retries=6, fault_sample_every=8, fault_slices_timed=9,
         fault_time_definition="d", events=11, sched_counters=SchedCounters(True, "how"),
         fault_time=FaultTime("m", "d", {"fill": [[4096, 100]]}, 0.5, 1.5),
+        processes=[ProcessInfo(7, "pool-off", "w", "/bin/w", "ab" * 20, "p")],
         extra={"from_a_newer_writer": {"x": [1]}})
 
 
@@ -54,7 +55,10 @@ def test_committed_traces_read_with_every_key_typed(name):
     raw = json.loads(pq.read_schema(path).metadata[b"ckptrace"])
     meta = read_meta(path)
     assert meta.version == 2 and meta.extra == {}  # the recorder writes only known keys
-    assert meta.to_json() == raw
+    written = meta.to_json()
+    assert {k: v for k, v in written.items() if k in raw} == raw
+    # Fields added after version 2 read as their defaults ("not recorded").
+    assert all(v == getattr(TraceMeta(), k) for k, v in written.items() if k not in raw)
     assert meta.probes[0].point == "update_tgt" and all(o.build_id for o in meta.objects)
     assert meta.open_at_stop == OpenSpans(0, 0) and meta.lost_events == 0
     assert meta.sched_counters.recorded and meta.fault_time.method == "cpu-minus-resident"

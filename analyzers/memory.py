@@ -1,0 +1,146 @@
+"""Checkpoint memory, the cost side of a pool: bytes held in checkpoint buffers over time, and RSS.
+
+A checkpoint buffer is a mapping made while a checkpoint was being made: an `mmap` row whose phase
+is `fill`, `checkpoint` or `create` (the vector's growth asks glibc, which maps anything above its
+mmap threshold). It is held from that mmap's return until a `munmap` (any thread, any phase)
+returns its pages; a partial munmap returns part of it. So a pool that keeps buffers instead of
+freeing them holds more, and a trim that unmaps them shows as releases. Limits, said where shown:
+buffers mapped before recording began are not known (attach mode); a buffer glibc serves from the
+heap (at most its mmap threshold, 32 MiB at most) is never mapped, so it is not counted.
+
+RSS comes from `rss` rows (kmem:rss_stat in the kernel, emitted when the process's resident
+bytes moved by at least the recorder's step, see probes/checkpoint.bpf.c): `bytes` is the
+resident size after the change.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ckptrace.trace import empty_frame
+
+BUFFER_PHASES = ("fill", "checkpoint", "create")
+HELD_COLUMNS: dict[str, object] = {"t_ns": np.dtype("int64"), "pid": np.dtype("int32"),
+                                   "held_bytes": np.dtype("int64")}
+RSS_COLUMNS: dict[str, object] = {"t_ns": np.dtype("int64"), "pid": np.dtype("int32"),
+                                  "rss_bytes": np.dtype("int64")}
+RELEASE_COLUMNS: dict[str, object] = {"t_ns": np.dtype("int64"), "pid": np.dtype("int32"), "tid": np.dtype("int32"),
+                                      "bytes": np.dtype("int64"), "phase": object, "held_after_bytes": np.dtype("int64")}
+
+
+def held_series(events: pd.DataFrame) -> pd.DataFrame:
+    """[t_ns, pid, held_bytes]: one row per change of the bytes held in checkpoint buffers, per
+    process, in time order (a step function: the value holds until the next row of its pid)."""
+    held, _ = _walk(events)
+    return held
+
+
+def releases(events: pd.DataFrame) -> pd.DataFrame:
+    """[t_ns, pid, tid, bytes, phase, held_after_bytes]: every munmap that returned checkpoint
+    buffer memory (an eviction when its phase is checkpoint/create, a free or a trim otherwise)."""
+    _, rel = _walk(events)
+    return rel
+
+
+def rss_series(events: pd.DataFrame) -> pd.DataFrame:
+    """[t_ns, pid, rss_bytes] from the `rss` rows (empty when RSS was not recorded)."""
+    rows = events.loc[events["kind"] == "rss", ["start_ns", "pid", "bytes"]]
+    out = rows.rename(columns={"start_ns": "t_ns", "bytes": "rss_bytes"}).sort_values("t_ns", kind="stable")
+    return out.astype(RSS_COLUMNS).reset_index(drop=True)
+
+
+def memory_summary(events: pd.DataFrame) -> dict:
+    """The `memory` block of `analyze --json`: high-water marks and each release, whole trace
+    (peaks are of the sum over processes: a process's own are in its `processes` entry)."""
+    held, rel = _walk(events)
+    rss = rss_series(events)
+    total = _summed(held, "held_bytes")
+    rss_total = _summed(rss, "rss_bytes")
+    peak = int(total["value"].max()) if len(total) else 0
+    mapped = _buffer_maps(events)
+    return {
+        "peak_held_bytes": peak,
+        "peak_held_ns": int(total["t_ns"].iat[int(total["value"].to_numpy().argmax())]) if len(total) else None,
+        "end_held_bytes": int(total["value"].iat[-1]) if len(total) else 0,
+        "buffers_mapped": int(len(mapped)),
+        "buffer_bytes_mapped": int(mapped["bytes"].sum()),
+        "released_bytes": int(rel["bytes"].sum()),
+        "peak_rss_bytes": int(rss_total["value"].max()) if len(rss_total) else None,
+        "rss_samples": int(len(rss)),
+        "releases": [{k: (v.item() if isinstance(v, np.generic) else v) for k, v in r.items()}
+                     for r in rel.to_dict("records")],
+    }
+
+
+def _summed(series: pd.DataFrame, col: str) -> pd.DataFrame:
+    """[t_ns, value]: the sum over processes of a per-process step series, at each change."""
+    if not len(series):
+        return pd.DataFrame({"t_ns": np.array([], "int64"), "value": np.array([], "int64")})
+    wide = series.pivot_table(index="t_ns", columns="pid", values=col, aggfunc="last").sort_index().ffill().fillna(0)
+    return pd.DataFrame({"t_ns": wide.index.to_numpy("int64"), "value": wide.sum(axis=1).to_numpy("int64")})
+
+
+def _buffer_maps(events: pd.DataFrame) -> pd.DataFrame:
+    return events.loc[(events["kind"] == "mmap") & events["phase"].isin(BUFFER_PHASES)]
+
+
+def _walk(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Replay each process's mappings in time order, keeping the live checkpoint buffers as
+    [start, end) address ranges. Only rows that can touch a buffer are walked."""
+    maps = _buffer_maps(events)
+    if not len(maps):
+        return empty_frame(HELD_COLUMNS), empty_frame(RELEASE_COLUMNS)
+    sc = events.loc[events["kind"].isin(["mmap", "munmap", "mremap"]) & events["pid"].isin(maps["pid"].unique()),
+                    ["kind", "pid", "tid", "start_ns", "end_ns", "addr", "bytes", "phase"]]
+    addr = sc["addr"].to_numpy("uint64")
+    end = addr + sc["bytes"].to_numpy("uint64")
+    lo, hi = maps["addr"].to_numpy("uint64").min(), (maps["addr"].to_numpy("uint64")
+                                                     + maps["bytes"].to_numpy("uint64")).max()
+    is_buffer = (sc["kind"] == "mmap").to_numpy() & sc["phase"].isin(BUFFER_PHASES).to_numpy()
+    sc = sc.loc[is_buffer | ((end > lo) & (addr < hi))]  # the rest can't overlap any buffer
+    # A mapping exists from the mmap's return; an munmap's pages go at its entry.
+    t = np.where(sc["kind"] == "munmap", sc["start_ns"], sc["end_ns"])
+    sc = sc.assign(t_ns=t).sort_values(["pid", "t_ns"], kind="stable")
+    held_rows, rel_rows = [], []
+    for pid, rows in sc.groupby("pid", sort=True):
+        live: dict[int, int] = {}  # start -> end of each live buffer range
+        held = 0
+        for r in rows.itertuples(index=False):
+            a, b = int(r.addr), int(r.addr) + int(r.bytes)
+            if r.kind == "mremap":  # only its new range is recorded: a buffer resized where it is
+                if a not in live:
+                    continue
+                held += b - live[a]
+                live[a] = b
+            elif r.kind == "mmap" and r.phase in BUFFER_PHASES:
+                held += b - a - _cut(live, a, b)
+                live[a] = b
+            else:
+                freed = _cut(live, a, b)  # an munmap, or a mapping placed over a buffer
+                if not freed:
+                    continue
+                held -= freed
+                if r.kind == "munmap":
+                    rel_rows.append((int(r.t_ns), int(pid), int(r.tid), freed, str(r.phase), held))
+            held_rows.append((int(r.t_ns), int(pid), held))
+    held_df = pd.DataFrame(held_rows, columns=list(HELD_COLUMNS)).astype(HELD_COLUMNS)
+    rel_df = pd.DataFrame(rel_rows, columns=list(RELEASE_COLUMNS)).astype(RELEASE_COLUMNS)
+    return held_df.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True), \
+        rel_df.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True)
+
+
+def _cut(live: dict[int, int], a: int, b: int) -> int:
+    """Remove [a, b) from the live ranges; the bytes removed."""
+    removed = 0
+    if a in live and live[a] <= b:  # the common case: a whole buffer unmapped
+        removed = live.pop(a) - a
+        if b - a == removed:
+            return removed
+    for s, e in [(s, e) for s, e in live.items() if s < b and e > a]:
+        del live[s]
+        removed += min(e, b) - max(s, a)
+        if s < a:
+            live[s] = a
+        if e > b:
+            live[b] = e
+    return removed
