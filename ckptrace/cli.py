@@ -21,6 +21,7 @@ COMMANDS = {
     "dashboard": "Write a self-contained HTML report of one or more traces.",
     "demo": "Record the sample pool-off, pool-on, pool-off; analyze, compare, write a dashboard.",
     "drive": "Send a bounded load of distinct prompts to a llama-server and report TTFT.",
+    "export": "Write traces as a timeline for Perfetto (protobuf) or Chrome (Trace Event JSON).",
 }
 
 

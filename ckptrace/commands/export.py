@@ -1,0 +1,68 @@
+"""`ckptrace export`: traces as a timeline for Perfetto (protobuf TrackEvents) or Chrome's Trace Event JSON."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+from ckptrace.errors import CkptraceError
+from ckptrace.output import check_output, write_output
+from ckptrace.terminal import printable
+
+FORMATS = ("perfetto", "chrome")
+
+
+@click.command(epilog="""\b
+Examples:
+  ckptrace export run.parquet -o run.perfetto-trace
+  ckptrace export off1.parquet on.parquet off2.parquet -o aba.perfetto-trace
+  ckptrace export run.parquet --format chrome -o run.json
+  ckptrace export run.parquet -o /dev/stdout | gzip > run.perfetto-trace.gz
+
+\b
+Open a .perfetto-trace in the Perfetto UI (ui.perfetto.dev, "Open trace
+file"; the trace stays in the browser). Each TRACE is one process track
+(several processes where the trace holds several); each thread has its
+iterations, checkpoints, fills, copies and mmap/munmap calls as nested
+slices with their figures as arguments, plus counters (page faults, held
+checkpoint memory) and a "ckptrace recording" track with the metadata.
+Timestamps are CLOCK_MONOTONIC (clock id 3), as recorded: the file lines up
+with a system trace taken at the same time.
+""")
+@click.argument("traces", nargs=-1, required=True, metavar="TRACE...")
+@click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
+              help="File to write (replaced if it exists; /dev/stdout and FIFOs are written into).")
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default="perfetto", show_default=True,
+              help="perfetto: protobuf TrackEvents; chrome: Trace Event JSON (microseconds).")
+def command(traces: tuple[str, ...], output: Path, fmt: str) -> None:
+    """Write TRACE files as a timeline for Perfetto or Chrome's trace viewers."""
+    from ckptrace.analyzers import analyze_trace
+    from ckptrace.renderers.timeline import build_timeline, recording_notes
+    from ckptrace.trace import read_trace
+
+    _not_an_input(output, traces)
+    check_output(output, what="export")
+    analyses = [analyze_trace(read_trace(p)) for p in traces]
+    timeline = build_timeline(analyses, traces)
+    if fmt == "perfetto":
+        from ckptrace.renderers.perfetto import perfetto_writer as writer
+    else:
+        from ckptrace.renderers.chrome import chrome_writer as writer
+    path = write_output(output, writer(timeline), what="export")
+    for note in recording_notes(timeline):
+        click.echo(f"ckptrace: warning: {printable(note)}", err=True)
+    slices = sum(len(t.slices) + len(t.overlapping) for p in timeline.processes for t in p.threads)
+    click.echo(f"wrote {printable(path)}: {fmt}, {len(timeline.processes)} process track(s), "
+               f"{slices} slices", err=True)
+
+
+def _not_an_input(output: Path, traces: tuple[str, ...]) -> None:
+    """Never write the export over a trace it reads: that would lose the recording."""
+    for t in traces:
+        try:
+            if os.path.samefile(output, t):
+                raise CkptraceError(f"{printable(output)}: is one of the traces being exported; "
+                                    "choose another -o path")
+        except OSError:
+            continue

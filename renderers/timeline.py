@@ -1,0 +1,300 @@
+"""The timeline every export format draws: processes, thread tracks of nested slices, counters.
+
+One model, two writers (perfetto.py: protobuf TrackEvents; chrome.py: Trace Event JSON), so both
+formats show the same slices with the same names and figures.
+
+- One process per (leg, pid): a leg is one trace file. When a pid (or a thread id) was already
+  used by an earlier leg (the same trace given twice, traces from two machines), that leg's ids
+  are moved above Linux's largest pid (2^22) so the viewers keep the legs apart; the real ids
+  stay in the names and arguments.
+- Thread tracks hold slices, nested as the calls were: iteration (update_slots, or decode to
+  decode) > checkpoint > fill / copy > mmap / munmap. Checkpoints and iterations come from the
+  analysis (the same rows, ids and figures `analyze --json` gives); every other span kind is
+  exported row by row. A slice that would cross another's boundary (never seen: the kernel emits
+  properly nested calls per thread) goes to an "overlapping" track beside its thread rather than
+  being cut.
+- Counters: the page faults of each fill / copy span on its thread (the span's fault count while it
+  runs, 0 between), the bytes held in checkpoint buffers per process, and RSS where recorded.
+- A metadata slice per process covering the recording: label, file, build-id, lost events and
+  whether the recording was cut short (then the slice's name says so: what is there is exported).
+
+Times stay CLOCK_MONOTONIC nanoseconds, as recorded.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+SYNTHETIC_BASE = 1 << 22  # above PID_MAX_LIMIT: no real pid or tid is ever this large
+# Outer before inner when two slices start and end together.
+NEST_RANK = {"iteration": 0, "create": 1, "checkpoint": 2, "restore": 2, "prompt_save": 2,
+             "decode": 3, "spec_state": 3, "fill": 4, "copy": 4, "restore_copy": 4,
+             "mmap": 5, "munmap": 5, "mremap": 5}
+SLICE_NAMES = {"fill": "fill", "copy": "copy", "decode": "llama_decode", "create": "create_checkpoint",
+               "restore": "restore", "restore_copy": "restore copy", "spec_state": "speculative state",
+               "prompt_save": "prompt save", "mmap": "mmap", "munmap": "munmap", "mremap": "mremap"}
+# Row columns shown as a raw slice's arguments, by kind (others: DEFAULT_ARGS).
+RAW_ARGS = {
+    "fill": ["ckpt", "bytes", "faults", "cpu_ns", "wait_ns", "fault_ns"],
+    "copy": ["ckpt", "bytes", "addr", "faults", "cpu_ns", "wait_ns", "fault_ns"],
+    "decode": ["iter", "tokens", "prompt_tokens", "faults", "cpu_ns", "wait_ns"],
+    "mmap": ["bytes", "addr", "phase", "ckpt"],
+    "munmap": ["bytes", "addr", "phase", "ckpt"],
+    "mremap": ["bytes", "addr", "phase", "ckpt"],
+}
+DEFAULT_ARGS = ["ckpt", "bytes", "draft", "faults", "cpu_ns", "wait_ns", "fault_ns"]
+FROM_ANALYSIS = ("checkpoint", "iteration")  # exported from the analysis tables, not raw rows
+POINT_KINDS = ("rss",)  # rows that are a value at an instant, not a span
+FAULT_SPANS = ("fill", "copy", "restore_copy")  # innermost spans whose faults the counter shows
+CHECKPOINT_ARGS = ["ckpt", "iter", "bytes", "total_ns", "fill_ns", "copy_ns", "other_ns", "cpu_ns", "wait_ns",
+                   "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns", "copy_wait_ns", "fault_ns", "fill_fault_ns",
+                   "copy_fault_ns", "fault_source", "faults", "fill_faults", "copy_faults", "mmaps", "munmaps",
+                   "pool_hit", "draft"]
+ITERATION_ARGS = ["iter", "kind", "span_ns", "checkpoints", "bytes", "fill_ns", "copy_ns", "fault_ns", "other_ns",
+                  "cpu_ns", "wait_ns", "tokens", "prompt_tokens", "faults", "mmaps", "munmaps"]
+
+
+@dataclass
+class Slice:
+    ts: int
+    end: int
+    name: str
+    kind: str  # the row kind it came from: the category in both formats
+    args: dict
+
+
+@dataclass
+class Thread:
+    tid: int  # as exported (moved above SYNTHETIC_BASE when the id was taken by an earlier leg)
+    real_tid: int
+    name: str
+    slices: list[Slice]  # properly nested, in begin order (outer first)
+    overlapping: list[Slice] = field(default_factory=list)  # slices that would cross a boundary
+    faults: list[tuple[int, int]] = field(default_factory=list)  # counter points (ts, faults)
+
+
+@dataclass
+class Counter:
+    name: str
+    unit: str  # "bytes" or "count"
+    points: list[tuple[int, int]]  # (ts, value), in time order; the value holds until the next
+
+
+@dataclass
+class Process:
+    leg: int  # 0-based position on the command line
+    pid: int  # as exported
+    real_pid: int
+    name: str
+    threads: list[Thread]
+    counters: list[Counter]
+    recording: Slice  # the metadata slice
+
+
+@dataclass
+class Timeline:
+    processes: list[Process]
+    clock: str = "CLOCK_MONOTONIC"
+
+
+def build_timeline(analyses, paths) -> Timeline:
+    """The timeline of each analysed trace (`analyzers.Analysis`), legs in command-line order."""
+    taken: set[int] = set()
+    processes = []
+    for leg, (analysis, path) in enumerate(zip(analyses, paths)):
+        events = analysis.trace.events
+        pids = _pids(events, analysis.trace.meta)
+        ids = set(pids) | set(int(t) for t in events["tid"].unique())
+        shift = SYNTHETIC_BASE * (leg + 1) if ids & taken else 0
+        taken |= {i + shift for i in ids}
+        held = _held(events, analysis.trace.meta)
+        for pid in sorted(set(pids.tolist())):
+            processes.append(_process(analysis, path, leg, pid, pids, shift, held))
+    return Timeline(processes)
+
+
+def _pids(events: pd.DataFrame, meta) -> np.ndarray:
+    """Each row's process id: the `pid` column where the trace has one, else the trace's pid."""
+    if "pid" in events.columns:
+        return events["pid"].to_numpy("int64")
+    return np.full(len(events), int(meta.pid or 0), dtype="int64")
+
+
+def _process(analysis, path, leg: int, pid: int, pids: np.ndarray, shift: int, held: pd.DataFrame) -> Process:
+    trace = analysis.trace
+    mine = pids == pid
+    events = trace.events.loc[mine]
+    tids = set(int(t) for t in events["tid"].unique())
+    comm = _comm(trace.meta, pid)
+    slices: dict[int, list[Slice]] = {t: [] for t in tids}
+    faults: dict[int, list[tuple[int, int]]] = {t: [] for t in tids}
+    for name, frame, cols in (("checkpoint", analysis.checkpoints, CHECKPOINT_ARGS),
+                              ("iteration", analysis.iterations, ITERATION_ARGS)):
+        rows = frame.loc[frame["tid"].isin(tids)]
+        for row in _records(rows, cols):
+            slices[int(row["tid"])].append(Slice(int(row["start_ns"]), int(row["end_ns"]),
+                                                 _analysis_name(name, row), name, _args(row, cols)))
+    for kind, rows in events.groupby("kind", observed=True, sort=False):
+        if kind in FROM_ANALYSIS or kind in POINT_KINDS:
+            continue
+        cols = RAW_ARGS.get(kind, DEFAULT_ARGS)
+        for row in _records(rows, ["tid", "start_ns", "end_ns", *cols]):
+            tid = int(row["tid"])
+            slices[tid].append(Slice(int(row["start_ns"]), int(row["end_ns"]), _raw_name(kind, row), kind,
+                                     _args(row, cols)))
+            if kind in FAULT_SPANS:
+                faults[tid] += [(int(row["start_ns"]), int(row["faults"])), (int(row["end_ns"]), 0)]
+    threads = []
+    for tid in sorted(tids):
+        nested, overlapping = nest(slices[tid])
+        threads.append(Thread(tid + shift, tid, comm, nested, overlapping, sorted(faults[tid])))
+    counters = []
+    mine_held = held.loc[held["pid"] == pid] if len(held) else held
+    if len(mine_held):
+        counters.append(Counter("held checkpoint memory", "bytes",
+                                list(zip(mine_held["t_ns"].tolist(), mine_held["held_bytes"].tolist()))))
+    rss = events.loc[events["kind"] == "rss"] if "rss" in events["kind"].cat.categories else events.iloc[:0]
+    if len(rss):
+        counters.append(Counter("resident memory (RSS)", "bytes",
+                                list(zip(rss["start_ns"].tolist(), rss["bytes"].tolist()))))
+    name = f"{trace.label} ({os.path.basename(str(path))})"
+    if shift:
+        name += f", pid {pid}"
+    return Process(leg, pid + shift, pid, name, threads, counters, _recording(trace, path, pid, events))
+
+
+def nest(slices: list[Slice]) -> tuple[list[Slice], list[Slice]]:
+    """Slices in begin order (outer first), and those that would cross an open slice's end."""
+    order = sorted(slices, key=lambda s: (s.ts, -s.end, NEST_RANK.get(s.kind, 9)))
+    nested, overlapping, stack = [], [], []
+    for s in order:
+        while stack and stack[-1] <= s.ts:
+            stack.pop()
+        if stack and s.end > stack[-1]:
+            overlapping.append(s)
+            continue
+        nested.append(s)
+        stack.append(s.end)
+    return nested, overlapping
+
+
+def _records(frame: pd.DataFrame, cols: list[str]) -> list[dict]:
+    keep = ["tid", "start_ns", "end_ns", *[c for c in cols if c in frame.columns]]
+    return frame[list(dict.fromkeys(keep))].to_dict("records")
+
+
+def _args(row: dict, cols: list[str]) -> dict:
+    """The row's figures as plain values; not recorded (NA) ones are left out, never shown as 0."""
+    out = {}
+    for c in cols:
+        v = row.get(c)
+        if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
+            continue
+        if isinstance(v, np.generic):
+            v = v.item()
+        if c == "addr":
+            v = f"0x{int(v):x}"
+        elif not isinstance(v, (bool, int, float)):
+            v = str(v)
+        out[c] = v
+    return out
+
+
+def _analysis_name(kind: str, row: dict) -> str:
+    if kind == "checkpoint":
+        return "draft checkpoint" if row.get("draft") else "checkpoint"
+    return f"{row['kind']} iteration"
+
+
+def _raw_name(kind: str, row: dict) -> str:
+    name = SLICE_NAMES.get(kind, str(kind))
+    return f"draft {name}" if row.get("draft") is True else name
+
+
+def _comm(meta, pid: int) -> str:
+    """The process's command name: from `processes` metadata where recorded, else the executable."""
+    for p in getattr(meta, "processes", None) or meta.extra.get("processes", []) or []:
+        p = p if isinstance(p, dict) else vars(p)
+        if p.get("pid") == pid and p.get("comm"):
+            return str(p["comm"])
+    return os.path.basename(meta.executable or "") or "thread"
+
+
+def _build_id(meta, pid: int) -> str | None:
+    for p in getattr(meta, "processes", None) or meta.extra.get("processes", []) or []:
+        p = p if isinstance(p, dict) else vars(p)
+        if p.get("pid") == pid and p.get("build_id"):
+            return str(p["build_id"])
+    return next((o.build_id for o in meta.objects if o.path == meta.executable), None)
+
+
+def _complete(meta) -> tuple[bool, str]:
+    """Whether the recording ended cleanly, and the note when it did not (trace format 3)."""
+    complete = getattr(meta, "complete", meta.extra.get("complete", True))
+    note = getattr(meta, "cut_short", meta.extra.get("cut_short", "")) or ""
+    return complete is not False, str(note)
+
+
+def _recording(trace, path, pid: int, events: pd.DataFrame) -> Slice:
+    meta = trace.meta
+    start = meta.attach_ns or meta.first_event_ns or (int(events["start_ns"].min()) if len(events) else 0)
+    end = meta.stop_ns or (int(events["end_ns"].max()) if len(events) else start)
+    complete, note = _complete(meta)
+    flags = []
+    if not complete:
+        flags.append("cut short")
+    if meta.lost_events:
+        flags.append(f"{meta.lost_events} lost events")
+    name = f"recording: {trace.label}" + (f" ({', '.join(flags)})" if flags else "")
+    args = {"label": trace.label, "file": os.path.basename(str(path)), "pid": pid,
+            "build_id": _build_id(meta, pid), "lost_events": meta.lost_events, "complete": complete,
+            "cut_short": note if not complete else None, "stop_reason": meta.stop_reason, "mode": meta.mode,
+            "executable": meta.executable, "kernel": meta.kernel, "host": meta.host,
+            "start_time": meta.start_time, "clock": meta.clock, "trace_version": meta.version,
+            "tool_version": meta.tool_version, "events": int(len(events))}
+    return Slice(int(start), int(max(end, start)), name, "recording",
+                 {k: v for k, v in args.items() if v is not None})
+
+
+def _held(events: pd.DataFrame, meta) -> pd.DataFrame:
+    """[t_ns, pid, held_bytes] of checkpoint buffers, from the memory analysis."""
+    try:
+        from ckptrace.analyzers.memory import held_series
+    except ImportError:
+        held_series = _held_series
+    if "pid" not in events.columns:
+        events = events.assign(pid=np.int32(meta.pid or 0))
+    return held_series(events)
+
+
+def _held_series(events: pd.DataFrame) -> pd.DataFrame:
+    """Until analyzers/memory.py lands: buffers mmapped inside a checkpoint, held until unmapped."""
+    sc = events.loc[events["kind"].isin(["mmap", "munmap"])].sort_values("start_ns", kind="stable")
+    rows, live = [], {}
+    held: dict[int, int] = {}
+    for r in sc.itertuples(index=False):
+        key = (int(r.pid), int(r.addr))
+        if r.kind == "mmap" and r.phase in ("fill", "checkpoint", "create"):
+            live[key] = int(r.bytes)
+            held[key[0]] = held.get(key[0], 0) + int(r.bytes)
+            rows.append((int(r.end_ns), key[0], held[key[0]]))
+        elif r.kind == "munmap" and key in live:
+            held[key[0]] -= live.pop(key)
+            rows.append((int(r.start_ns), key[0], held[key[0]]))
+    return pd.DataFrame(rows, columns=["t_ns", "pid", "held_bytes"])
+
+
+def recording_notes(timeline: Timeline) -> list[str]:
+    """One line per leg whose recording is incomplete: exported as it is, marked in its metadata."""
+    notes = []
+    for proc in timeline.processes:
+        a = proc.recording.args
+        if (not a["complete"] or a["lost_events"]) and not any(n.startswith(a["file"] + ":") for n in notes):
+            what = ([f"cut short ({a['cut_short']})" if a.get("cut_short") else "cut short"]
+                    if not a["complete"] else []) + ([f"{a['lost_events']} lost events"] if a["lost_events"] else [])
+            notes.append(f"{a['file']}: {' and '.join(what)}: exported what was recorded, marked on its "
+                         "'ckptrace recording' track")
+    return notes

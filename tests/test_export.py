@@ -1,0 +1,248 @@
+"""`ckptrace export`: the Perfetto file decoded back with the perfetto package's own protos, and the
+Chrome JSON parsed, each checked slice by slice against `analyze --json` of the same trace (and, for
+a fresh recording, against the workload's own clock)."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+from ckptrace.analyzers import analyze_trace
+from ckptrace.renderers.json import analysis_json
+from ckptrace.trace import read_trace, write_trace
+from helpers import CKPTRACE, assert_one_line_error, ckptrace, load_truth, record_with_truth
+
+TRACES = Path(__file__).resolve().parent.parent / "samples" / "traces"
+LEGS = [TRACES / f"{leg}.parquet" for leg in ("1-pool-off", "2-pool-on", "3-pool-off")]
+MONOTONIC = 3  # BUILTIN_CLOCK_MONOTONIC
+RAW_KINDS = {"fill": "fill", "copy": "copy", "mmap": "mmap", "munmap": "munmap", "decode": "llama_decode"}
+
+
+@dataclass
+class Decoded:
+    """A Perfetto trace as tracks: descriptors, slices rebuilt from begin/end pairs, counters."""
+    tracks: dict[int, pb.TrackDescriptor] = field(default_factory=dict)
+    slices: dict[int, list[dict]] = field(default_factory=lambda: defaultdict(list))
+    counters: dict[int, list[tuple[int, int]]] = field(default_factory=lambda: defaultdict(list))
+    clocks: set = field(default_factory=set)
+    snapshot_clocks: set = field(default_factory=set)
+
+    def processes(self) -> dict[int, pb.TrackDescriptor]:
+        return {u: d for u, d in self.tracks.items() if d.HasField("process")}
+
+    def threads_of(self, pid: int) -> dict[int, int]:
+        """tid -> track uuid of the process's thread tracks."""
+        return {d.thread.tid: u for u, d in self.tracks.items() if d.HasField("thread") and d.thread.pid == pid}
+
+    def children(self, parent: int, name: str) -> list[int]:
+        return [u for u, d in self.tracks.items() if d.parent_uuid == parent and d.name.startswith(name)]
+
+
+def decode(data: bytes) -> Decoded:
+    trace = pb.Trace()
+    trace.ParseFromString(data)
+    out, stacks = Decoded(), defaultdict(list)
+    for p in trace.packet:
+        if p.HasField("clock_snapshot"):
+            out.snapshot_clocks |= {c.clock_id for c in p.clock_snapshot.clocks}
+        if p.HasField("track_descriptor"):
+            assert p.track_descriptor.uuid not in out.tracks, "uuid used twice"
+            out.tracks[p.track_descriptor.uuid] = p.track_descriptor
+        if not p.HasField("track_event"):
+            continue
+        out.clocks.add(p.timestamp_clock_id)
+        e, stack = p.track_event, stacks[p.track_event.track_uuid]
+        if e.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+            args = {}
+            for a in e.debug_annotations:
+                args[a.name] = getattr(a, a.WhichOneof("value"))
+            stack.append({"name": e.name, "ts": p.timestamp, "args": args, "cat": list(e.categories),
+                          "parent": stack[-1] if stack else None, "depth": len(stack)})
+        elif e.type == pb.TrackEvent.TYPE_SLICE_END:
+            s = stack.pop()
+            s["dur"] = p.timestamp - s["ts"]
+            out.slices[e.track_uuid].append(s)
+        elif e.type == pb.TrackEvent.TYPE_COUNTER:
+            out.counters[e.track_uuid].append((p.timestamp, e.counter_value))
+    assert not any(stacks.values()), "a slice never ended"
+    return out
+
+
+def export(tmp_path: Path, *traces, fmt: str = "perfetto", name: str = "out") -> tuple[bytes, str]:
+    out = tmp_path / f"{name}.{fmt}"
+    p = ckptrace("export", *traces, "--format", fmt, "-o", out)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    return out.read_bytes(), p.stderr
+
+
+def check_leg(d: Decoded, doc: dict, events) -> None:
+    """One leg of a decoded export against `analyze --json` of its trace and its event rows."""
+    meta = doc["trace"]
+    (puuid,) = [u for u, t in d.processes().items() if t.process.pid == meta["pid"]]
+    assert meta["label"] in d.tracks[puuid].process.process_name
+    threads = d.threads_of(meta["pid"])
+    assert set(threads) == set(int(t) for t in events["tid"].unique())
+    by_kind = defaultdict(list)
+    for tid, uuid in threads.items():
+        for s in d.slices[uuid]:
+            by_kind[s["cat"][0]].append({**s, "tid": tid})
+    # Every checkpoint is one slice of its exact span on its thread, with analyze's figures.
+    want = sorted((c["tid"], c["start_ns"], c["end_ns"] - c["start_ns"], c["bytes"], c["fill_ns"])
+                  for c in doc["checkpoints"])
+    got = sorted((s["tid"], s["ts"], s["dur"], s["args"]["bytes"], s["args"]["fill_ns"])
+                 for s in by_kind["ckptrace.checkpoint"])
+    assert got == want and len(got) > 0
+    # Iterations likewise, each checkpoint nested in the iteration it belongs to.
+    its = sorted((i["tid"], i["start_ns"], i["end_ns"] - i["start_ns"], i["kind"]) for i in doc["iterations"])
+    assert sorted((s["tid"], s["ts"], s["dur"], s["args"]["kind"]) for s in by_kind["ckptrace.iteration"]) == its
+    for s in by_kind["ckptrace.checkpoint"]:
+        if s["args"]["iter"]:
+            assert s["parent"]["cat"] == ["ckptrace.iteration"] and s["parent"]["args"]["iter"] == s["args"]["iter"]
+    # Raw spans: one slice per row, fill and copy inside their checkpoint, a fill's mmap inside it.
+    for kind, name in RAW_KINDS.items():
+        rows = events[events["kind"] == kind]
+        got = sorted((s["tid"], s["ts"], s["dur"]) for s in by_kind[f"ckptrace.{kind}"])
+        assert got == sorted(zip(rows["tid"], rows["start_ns"], rows["end_ns"] - rows["start_ns"])), kind
+        assert all(s["name"] == name for s in by_kind[f"ckptrace.{kind}"])
+    for s in by_kind["ckptrace.fill"] + by_kind["ckptrace.copy"]:
+        assert s["parent"]["cat"] == ["ckptrace.checkpoint"] and s["parent"]["args"]["ckpt"] == s["args"]["ckpt"]
+    for s in by_kind["ckptrace.mmap"]:
+        if s["args"]["phase"] == "fill":
+            assert s["parent"]["cat"] == ["ckptrace.fill"]
+    # Counters: the fill/copy faults, and the checkpoint memory held.
+    fault_tracks = [u for t in threads.values() for u in d.children(t, "page faults")]
+    faults = sum(v for u in fault_tracks for _, v in d.counters[u])
+    assert faults == sum(c["fill_faults"] + c["copy_faults"] for c in doc["checkpoints"]) > 0
+    (held,) = d.children(puuid, "held checkpoint memory")
+    assert d.tracks[held].counter.unit == pb.CounterDescriptor.UNIT_SIZE_BYTES
+    peak = max(v for _, v in d.counters[held])
+    assert peak >= max(c["bytes"] for c in doc["checkpoints"])
+    # The metadata track: one slice over the recording.
+    (meta_track,) = d.children(puuid, "ckptrace recording")
+    (rec,) = d.slices[meta_track]
+    assert rec["args"]["label"] == meta["label"] and rec["args"]["lost_events"] == meta["lost_events"]
+    assert rec["args"]["complete"] is True
+    exe = [o["build_id"] for o in meta["objects"] if o["path"] == meta["executable"]]
+    assert rec["args"]["build_id"] == exe[0]
+
+
+def test_perfetto_export_of_an_aba_matches_analyze(tmp_path):
+    data, err = export(tmp_path, *LEGS)
+    assert "wrote" in err and "3 process track(s)" in err
+    d = decode(data)
+    assert d.clocks == {MONOTONIC} and MONOTONIC in d.snapshot_clocks
+    assert len(d.processes()) == 3 and len({t.process.pid for t in d.processes().values()}) == 3
+    for leg in LEGS:
+        trace = read_trace(leg)
+        check_leg(d, analysis_json(analyze_trace(trace)), trace.events)
+    # Held checkpoint memory rises once per buffer the workload had to allocate (a checkpoint that
+    # missed its pool, by the workload's own account): 2 in the pool-on leg against 20 without.
+    for uuid, proc in d.processes().items():
+        leg = TRACES / f"{proc.process.process_name.split('(')[1].split('.')[0]}.truth.jsonl"
+        misses = (~load_truth(leg)["checkpoint"]["pool_hit"].astype(bool)).sum()
+        values = [v for _, v in d.counters[d.children(uuid, "held checkpoint memory")[0]]]
+        rises = sum(b > a for a, b in zip([0, *values], values))
+        assert rises == misses and values[-1] == 0  # the workload frees every buffer before it exits
+
+def test_chrome_export_matches_analyze(tmp_path):
+    data, _ = export(tmp_path, LEGS[0], LEGS[1], fmt="chrome")
+    doc = json.loads(data)
+    ev = doc["traceEvents"]
+    assert doc["displayTimeUnit"] == "ns" and doc["otherData"]["clock"] == "CLOCK_MONOTONIC"
+    for leg in LEGS[:2]:
+        a = analysis_json(analyze_trace(read_trace(leg)))
+        pid = a["trace"]["pid"]
+        names = [e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name" and e["pid"] == pid]
+        assert len(names) == 1 and a["trace"]["label"] in names[0]
+        ck = [e for e in ev if e["ph"] == "X" and e["pid"] == pid and e["cat"] == "ckptrace.checkpoint"]
+        # Microseconds with three decimals: the nanoseconds survive.
+        got = sorted((e["tid"], round(e["ts"] * 1000), round(e["dur"] * 1000), e["args"]["fill_ns"]) for e in ck)
+        want = sorted((c["tid"], c["start_ns"], c["end_ns"] - c["start_ns"], c["fill_ns"]) for c in a["checkpoints"])
+        assert got == want
+        faults = sum(e["args"]["faults"] for e in ev if e["ph"] == "C" and e["pid"] == pid
+                     and e["name"].startswith("page faults"))
+        assert faults == sum(c["fill_faults"] + c["copy_faults"] for c in a["checkpoints"])
+        held = [e for e in ev if e["ph"] == "C" and e["pid"] == pid and e["name"] == "held checkpoint memory"]
+        assert held and all("bytes" in e["args"] for e in held)
+        rec = [e for e in ev if e["ph"] == "X" and e["pid"] == pid and e["cat"] == "ckptrace.recording"]
+        assert len(rec) == 1 and rec[0]["args"]["complete"] is True
+
+
+def test_the_same_trace_twice_is_two_processes(tmp_path):
+    d = decode(export(tmp_path, LEGS[0], LEGS[0])[0])
+    procs = list(d.processes().values())
+    pid = read_trace(LEGS[0]).meta.pid
+    assert len(procs) == 2 and {p.process.pid for p in procs} == {pid, pid + (1 << 23)}
+    moved = [p for p in procs if p.process.pid != pid][0]
+    assert f"pid {pid}" in moved.process.process_name  # the real pid stays visible
+    assert set(d.threads_of(pid)).isdisjoint(d.threads_of(moved.process.pid))
+
+
+def test_lost_events_and_a_cut_short_recording_are_marked(tmp_path):
+    trace = read_trace(LEGS[0])
+    trace.meta.lost_events = 7
+    trace.meta.extra.update(complete=False, cut_short="the recorder was killed")  # trace format 3's fields
+    if hasattr(trace.meta, "complete"):
+        trace.meta.complete, trace.meta.cut_short = False, "the recorder was killed"
+    damaged = tmp_path / "damaged.parquet"
+    write_trace(damaged, trace.events, trace.meta)
+    data, err = export(tmp_path, damaged)
+    assert "ckptrace: warning: damaged.parquet: cut short (the recorder was killed) and 7 lost events" in err
+    d = decode(data)
+    (puuid,) = d.processes()
+    (rec,) = d.slices[d.children(puuid, "ckptrace recording")[0]]
+    assert rec["name"] == "recording: pool-off (cut short, 7 lost events)"
+    assert rec["args"]["complete"] is False and rec["args"]["lost_events"] == 7
+    assert rec["args"]["cut_short"] == "the recorder was killed"
+    # What is there is exported all the same.
+    ck = [s for u in d.threads_of(trace.meta.pid).values() for s in d.slices[u] if s["cat"] == ["ckptrace.checkpoint"]]
+    assert len(ck) == (trace.events["kind"] == "checkpoint").sum()
+
+
+def test_stdout_and_bad_input(tmp_path):
+    p = subprocess.run([CKPTRACE, "export", LEGS[0], "-o", "/dev/stdout"], capture_output=True, timeout=120)
+    assert p.returncode == 0 and len(decode(p.stdout).processes()) == 1
+    copy = tmp_path / "t.parquet"
+    shutil.copy(LEGS[0], copy)
+    before = copy.read_bytes()
+    assert_one_line_error(ckptrace("export", copy, "-o", copy), "is one of the traces being exported")
+    assert copy.read_bytes() == before
+    assert_one_line_error(ckptrace("export", tmp_path / "missing.parquet", "-o", tmp_path / "x"))
+    (tmp_path / "junk.parquet").write_text("not a trace")
+    assert_one_line_error(ckptrace("export", tmp_path / "junk.parquet", "-o", tmp_path / "x"), "not a ckptrace trace")
+    assert_one_line_error(ckptrace("export", copy, "-o", tmp_path), "is a directory")
+    assert_one_line_error(ckptrace("export", copy, "--format", "svg", "-o", tmp_path / "x"), "--format", code=2)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["junk.parquet", "t.parquet"]  # nothing else written
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_export_of_a_fresh_recording(tmp_path, workload):
+    r = record_with_truth(tmp_path, [str(workload), "--iterations", "6", "--pool", "off"], "--label", "fresh")
+    p = ckptrace("analyze", r.path, "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    d = decode(export(tmp_path, r.path)[0])
+    check_leg(d, doc, r.trace.events)
+    threads = d.threads_of(r.trace.meta.pid)
+    truth = r.truth["checkpoint"].sort_values("start_ns").reset_index(drop=True)
+    ck = sorted((s for u in threads.values() for s in d.slices[u] if s["cat"] == ["ckptrace.checkpoint"]),
+                key=lambda s: s["ts"])
+    assert len(ck) == len(truth) > 0
+    for s, (_, t) in zip(ck, truth.iterrows()):
+        # The workload reads its clock inside update_tgt, the probes fire at its entry and return:
+        # the slice holds the workload's own interval, on the thread the workload names.
+        (tid,) = [tid for tid, u in threads.items() if any(x is s for x in d.slices[u])]
+        assert tid == t["tid"]
+        assert s["ts"] <= t["start_ns"] and t["end_ns"] <= s["ts"] + s["dur"]
+        fill = [c for c in d.slices[threads[tid]] if c["parent"] is s and c["cat"] == ["ckptrace.fill"]]
+        # The fill slice (the resize call) lies inside the workload's clock reads around it.
+        assert len(fill) == 1 and t["fill_start_ns"] <= fill[0]["ts"]
+        assert fill[0]["ts"] + fill[0]["dur"] <= t["fill_start_ns"] + t["fill_ns"]
