@@ -28,6 +28,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from ckptrace.analyzers.memory import held_series, rss_series
+
 SYNTHETIC_BASE = 1 << 22  # above PID_MAX_LIMIT: no real pid or tid is ever this large
 # Outer before inner when two slices start and end together.
 NEST_RANK = {"iteration": 0, "create": 1, "checkpoint": 2, "restore": 2, "prompt_save": 2,
@@ -110,20 +112,19 @@ def build_timeline(analyses, paths) -> Timeline:
         ids = set(pids) | set(int(t) for t in events["tid"].unique())
         shift = SYNTHETIC_BASE * (leg + 1) if ids & taken else 0
         taken |= {i + shift for i in ids}
-        held = _held(events, analysis.trace.meta)
+        held, rss = held_series(events), rss_series(events)
         for pid in sorted(set(pids.tolist())):
-            processes.append(_process(analysis, path, leg, pid, pids, shift, held))
+            processes.append(_process(analysis, path, leg, pid, pids, shift, held, rss))
     return Timeline(processes)
 
 
 def _pids(events: pd.DataFrame, meta) -> np.ndarray:
-    """Each row's process id: the `pid` column where the trace has one, else the trace's pid."""
-    if "pid" in events.columns:
-        return events["pid"].to_numpy("int64")
-    return np.full(len(events), int(meta.pid or 0), dtype="int64")
+    """Each row's process id (read_trace gives older traces the trace's pid)."""
+    return events["pid"].to_numpy("int64")
 
 
-def _process(analysis, path, leg: int, pid: int, pids: np.ndarray, shift: int, held: pd.DataFrame) -> Process:
+def _process(analysis, path, leg: int, pid: int, pids: np.ndarray, shift: int, held: pd.DataFrame,
+             rss: pd.DataFrame) -> Process:
     trace = analysis.trace
     mine = pids == pid
     events = trace.events.loc[mine]
@@ -152,15 +153,12 @@ def _process(analysis, path, leg: int, pid: int, pids: np.ndarray, shift: int, h
         nested, overlapping = nest(slices[tid])
         threads.append(Thread(tid + shift, tid, comm, nested, overlapping, sorted(faults[tid])))
     counters = []
-    mine_held = held.loc[held["pid"] == pid] if len(held) else held
-    if len(mine_held):
-        counters.append(Counter("held checkpoint memory", "bytes",
-                                list(zip(mine_held["t_ns"].tolist(), mine_held["held_bytes"].tolist()))))
-    rss = events.loc[events["kind"] == "rss"] if "rss" in events["kind"].cat.categories else events.iloc[:0]
-    if len(rss):
-        counters.append(Counter("resident memory (RSS)", "bytes",
-                                list(zip(rss["start_ns"].tolist(), rss["bytes"].tolist()))))
-    name = f"{trace.label} ({os.path.basename(str(path))})"
+    for name, series, col in (("held checkpoint memory", held, "held_bytes"), ("resident memory (RSS)", rss, "rss_bytes")):
+        mine_series = series.loc[series["pid"] == pid]
+        if len(mine_series):
+            counters.append(Counter(name, "bytes", list(zip(mine_series["t_ns"].tolist(), mine_series[col].tolist()))))
+    label = next((p.label for p in trace.meta.processes if p.pid == pid and p.label), trace.label)
+    name = f"{label} ({os.path.basename(str(path))})"
     if shift:
         name += f", pid {pid}"
     return Process(leg, pid + shift, pid, name, threads, counters, _recording(trace, path, pid, events))
@@ -216,19 +214,14 @@ def _raw_name(kind: str, row: dict) -> str:
 
 def _comm(meta, pid: int) -> str:
     """The process's command name: from `processes` metadata where recorded, else the executable."""
-    for p in getattr(meta, "processes", None) or meta.extra.get("processes", []) or []:
-        p = p if isinstance(p, dict) else vars(p)
-        if p.get("pid") == pid and p.get("comm"):
-            return str(p["comm"])
-    return os.path.basename(meta.executable or "") or "thread"
+    proc = next((p for p in meta.processes if p.pid == pid), None)
+    return (proc and proc.comm) or os.path.basename((proc and proc.executable) or meta.executable or "") or "thread"
 
 
 def _build_id(meta, pid: int) -> str | None:
-    for p in getattr(meta, "processes", None) or meta.extra.get("processes", []) or []:
-        p = p if isinstance(p, dict) else vars(p)
-        if p.get("pid") == pid and p.get("build_id"):
-            return str(p["build_id"])
-    return next((o.build_id for o in meta.objects if o.path == meta.executable), None)
+    proc = next((p for p in meta.processes if p.pid == pid), None)
+    exe = (proc and proc.executable) or meta.executable
+    return (proc and proc.build_id) or next((o.build_id for o in meta.objects if o.path == exe), None)
 
 
 def _complete(meta) -> tuple[bool, str]:
@@ -257,34 +250,6 @@ def _recording(trace, path, pid: int, events: pd.DataFrame) -> Slice:
             "tool_version": meta.tool_version, "events": int(len(events))}
     return Slice(int(start), int(max(end, start)), name, "recording",
                  {k: v for k, v in args.items() if v is not None})
-
-
-def _held(events: pd.DataFrame, meta) -> pd.DataFrame:
-    """[t_ns, pid, held_bytes] of checkpoint buffers, from the memory analysis."""
-    try:
-        from ckptrace.analyzers.memory import held_series
-    except ImportError:
-        held_series = _held_series
-    if "pid" not in events.columns:
-        events = events.assign(pid=np.int32(meta.pid or 0))
-    return held_series(events)
-
-
-def _held_series(events: pd.DataFrame) -> pd.DataFrame:
-    """Until analyzers/memory.py lands: buffers mmapped inside a checkpoint, held until unmapped."""
-    sc = events.loc[events["kind"].isin(["mmap", "munmap"])].sort_values("start_ns", kind="stable")
-    rows, live = [], {}
-    held: dict[int, int] = {}
-    for r in sc.itertuples(index=False):
-        key = (int(r.pid), int(r.addr))
-        if r.kind == "mmap" and r.phase in ("fill", "checkpoint", "create"):
-            live[key] = int(r.bytes)
-            held[key[0]] = held.get(key[0], 0) + int(r.bytes)
-            rows.append((int(r.end_ns), key[0], held[key[0]]))
-        elif r.kind == "munmap" and key in live:
-            held[key[0]] -= live.pop(key)
-            rows.append((int(r.start_ns), key[0], held[key[0]]))
-    return pd.DataFrame(rows, columns=["t_ns", "pid", "held_bytes"])
 
 
 def recording_notes(timeline: Timeline) -> list[str]:
