@@ -107,27 +107,29 @@ def build_timeline(analyses, paths) -> Timeline:
     taken: set[int] = set()
     processes = []
     for leg, (analysis, path) in enumerate(zip(analyses, paths)):
-        events = analysis.trace.events
-        pids = _pids(events, analysis.trace.meta)
+        events = _with_pids(analysis.trace.events, analysis.trace.meta)
+        pids = events["pid"].to_numpy("int64")
         ids = set(pids) | set(int(t) for t in events["tid"].unique())
         shift = SYNTHETIC_BASE * (leg + 1) if ids & taken else 0
         taken |= {i + shift for i in ids}
         held, rss = held_series(events), rss_series(events)
         for pid in sorted(set(pids.tolist())):
-            processes.append(_process(analysis, path, leg, pid, pids, shift, held, rss))
+            processes.append(_process(analysis, events, path, leg, pid, pids, shift, held, rss))
     return Timeline(processes)
 
 
-def _pids(events: pd.DataFrame, meta) -> np.ndarray:
-    """Each row's process id (read_trace gives older traces the trace's pid)."""
-    return events["pid"].to_numpy("int64")
+def _with_pids(events: pd.DataFrame, meta) -> pd.DataFrame:
+    """Events whose `pid` is 0 (none recorded for the row) get the trace's pid: one process."""
+    none = events["pid"].to_numpy() == 0
+    if none.any() and meta.pid:
+        events = events.assign(pid=np.where(none, np.int32(meta.pid), events["pid"].to_numpy()))
+    return events
 
 
-def _process(analysis, path, leg: int, pid: int, pids: np.ndarray, shift: int, held: pd.DataFrame,
-             rss: pd.DataFrame) -> Process:
+def _process(analysis, events: pd.DataFrame, path, leg: int, pid: int, pids: np.ndarray, shift: int,
+             held: pd.DataFrame, rss: pd.DataFrame) -> Process:
     trace = analysis.trace
-    mine = pids == pid
-    events = trace.events.loc[mine]
+    events = events.loc[pids == pid]
     tids = set(int(t) for t in events["tid"].unique())
     comm = _comm(trace.meta, pid)
     slices: dict[int, list[Slice]] = {t: [] for t in tids}
