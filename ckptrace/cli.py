@@ -22,6 +22,7 @@ COMMANDS = {
     "demo": "Record the sample pool-off, pool-on, pool-off; analyze, compare, write a dashboard.",
     "drive": "Send a bounded load of distinct prompts to a llama-server and report TTFT.",
     "export": "Write traces as a timeline for Perfetto (protobuf) or Chrome (Trace Event JSON).",
+    "serve": "Serve Prometheus metrics of running servers' checkpoints at /metrics.",
 }
 
 

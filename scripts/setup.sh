@@ -13,8 +13,9 @@ STAMP=$VENV/.ckptrace-setup-stamp
 
 APT_PACKAGES=(python3-bpfcc bpfcc-tools linux-headers-amd64 bpftool bpftrace python3-venv
               python3-pip g++ make cmake libc6-dev util-linux)
-# Headless Chromium for the dashboard tests; ccache lets the pool-on llama-server build reuse pool-off objects.
-APT_TEST_PACKAGES=(chromium fonts-liberation ccache)
+# Headless Chromium for the dashboard tests; ccache lets the pool-on llama-server build reuse pool-off
+# objects; a real Prometheus scrapes `ckptrace serve` in its tests (run by the test, not as a service).
+APT_TEST_PACKAGES=(chromium fonts-liberation ccache prometheus)
 
 step() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }

@@ -1,0 +1,1 @@
+"""Live exports for monitoring systems: `ckptrace serve` and its Prometheus series."""

@@ -1,0 +1,218 @@
+"""The Prometheus series of `ckptrace serve`: per-process checkpoint histograms, counters and gauges.
+
+Events arrive in batches (probes/live.py); each batch's checkpoints are computed by the same
+analyzer as `analyze` (analyzers/checkpoints.py), so a scrape and an analysis of the same period
+agree. The series live in a custom collector (prometheus_client's documented pattern for values
+kept elsewhere): a scrape reads a snapshot under a lock, and a process that exited is served one
+last time, with its final values, then its series end.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from ckptrace.analyzers import checkpoint_table
+from ckptrace.analyzers.spans import SPAN_COLUMNS
+from ckptrace.trace import KINDS, empty_frame
+
+LABELS = ("pid", "label", "build_id")
+PREFIX = "ckptrace_"
+# Per-checkpoint durations: 10 us (a pool hit's bookkeeping) to 10 s (GiB of fresh pages).
+SECONDS_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 2.5e-2, 5e-2,
+                   0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BYTES_BUCKETS = tuple(float(1 << (20 + 2 * k)) for k in range(8))  # 1 MiB .. 16 GiB, x4
+
+# name (after the prefix) -> (checkpoint-table column, scale to base unit, buckets, help).
+# Every series is per checkpoint; a checkpoint whose value was not recorded is not observed.
+HISTOGRAMS = {
+    "checkpoint_seconds": ("total_ns", 1e-9, SECONDS_BUCKETS,
+                           "Wall time of each checkpoint (update_tgt/update_dft, entry to return)."),
+    "checkpoint_fill_seconds": ("fill_ns", 1e-9, SECONDS_BUCKETS,
+                                "Wall time zero-filling the checkpoint buffer's growth (vector resize), "
+                                "page faults included; 0 for a pool hit."),
+    "checkpoint_copy_seconds": ("copy_ns", 1e-9, SECONDS_BUCKETS,
+                                "Wall time copying the state in (llama_state_seq_get_data_ext)."),
+    "checkpoint_fault_seconds": ("fault_ns", 1e-9, SECONDS_BUCKETS,
+                                 "On-CPU cost of the checkpoint's page faults (span on-CPU time minus "
+                                 "the same work on resident pages), as analyze gives it (measured, or estimated "
+                                 "from the batch's measured faults); not observed where not recorded."),
+    "checkpoint_cpu_seconds": ("cpu_ns", 1e-9, SECONDS_BUCKETS,
+                               "The thread's on-CPU time during the checkpoint."),
+    "checkpoint_wait_seconds": ("wait_ns", 1e-9, SECONDS_BUCKETS,
+                                "Time the thread waited for a CPU (run queue) during the checkpoint."),
+    "checkpoint_bytes": ("bytes", 1.0, BYTES_BUCKETS, "State bytes copied into each checkpoint."),
+}
+# name (the _total suffix is added by the exposition) -> help
+COUNTERS = {
+    "checkpoints": "Checkpoints saved (update_tgt/update_dft calls that copied state).",
+    "checkpoint_faults": "Page faults (minor + major) taken inside checkpoints.",
+    "pool_hits": "Checkpoints whose buffer did not need to grow (no fill): served by a pool.",
+    "restores": "Checkpoint restores (load_tgt/load_dft), where the server's build has the probe.",
+    "lost_events": "Events the kernel side dropped (ring buffer or per-thread map full).",
+}
+GAUGES = {
+    "checkpoint_memory_held_bytes": "Bytes mapped for checkpoint buffers (mmap inside a checkpoint) "
+                                    "and not yet unmapped, since ckptrace attached.",
+    "checkpoint_memory_peak_bytes": "High-water mark of checkpoint_memory_held_bytes since ckptrace attached.",
+}
+STALE_CARRY_NS = 60_000_000_000  # a fill/copy whose checkpoint never returned (an exception) is dropped
+EMPTY_SPANS = empty_frame(SPAN_COLUMNS)
+
+
+def series_names() -> set[str]:
+    """Every series name a scrape can hold (histograms with their _bucket, _sum and _count)."""
+    names = {f"{PREFIX}{n}{s}" for n in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
+    names |= {f"{PREFIX}{n}_total" for n in COUNTERS}
+    names |= {f"{PREFIX}{n}" for n in GAUGES}
+    return names
+
+
+@dataclass
+class _Hist:
+    buckets: tuple[float, ...]
+    counts: np.ndarray = None  # per bucket, last one +Inf; not cumulative
+    total: float = 0.0
+
+    def __post_init__(self):
+        self.counts = np.zeros(len(self.buckets) + 1, dtype=np.int64)
+
+    def observe(self, values: np.ndarray) -> None:
+        idx = np.searchsorted(np.asarray(self.buckets), values, side="left")  # le: value <= bound
+        np.add.at(self.counts, idx, 1)
+        self.total += float(values.sum())
+
+    def exposed(self) -> tuple[list[tuple[str, float]], float]:
+        cum = np.cumsum(self.counts)
+        les = [repr(float(b)) for b in self.buckets] + ["+Inf"]
+        return list(zip(les, cum.astype(float).tolist())), self.total
+
+
+@dataclass
+class _Target:
+    labels: tuple[str, str, str]
+    hists: dict[str, _Hist] = field(default_factory=lambda: {n: _Hist(h[2]) for n, h in HISTOGRAMS.items()})
+    counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
+    held: dict[int, int] = field(default_factory=dict)  # addr -> bytes of checkpoint mappings alive
+    held_bytes: int = 0
+    peak_bytes: int = 0
+    carry: pd.DataFrame | None = None  # fill/copy rows whose checkpoint has not returned yet
+    ended_ns: int | None = None  # when its process exited; served once more after that
+    scraped_after_end: bool = False
+
+
+class CheckpointMetrics(Collector):
+    """Per-process series, folded from event batches; thread-safe against the HTTP thread."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._targets: dict[int, _Target] = {}
+
+    def add(self, pid: int, label: str, build_id: str) -> None:
+        with self._lock:
+            self._targets[pid] = _Target((str(pid), label, build_id or ""))
+
+    def fold(self, pid: int, events: pd.DataFrame, lost: int) -> None:
+        """Add one batch of a process's events (see probes/live.py) and its kernel's lost count."""
+        t = self._targets[pid]
+        if t.carry is not None and len(t.carry):
+            events = pd.concat([t.carry, events], ignore_index=True)
+        ck, t.carry = _complete(events)
+        table = checkpoint_table(ck, EMPTY_SPANS) if len(ck) else None
+        held = _held_changes(t, events)
+        restores = int((events["kind"] == "restore").sum()) if "restore" in KINDS else 0
+        with self._lock:
+            if table is not None and len(table):
+                for name, (col, scale, _, _) in HISTOGRAMS.items():
+                    v = table[col].dropna().to_numpy(dtype="float64") * scale
+                    t.hists[name].observe(v)
+                t.counters["checkpoints"] += len(table)
+                t.counters["checkpoint_faults"] += int(table["faults"].sum())
+                t.counters["pool_hits"] += int(table["pool_hit"].sum())
+            t.counters["restores"] += restores
+            t.counters["lost_events"] = max(t.counters["lost_events"], int(lost))
+            held()
+
+    def end(self, pid: int) -> None:
+        """The process exited: its series are served at one more scrape, then removed."""
+        with self._lock:
+            t = self._targets.get(pid)
+            if t is not None and t.ended_ns is None:
+                t.ended_ns = time.monotonic_ns()
+
+    def expire(self, linger_ns: int) -> list[int]:
+        """Remove ended processes already scraped once since, or ended more than linger_ns ago."""
+        now = time.monotonic_ns()
+        with self._lock:
+            gone = [pid for pid, t in self._targets.items() if t.ended_ns is not None
+                    and (t.scraped_after_end or now - t.ended_ns > linger_ns)]
+            for pid in gone:
+                del self._targets[pid]
+        return gone
+
+    def pids(self) -> list[int]:
+        with self._lock:
+            return list(self._targets)
+
+    def collect(self):
+        with self._lock:
+            targets = list(self._targets.values())
+            for t in targets:
+                if t.ended_ns is not None:
+                    t.scraped_after_end = True
+            snap = [(t.labels, {n: h.exposed() for n, h in t.hists.items()}, dict(t.counters),
+                     t.held_bytes, t.peak_bytes) for t in targets]
+        for name, (_, _, _, doc) in HISTOGRAMS.items():
+            fam = HistogramMetricFamily(PREFIX + name, doc, labels=LABELS)
+            for labels, hists, *_ in snap:
+                buckets, total = hists[name]
+                fam.add_metric(labels, buckets, total)
+            yield fam
+        for name, doc in COUNTERS.items():
+            fam = CounterMetricFamily(PREFIX + name, doc, labels=LABELS)
+            for labels, _, counters, *_ in snap:
+                fam.add_metric(labels, counters[name])
+            yield fam
+        for name, doc in GAUGES.items():
+            fam = GaugeMetricFamily(PREFIX + name, doc, labels=LABELS)
+            for labels, _, _, held, peak in snap:
+                fam.add_metric(labels, held if name.endswith("held_bytes") else peak)
+            yield fam
+
+
+def _complete(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(rows ready for the checkpoint table, fill/copy rows to carry to the next batch).
+
+    A checkpoint's row is emitted at its return, after its fill and copy rows (one thread, one
+    ring buffer: in order), so a batch may end between them; those rows wait for their checkpoint."""
+    done_ids = events.loc[events["kind"] == "checkpoint", "ckpt"].to_numpy()
+    parts = events["kind"].isin(["fill", "copy"]).to_numpy() & (events["ckpt"] != 0).to_numpy()
+    waiting = parts & ~np.isin(events["ckpt"].to_numpy(), done_ids)
+    if not waiting.any():
+        return events, None
+    newest = int(events["end_ns"].max())
+    keep = waiting & (events["end_ns"].to_numpy() > newest - STALE_CARRY_NS)
+    return events[~waiting], events[keep].reset_index(drop=True)
+
+
+def _held_changes(t: _Target, events: pd.DataFrame):
+    """Checkpoint memory from the batch's mmap/munmap rows; returns the update to apply under the lock.
+    A mapping made inside a checkpoint (its buffer growing) is held until an munmap of its address."""
+    sys = events[events["kind"].isin(["mmap", "munmap"])]
+    rows = list(zip((sys["kind"] == "mmap").to_numpy(), sys["ckpt"].to_numpy(), sys["addr"].to_numpy(),
+                    sys["bytes"].to_numpy()))
+
+    def apply():
+        for is_mmap, ckpt, addr, nbytes in rows:
+            if is_mmap and ckpt:
+                t.held[int(addr)] = int(nbytes)
+                t.held_bytes += int(nbytes)
+            elif not is_mmap and int(addr) in t.held:
+                t.held_bytes -= t.held.pop(int(addr))
+            t.peak_bytes = max(t.peak_bytes, t.held_bytes)
+    return apply

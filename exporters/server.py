@@ -1,0 +1,145 @@
+"""`ckptrace serve`: keep the probes on running processes and serve their series at /metrics.
+
+The listening socket is bound first (a bad --listen fails before anything attaches), then each
+process is attached; every POLL_S the events are drained and folded into the series
+(exporters/prometheus.py). A process that exits is served once more, then its series end;
+`--comm` keeps looking for new processes with that name.
+"""
+from __future__ import annotations
+
+import errno
+import ipaddress
+import signal
+import sys
+import time
+from dataclasses import dataclass
+
+from ckptrace.errors import CkptraceError, TargetError
+from ckptrace.terminal import printable
+
+DEFAULT_LISTEN = "127.0.0.1:9464"  # 9464: the port OpenTelemetry's Prometheus exporters use
+POLL_S = 0.25
+RESCAN_S = 1.0  # --comm: how often new processes are looked for
+LINGER_S = 60.0  # an exited process's series wait this long for a last scrape
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+class ListenError(CkptraceError):
+    """--listen names no address this machine can serve on."""
+
+
+@dataclass
+class ServeOptions:
+    pids: tuple[int, ...] = ()
+    comm: str | None = None
+    listen: str = DEFAULT_LISTEN
+    label: str = ""
+    ringbuf_pages: int = 512
+    hint_after_s: float = 30.0
+    duration_s: float | None = None
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """'HOST:PORT' or '[V6]:PORT' -> (address, port); ListenError for anything else."""
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ListenError(f"--listen {printable(text)!r}: give ADDRESS:PORT, e.g. {DEFAULT_LISTEN} or [::1]:9464")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if host == "localhost":
+        host = "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        raise ListenError(f"--listen {printable(text)!r}: {printable(host)!r} is not an IP address "
+                          f"(give one of this machine's, e.g. 127.0.0.1 or ::1)") from None
+    port = int(port_text)
+    if port > 65535:
+        raise ListenError(f"--listen {printable(text)!r}: port {port} is out of range (1024-65535)")
+    if 0 < port < 1024:
+        raise ListenError(f"--listen {printable(text)!r}: port {port} is a privileged port (below 1024); "
+                          f"choose one from 1024 to 65535 (exporters use 9100-9999; the default is 9464)")
+    return host, port
+
+
+def bind(host: str, port: int, registry) -> tuple[object, int]:
+    """Start the /metrics HTTP server for a CollectorRegistry; (server, the port it got). One line on failure."""
+    from prometheus_client import start_http_server
+
+    where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        server, _ = start_http_server(port, addr=host, registry=registry)
+    except OSError as e:
+        why = {errno.EADDRINUSE: "the port is in use (another exporter or server listens there); "
+                                 "choose another with --listen",
+               errno.EADDRNOTAVAIL: "the address is not one of this machine's",
+               errno.EACCES: "not permitted to listen there"}.get(e.errno, e.strerror or str(e))
+        raise ListenError(f"cannot listen on {where}: {why}") from None
+    return server, server.server_address[1]
+
+
+def serve(opts: ServeOptions) -> None:
+    """Run until a stop signal, --duration, or (with --pid) every process has exited."""
+    host, port = parse_listen(opts.listen)
+    if not opts.pids and not opts.comm:
+        raise TargetError("give --pid PID (one or more) or --comm NAME")
+    # Imported here: a bad --listen is said without loading pandas, bcc or the client library.
+    from prometheus_client import CollectorRegistry
+
+    from ckptrace.exporters.prometheus import CheckpointMetrics
+    from ckptrace.probes.live import LiveProbes
+
+    metrics = CheckpointMetrics()
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(metrics)
+    server, port = bind(host, port, registry)  # a port in use is said before the machine checks
+    try:
+        probes = LiveProbes(opts.ringbuf_pages)
+    except BaseException:
+        server.shutdown()
+        server.server_close()
+        raise
+    stop: list[str] = []
+    old = {s: signal.signal(s, lambda signum, frame: stop.append(signal.Signals(signum).name))
+           for s in STOP_SIGNALS}
+    targets = {}
+    try:
+        for pid in opts.pids:
+            t = probes.attach(pid)
+            targets[t.pid] = t
+            metrics.add(t.pid, opts.label or t.comm, t.build_id)
+        url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/metrics"
+        what = (", ".join(f"PID {t.pid} ({t.comm}, {t.probes} uprobes)" for t in targets.values())
+                if targets else f"processes named {printable(opts.comm)!r}")
+        _say(f"ckptrace: serving {url} for {what}. Ctrl-C to stop.")
+        _loop(opts, probes, metrics, targets, stop)
+    finally:
+        server.shutdown()
+        for t in targets.values():
+            probes.detach(t)
+        server.server_close()
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _loop(opts: ServeOptions, probes, metrics: CheckpointMetrics, targets: dict, stop: list[str]) -> None:
+    t0 = time.monotonic()
+    while not stop:
+        time.sleep(POLL_S)
+        for pid, t in list(targets.items()):
+            was_alive = t.alive()  # checked before the drain, so the drain holds its last events
+            metrics.fold(pid, probes.batch(t), probes.lost(t))
+            if not was_alive:
+                metrics.end(pid)
+                probes.detach(targets.pop(pid))
+                _say(f"ckptrace: PID {pid} exited; its series end after the next scrape")
+        metrics.expire(int(LINGER_S * 1e9))
+        if opts.duration_s and time.monotonic() - t0 >= opts.duration_s:
+            break
+        if not opts.comm and not targets and not metrics.pids():
+            _say("ckptrace: every process exited and its last values were served; stopping")
+            return
+    _say(f"ckptrace: stopped ({stop[0] if stop else 'duration'})")
+
+
+def _say(text: str) -> None:
+    print(printable(text, lines=True), file=sys.stderr, flush=True)

@@ -1,0 +1,140 @@
+"""`ckptrace serve` scraped by a real Prometheus: the series hold what the workload's truth and
+`analyze` of a trace recorded over the same run say; bad --listen values are one line."""
+from __future__ import annotations
+
+import re
+import socket
+import subprocess
+
+import pytest
+
+from ckptrace.analyzers import analyze_trace
+from ckptrace.exporters.prometheus import HISTOGRAMS
+from ckptrace.trace import read_trace
+from helpers import (CKPTRACE, assert_one_line_error, ckptrace, clock_tolerance, go, load_truth, recorder, started,
+                     wait_until, waiting_workload)
+from prometheus import Prometheus, prometheus_available
+
+needs_prometheus = pytest.mark.skipif(not prometheus_available(), reason="Debian package prometheus not installed "
+                                      "(scripts/setup.sh test installs it)")
+
+
+def build_id(path) -> str:
+    """The ELF's GNU build-id as binutils reads it (independent of ckptrace's reader)."""
+    out = subprocess.run(["readelf", "-n", str(path)], capture_output=True, text=True, check=True).stdout
+    return re.search(r"Build ID: ([0-9a-f]+)", out).group(1)
+
+
+def serving(*pids, extra=()):
+    """`ckptrace serve` on an ephemeral port, its probes attached (its ready line printed)."""
+    args = [CKPTRACE, "serve", "--listen", "127.0.0.1:0", *extra]
+    for pid in pids:
+        args += ["--pid", pid]
+    return started(args, ready="ckptrace: serving http://127.0.0.1:")
+
+
+@pytest.mark.parametrize("_", [None], ids=["two-processes"])
+@needs_prometheus
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_prometheus_scrapes_what_the_truth_and_analyze_of_the_same_run_say(tmp_path, workload, _):
+    """A (pool on: hits and misses) is recorded and served at once; B (pool off) only served.
+    Both exit while Prometheus scrapes every 0.5 s: each one's series keep their final values,
+    then end, and serve stops by itself."""
+    ta, tb, trace = tmp_path / "a.jsonl", tmp_path / "b.jsonl", tmp_path / "a.parquet"
+    with waiting_workload(workload, "--iterations", "30", "--ckpt-mib", "40", "--pool", "on",
+                          "--decode-us", "2000", truth=ta) as a, \
+            waiting_workload(workload, "--iterations", "12", "--ckpt-mib", "36", "--pool", "off",
+                             "--decode-us", "2000", truth=tb) as b, \
+            recorder(trace, "--pid", a.pid) as rec, \
+            serving(a.pid, b.pid) as (srv, line):
+        port = int(re.search(r"127\.0\.0\.1:(\d+)/metrics", line).group(1))
+        target = f"127.0.0.1:{port}"
+        with Prometheus([target], interval_s=0.5) as prom:
+            wait_until(lambda: prom.health(target) == "up", "the exporter's target up", timeout_s=60, every_s=0.2)
+            before = prom.query("ckptrace_checkpoints_total")
+            assert {dict(k)["pid"]: v for k, v in before.items()} == {str(a.pid): 0, str(b.pid): 0}
+            go(a)
+            go(b)
+            assert a.wait(120) == 0 and b.wait(120) == 0
+            assert rec.wait(120) == 0, rec.stderr.read()
+            last = {p: f'last_over_time({{__name__="%s",pid="{p}"}}[1h])' for p in (a.pid, b.pid)}
+            for proc, truth in ((a, ta), (b, tb)):
+                n = len(load_truth(truth)["checkpoint"])
+                wait_until(lambda: prom.value(last[proc.pid] % "ckptrace_checkpoints_total") == n,
+                           f"Prometheus holding PID {proc.pid}'s {n} checkpoints", timeout_s=60, every_s=0.2)
+                # Its series end: the exporter served them once more, then dropped them.
+                wait_until(lambda: prom.value(f'ckptrace_checkpoints_total{{pid="{proc.pid}"}}') is None,
+                           f"PID {proc.pid}'s series to end", timeout_s=60, every_s=0.2)
+            assert srv.wait(60) == 0
+            err = srv.stderr.read()
+            assert "Traceback" not in err and err.count("exited; its series end") == 2, err
+            got = {p: {name: prom.value(q % name) for name in
+                       ["ckptrace_checkpoints_total", "ckptrace_pool_hits_total", "ckptrace_checkpoint_faults_total",
+                        "ckptrace_lost_events_total", "ckptrace_restores_total",
+                        "ckptrace_checkpoint_memory_peak_bytes", "ckptrace_checkpoint_memory_held_bytes"]
+                       + [f"ckptrace_{h}_{s}" for h in HISTOGRAMS for s in ("sum", "count")]}
+                   for p, q in last.items()}
+            labels = {dict(k)["pid"]: dict(k) for k in prom.query(last[a.pid] % "ckptrace_checkpoints_total")}
+
+    # A: the workload's own account and analyze of the trace recorded beside the exporter.
+    ga, ck = got[a.pid], analyze_trace(read_trace(trace)).checkpoints
+    truth = load_truth(ta)["checkpoint"]
+    n = len(truth)
+    assert ga["ckptrace_checkpoints_total"] == n == len(ck)
+    assert ga["ckptrace_pool_hits_total"] == truth["pool_hit"].sum() == ck["pool_hit"].sum() > 0
+    assert ga["ckptrace_checkpoint_faults_total"] == ck["faults"].sum()
+    assert ga["ckptrace_checkpoint_bytes_sum"] == truth["bytes"].sum() == ck["bytes"].sum()
+    assert ga["ckptrace_lost_events_total"] == 0 and ga["ckptrace_restores_total"] == 0
+    for h, col in (("fill", "fill_ns"), ("copy", "copy_ns"), ("cpu", "cpu_ns"), ("", "total_ns")):
+        name = f"ckptrace_checkpoint_{h + '_' if h else ''}seconds"
+        assert ga[f"{name}_count"] == n, name
+        # Two probe sets on one process: each span differs by the other's handlers (microseconds).
+        assert abs(ga[f"{name}_sum"] * 1e9 - ck[col].sum()) <= clock_tolerance(ck[col].sum()), name
+    # Fault time: measured where faults were (the misses), a part of the fill and copy time.
+    assert 0 < ga["ckptrace_checkpoint_fault_seconds_count"] <= n
+    assert ga["ckptrace_checkpoint_fault_seconds_sum"] <= ga["ckptrace_checkpoint_fill_seconds_sum"] + \
+        ga["ckptrace_checkpoint_copy_seconds_sum"]
+    # Held checkpoint memory: at least one fresh buffer of a checkpoint's size was mapped inside one.
+    assert ga["ckptrace_checkpoint_memory_peak_bytes"] >= truth["bytes"].max()
+    assert ga["ckptrace_checkpoint_memory_held_bytes"] <= ga["ckptrace_checkpoint_memory_peak_bytes"]
+
+    # B: pool off, served alone: every checkpoint a miss, with its faults.
+    gb, truth_b = got[b.pid], load_truth(tb)["checkpoint"]
+    assert gb["ckptrace_checkpoints_total"] == len(truth_b) == gb["ckptrace_checkpoint_fill_seconds_count"]
+    assert gb["ckptrace_pool_hits_total"] == 0 == truth_b["pool_hit"].sum()
+    assert gb["ckptrace_checkpoint_bytes_sum"] == truth_b["bytes"].sum()
+    truth_faults = (truth_b["fill_faults"] + truth_b["copy_faults"]).sum()
+    assert abs(gb["ckptrace_checkpoint_faults_total"] - truth_faults) <= 0.01 * truth_faults
+    assert gb["ckptrace_checkpoint_fill_seconds_sum"] * 1e9 <= truth_b["end_ns"].sum() - truth_b["start_ns"].sum()
+
+    for proc in (a, b):
+        assert labels.get(str(proc.pid), {}).get("label", "ckpt-workload") == "ckpt-workload"
+    assert labels[str(a.pid)]["build_id"] == build_id(workload)
+
+
+@pytest.mark.parametrize("listen, needle", [
+    ("127.0.0.1:80", "port 80 is a privileged port"),
+    ("127.0.0.1:70000", "out of range"),
+    ("127.0.0.1", "give ADDRESS:PORT"),
+    ("nowhere.example:9464", "is not an IP address"),
+    ("999.1.1.1:9464", "is not an IP address"),
+])
+def test_bad_listen_is_one_line_before_anything_starts(listen, needle):
+    assert_one_line_error(ckptrace("serve", "--pid", "1", "--listen", listen), needle)
+
+
+def test_no_pid_is_one_line():
+    assert_one_line_error(ckptrace("serve"), "give --pid")
+
+
+def test_port_in_use_or_an_address_not_here_is_one_line():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        assert_one_line_error(ckptrace("serve", "--pid", "1", "--listen", f"127.0.0.1:{port}"),
+                              f"cannot listen on 127.0.0.1:{port}: the port is in use")
+    # 192.0.2.0/24 is TEST-NET-1: documentation only, never a local address.
+    assert_one_line_error(ckptrace("serve", "--pid", "1", "--listen", "192.0.2.1:9464"),
+                          "cannot listen on 192.0.2.1:9464: the address is not one of this machine's")
