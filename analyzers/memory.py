@@ -103,30 +103,44 @@ def _walk(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     sc = sc.assign(t_ns=t).sort_values(["pid", "t_ns"], kind="stable")
     held_rows, rel_rows = [], []
     for pid, rows in sc.groupby("pid", sort=True):
-        live: dict[int, int] = {}  # start -> end of each live buffer range
-        held = 0
+        buffers = HeldBuffers()
         for r in rows.itertuples(index=False):
-            a, b = int(r.addr), int(r.addr) + int(r.bytes)
-            if r.kind == "mremap":  # only its new range is recorded: a buffer resized where it is
-                if a not in live:
-                    continue
-                held += b - live[a]
-                live[a] = b
-            elif r.kind == "mmap" and r.phase in BUFFER_PHASES:
-                held += b - a - _cut(live, a, b)
-                live[a] = b
-            else:
-                freed = _cut(live, a, b)  # an munmap, or a mapping placed over a buffer
-                if not freed:
-                    continue
-                held -= freed
-                if r.kind == "munmap":
-                    rel_rows.append((int(r.t_ns), int(pid), int(r.tid), freed, str(r.phase), held))
-            held_rows.append((int(r.t_ns), int(pid), held))
+            changed, freed = buffers.step(r.kind, r.phase, int(r.addr), int(r.bytes))
+            if not changed:
+                continue
+            if freed and r.kind == "munmap":
+                rel_rows.append((int(r.t_ns), int(pid), int(r.tid), freed, str(r.phase), buffers.held))
+            held_rows.append((int(r.t_ns), int(pid), buffers.held))
     held_df = pd.DataFrame(held_rows, columns=list(HELD_COLUMNS)).astype(HELD_COLUMNS)
     rel_df = pd.DataFrame(rel_rows, columns=list(RELEASE_COLUMNS)).astype(RELEASE_COLUMNS)
     return held_df.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True), \
         rel_df.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True)
+
+
+class HeldBuffers:
+    """One process's live checkpoint buffers as [start, end) ranges, replayed one syscall row at a
+    time in order (`serve` keeps one per process across its batches)."""
+
+    def __init__(self):
+        self.live: dict[int, int] = {}  # start -> end of each live buffer range
+        self.held = 0
+
+    def step(self, kind: str, phase: str, addr: int, nbytes: int) -> tuple[bool, int]:
+        """Apply an mmap/munmap/mremap row: (whether the held bytes changed, bytes it freed)."""
+        a, b = addr, addr + nbytes
+        if kind == "mremap":  # only its new range is recorded: a buffer resized where it is
+            if a not in self.live:
+                return False, 0
+            self.held += b - self.live[a]
+            self.live[a] = b
+            return True, 0
+        if kind == "mmap" and phase in BUFFER_PHASES:
+            self.held += b - a - _cut(self.live, a, b)
+            self.live[a] = b
+            return True, 0
+        freed = _cut(self.live, a, b)  # an munmap, or a mapping placed over a buffer
+        self.held -= freed
+        return bool(freed), freed
 
 
 def _cut(live: dict[int, int], a: int, b: int) -> int:

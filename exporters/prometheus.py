@@ -18,6 +18,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from ckptrace.analyzers import checkpoint_table
+from ckptrace.analyzers.memory import HeldBuffers
 from ckptrace.analyzers.spans import SPAN_COLUMNS
 from ckptrace.trace import KINDS, empty_frame
 
@@ -57,8 +58,8 @@ COUNTERS = {
     "lost_events": "Events the kernel side dropped (ring buffer or per-thread map full).",
 }
 GAUGES = {
-    "checkpoint_memory_held_bytes": "Bytes mapped for checkpoint buffers (mmap inside a checkpoint) "
-                                    "and not yet unmapped, since ckptrace attached.",
+    "checkpoint_memory_held_bytes": "Bytes in checkpoint buffers: mapped while a checkpoint was being made, "
+                                    "not yet unmapped (as analyze's memory; since ckptrace attached).",
     "checkpoint_memory_peak_bytes": "High-water mark of checkpoint_memory_held_bytes since ckptrace attached.",
 }
 STALE_CARRY_NS = 60_000_000_000  # a fill/copy whose checkpoint never returned (an exception) is dropped
@@ -98,8 +99,7 @@ class _Target:
     labels: tuple[str, str, str]
     hists: dict[str, _Hist] = field(default_factory=lambda: {n: _Hist(h[2]) for n, h in HISTOGRAMS.items()})
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
-    held: dict[int, int] = field(default_factory=dict)  # addr -> bytes of checkpoint mappings alive
-    held_bytes: int = 0
+    buffers: HeldBuffers = field(default_factory=HeldBuffers)  # analyzers/memory.py's rule, kept across batches
     peak_bytes: int = 0
     carry: pd.DataFrame | None = None  # fill/copy rows whose checkpoint has not returned yet
     ended_ns: int | None = None  # when its process exited; served once more after that
@@ -166,7 +166,7 @@ class CheckpointMetrics(Collector):
                 if t.ended_ns is not None:
                     t.scraped_after_end = True
             snap = [(t.labels, {n: h.exposed() for n, h in t.hists.items()}, dict(t.counters),
-                     t.held_bytes, t.peak_bytes) for t in targets]
+                     t.buffers.held, t.peak_bytes) for t in targets]
         for name, (_, _, _, doc) in HISTOGRAMS.items():
             fam = HistogramMetricFamily(PREFIX + name, doc, labels=LABELS)
             for labels, hists, *_ in snap:
@@ -201,18 +201,18 @@ def _complete(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
 
 
 def _held_changes(t: _Target, events: pd.DataFrame):
-    """Checkpoint memory from the batch's mmap/munmap rows; returns the update to apply under the lock.
-    A mapping made inside a checkpoint (its buffer growing) is held until an munmap of its address."""
-    sys = events[events["kind"].isin(["mmap", "munmap"])]
-    rows = list(zip((sys["kind"] == "mmap").to_numpy(), sys["ckpt"].to_numpy(), sys["addr"].to_numpy(),
-                    sys["bytes"].to_numpy()))
+    """Checkpoint memory from the batch's mmap/munmap/mremap rows, by analyzers/memory.py's rule
+    (a mapping made while a checkpoint was being made is held until unmapped); returns the update
+    to apply under the lock. Rows in that module's order: a mapping exists from the mmap's return,
+    an munmap's pages go at its entry."""
+    sc = events[events["kind"].isin(["mmap", "munmap", "mremap"])]
+    t_ns = np.where(sc["kind"] == "munmap", sc["start_ns"], sc["end_ns"])
+    sc = sc.iloc[np.argsort(t_ns, kind="stable")]
+    rows = list(zip(sc["kind"].astype(str), sc["phase"].astype(str), sc["addr"].to_numpy().tolist(),
+                    sc["bytes"].to_numpy().tolist()))
 
     def apply():
-        for is_mmap, ckpt, addr, nbytes in rows:
-            if is_mmap and ckpt:
-                t.held[int(addr)] = int(nbytes)
-                t.held_bytes += int(nbytes)
-            elif not is_mmap and int(addr) in t.held:
-                t.held_bytes -= t.held.pop(int(addr))
-            t.peak_bytes = max(t.peak_bytes, t.held_bytes)
+        for kind, phase, addr, nbytes in rows:
+            if t.buffers.step(kind, phase, int(addr), int(nbytes))[0]:
+                t.peak_bytes = max(t.peak_bytes, t.buffers.held)
     return apply
