@@ -54,6 +54,7 @@ import pandas as pd
 from ckptrace.errors import AnalysisError
 from ckptrace.meta import TraceMeta
 from ckptrace.trace import Trace
+from ckptrace.units import MIB
 
 from . import Analysis, analyze_trace
 from .summary import WAIT_WARN_SHARE
@@ -114,6 +115,7 @@ class Comparison:
     min_effect_pct: float = 0.0
     statistic: str = "median"
     pool: pd.DataFrame | None = None  # hits and misses against the baseline (when a leg had pool hits)
+    memory: pd.DataFrame | None = None  # what the candidate costs in memory (_memory_rows)
 
 
 def _samples(a: Analysis, metric: str, rows: np.ndarray | None = None) -> np.ndarray:
@@ -334,6 +336,42 @@ def _explain(m: pd.DataFrame, analyses: list[Analysis], arms: list[str], baselin
     return head + tail
 
 
+MEMORY_METRICS = {"held_peak_mib": "peak_held_bytes", "rss_peak_mib": "peak_rss_bytes"}
+MEMORY_COLUMNS = {"metric": "str", "baseline_value": "float64", "candidate_value": "float64",
+                  "change_mib": "float64", "change_pct": "float64", "drift_mib": "float64", "verdict": "str",
+                  "legs_mib": "object"}
+MEMORY_VERDICT = "single figures"  # one peak per leg: no interval, said as such
+
+
+def _memory_rows(analyses: list[Analysis], arms: list[str]) -> pd.DataFrame:
+    """The memory a candidate costs: each leg's peak of checkpoint buffers held and of RSS (MiB),
+    the arms' means and the change; single figures per leg (no samples to resample), with the
+    spread of the baseline legs' figures as drift. A leg that did not record RSS leaves the row's
+    arm NaN (not recorded), never 0."""
+    rows = []
+    for metric, key in MEMORY_METRICS.items():
+        per_leg = [a.memory[key] / MIB if a.memory[key] is not None else math.nan for a in analyses]
+        arm = {x: [v for v, y in zip(per_leg, arms) if y == x] for x in ("baseline", "candidate")}
+        b, c = (float(np.mean(arm[x])) if arm[x] and not any(map(math.isnan, arm[x])) else math.nan
+                for x in ("baseline", "candidate"))
+        drift = max(arm["baseline"]) - min(arm["baseline"]) if len(arm["baseline"]) > 1 else math.nan
+        rows.append({"metric": metric, "baseline_value": b, "candidate_value": c, "change_mib": c - b,
+                     "change_pct": (c - b) / b * 100 if b else math.nan, "drift_mib": drift,
+                     "verdict": MEMORY_VERDICT if math.isfinite(c - b) else "not recorded",
+                     "legs_mib": [None if math.isnan(v) else v for v in per_leg]})
+    return pd.DataFrame(rows, columns=list(MEMORY_COLUMNS)).astype(MEMORY_COLUMNS)
+
+
+def memory_sentence(memory: pd.DataFrame | None) -> str:
+    """'held checkpoint memory +288.0 MiB at peak (96.0 -> 384.0 MiB), RSS ...' for what was recorded."""
+    if memory is None or not len(memory):
+        return ""
+    names = {"held_peak_mib": "held checkpoint memory", "rss_peak_mib": "RSS"}
+    parts = [f"{names[r['metric']]} {r['change_mib']:+.1f} MiB at peak ({r['baseline_value']:.1f} -> "
+             f"{r['candidate_value']:.1f} MiB)" for r in memory.to_dict("records") if r["verdict"] == MEMORY_VERDICT]
+    return ("Memory: " + ", ".join(parts) + ".") if parts else ""
+
+
 MIN_EFFECT_PCT = 20.0
 DEFAULT_STATISTIC = "mean"
 POOL_METRICS = ("checkpoint_total_ns", "checkpoint_fill_ns", "checkpoint_total_cpu_ns", "checkpoint_fill_cpu_ns")
@@ -420,8 +458,10 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
     if _busy(analyses):
         _withhold_wall(metrics)
         _withhold_wall(pool)
+    memory = _memory_rows(analyses, arms)
+    explanation = " ".join(x for x in (_explain(metrics, analyses, arms, baseline, candidate),
+                                       memory_sentence(memory)) if x)
     return Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
-                      warnings=_warnings(analyses, arms),
-                      explanation=_explain(metrics, analyses, arms, baseline, candidate),
+                      warnings=_warnings(analyses, arms), explanation=explanation,
                       seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, statistic=statistic,
-                      pool=pool)
+                      pool=pool, memory=memory)

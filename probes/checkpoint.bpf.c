@@ -2,7 +2,10 @@
  * thread's own counters, sampled fault service time, and mmap/munmap/mremap of one process.
  *
  * Options arrive only as integer -D defines chosen by the recorder, never as user text:
- *   TARGET_TGID     process to trace
+ *   MAX_TARGETS     most processes traced at once; which ones is the `targets` map (tgid -> 1),
+ *                   filled by the recorder (integers in a map, never text in this source)
+ *   RSS_STEP        emit an `rss` row when a process's resident bytes moved by at least this
+ *                   many bytes since its last row (0: the rss_stat program is detached)
  *   MIN_FLT_OFF     byte offset of task_struct.min_flt in the RUNNING kernel (from its BTF; the
  *   MAJ_FLT_OFF     installed headers are for another kernel version, so never take it from them)
  *   RINGBUF_PAGES   ring buffer size in pages (power of two)
@@ -61,6 +64,20 @@ struct armed {
 };
 
 BPF_HASH(threads, u32, struct tstate, 8192);
+BPF_HASH(targets, u32, u32, MAX_TARGETS); /* the processes traced: tgid -> 1 */
+/* Resident bytes per traced mm, as kmem:rss_stat reports them member by member. Keyed by the
+ * tracepoint's mm_id (a hash of the mm pointer), learnt from events the process's own threads
+ * raise, so changes made to it by another task (reclaim) count too. */
+struct rss_state {
+    s64 member[4];     /* MM_FILEPAGES, MM_ANONPAGES, MM_SWAPENTS, MM_SHMEMPAGES, bytes */
+    s64 last;          /* resident bytes in the last row emitted, -1 = none yet */
+    u32 pid;
+    u32 pad;
+};
+BPF_HASH(rss_by_mm, u32, struct rss_state, MAX_TARGETS);
+/* Each traced process's counters as /proc/PID/status showed them at attach, written by the
+ * recorder: the starting point before every member has changed once. */
+BPF_HASH(rss_seed, u32, struct rss_state, MAX_TARGETS);
 BPF_ARRAY(counters, u64, N_COUNTERS);
 BPF_ARRAY(event_layout, struct ckpt_event, 1); /* lets user space read the layout from the compiler */
 BPF_PERCPU_ARRAY(armed_fault, struct armed, 1);
@@ -139,7 +156,8 @@ static __always_inline u64 thread_faults(void)
 static __always_inline int target_tid(u32 *tid)
 {
     u64 id = bpf_get_current_pid_tgid();
-    if ((id >> 32) != TARGET_TGID)
+    u32 tgid = id >> 32;
+    if (!targets.lookup(&tgid))
         return 0;
     *tid = (u32)id;
     return 1;
@@ -194,6 +212,7 @@ static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struc
     e->nvcsw = sc.nvcsw - sp->sc0.nvcsw;
     e->nivcsw = sc.nivcsw - sp->sc0.nivcsw;
     e->tid = tid;
+    e->pid = bpf_get_current_pid_tgid() >> 32;
     e->kind = kind;
     e->tokens = 0;
     e->prompt_tokens = 0;
@@ -224,6 +243,7 @@ static __always_inline void emit_syscall(u32 kind, u32 tid, struct tstate *s, u6
     e->bytes = bytes;
     e->addr = addr;
     e->tid = tid;
+    e->pid = bpf_get_current_pid_tgid() >> 32;
     e->kind = kind;
     e->phase = phase_of(s);
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
@@ -529,5 +549,62 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
     if (!s)
         return 0;
     emit_syscall(K_MUNMAP, tid, s, bpf_ktime_get_ns(), args->len, args->addr);
+    return 0;
+}
+
+/* ---- resident memory: kmem:rss_stat, rate-limited to one row per RSS_STEP bytes of change ----
+ * The tracepoint fires on every RSS counter change of every process (each fault), so the common
+ * path is one hash lookup, and a row is emitted only when the process's resident bytes (file +
+ * anon + shmem, as in /proc/PID/status VmRSS) moved by RSS_STEP since its last row. */
+TRACEPOINT_PROBE(kmem, rss_stat)
+{
+    u32 mm = args->mm_id;
+    int m = args->member;
+    if (m < 0 || m > 3)
+        return 0;
+    struct rss_state *st = rss_by_mm.lookup(&mm);
+    if (!st) {
+        if (!args->curr)
+            return 0; /* another task's change to an mm not yet seen from its own threads */
+        u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        if (!targets.lookup(&tgid))
+            return 0;
+        struct rss_state fresh = {};
+        struct rss_state *seed = rss_seed.lookup(&tgid);
+        if (seed)
+            fresh = *seed;
+        fresh.last = -1;
+        fresh.pid = tgid;
+        rss_by_mm.update(&mm, &fresh);
+        st = rss_by_mm.lookup(&mm);
+        if (!st)
+            return 0;
+    }
+    s64 size = args->size;
+    if (m == 0)
+        st->member[0] = size;
+    else if (m == 1)
+        st->member[1] = size;
+    else if (m == 2)
+        st->member[2] = size;
+    else
+        st->member[3] = size;
+    s64 rss = st->member[0] + st->member[1] + st->member[3];
+    s64 moved = rss - st->last;
+    if (st->last >= 0 && moved < RSS_STEP && moved > -RSS_STEP)
+        return 0;
+    st->last = rss;
+    struct ckpt_event *e = events.ringbuf_reserve(sizeof(struct ckpt_event));
+    if (!e) {
+        count(C_LOST);
+        return 0;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->start_ns = e->end_ns = bpf_ktime_get_ns();
+    e->bytes = rss > 0 ? rss : 0;
+    e->pid = st->pid;
+    e->tid = args->curr ? (u32)bpf_get_current_pid_tgid() : 0;
+    e->kind = K_RSS;
+    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
     return 0;
 }

@@ -63,6 +63,7 @@ struct ckpt_event {
     u32 prompt_tokens;
     u32 phase;
     u32 draft;
+    u32 pid;      /* the process (tgid) of the row */
 };
 
 #endif

@@ -1,4 +1,4 @@
-"""Load checkpoint.bpf.c into the kernel, attach it to one process, and stream its events to a trace."""
+"""Load checkpoint.bpf.c into the kernel, attach it to one or more processes, and stream their events to a trace."""
 from __future__ import annotations
 
 import ctypes
@@ -17,9 +17,9 @@ import pandas as pd
 
 from ckptrace import __version__
 from ckptrace.errors import EbpfUnavailable, TargetError
-from ckptrace.meta import FaultTime, OpenSpans, ProbeInfo, SchedCounters, TraceMeta
+from ckptrace.meta import FaultTime, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, SchedCounters, TraceMeta
 from ckptrace.probes import fault_time, kernel
-from ckptrace.probes.target import alive, process_of
+from ckptrace.probes.target import alive, comm_of, process_of, processes_named, resident_members
 from ckptrace.probes.launch import HeldChild
 from ckptrace.output import OutputError, check_output, write_new, write_output
 from ckptrace.terminal import printable
@@ -58,6 +58,8 @@ NO_CHECKPOINT_HINT_S = 30.0
 STOP_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hangup",
                 signal.SIGQUIT: "quit"}
 POLL_S = 0.05  # drain period; events are submitted without wakeups
+MAX_TARGETS = 64  # processes one recording follows (the kernel's `targets` map)
+COMM_POLL_S = 0.5  # --comm: how often to look for a process of that name while none runs
 
 
 @dataclass
@@ -69,6 +71,40 @@ class RecordOptions:
     ringbuf_pages: int = 512
     status: bool = True  # live status line (only drawn on a terminal)
     no_checkpoint_hint_s: float = NO_CHECKPOINT_HINT_S
+    rss_step_mib: int = 1  # an `rss` row when a process's RSS moved by this much (0: not recorded)
+
+
+@dataclass
+class Target:
+    """One traced process: its probe plan (processes may be different builds) and its label."""
+    pid: int
+    label: str
+    comm: str
+    plan: object  # symbols.ProbePlan
+    ended_ns: int | None = None  # CLOCK_MONOTONIC when it was seen gone
+
+    def info(self) -> ProcessInfo:
+        build = next((o.build_id for o in self.plan.objects if o.path == self.plan.target), None)
+        return ProcessInfo(pid=self.pid, label=self.label, comm=self.comm, executable=self.plan.target,
+                           build_id=build)
+
+
+class Targets(list):
+    """The processes of a recording; a process that exits ends its part, the others go on."""
+
+    def __init__(self, items, bpf=None):
+        super().__init__(items)
+        self.bpf = bpf
+
+    def any_alive(self) -> bool:
+        for t in self:
+            if t.ended_ns is None and not alive(t.pid):
+                t.ended_ns = time.monotonic_ns()
+                if self.bpf is not None:  # its pid may be reused: stop matching it
+                    self.bpf["targets"].__delitem__(ctypes.c_uint32(t.pid))
+                if any(o.ended_ns is None for o in self):
+                    _say(f"ckptrace: PID {t.pid} ({printable(t.comm)}) exited; recording the others")
+        return any(t.ended_ns is None for t in self)
 
 
 @dataclass
@@ -83,23 +119,38 @@ class RecordResult:
     meta: TraceMeta
 
 
-def record(opts: RecordOptions, pid: int | None = None, command: list[str] | None = None) -> RecordResult:
-    """Record one process (attach by pid, or launch command held until the probes are in)."""
+def record(opts: RecordOptions, pid: int | list | None = None, command: list[str] | None = None,
+           comm: str | None = None) -> RecordResult:
+    """Record processes: attach to pid(s) (an int, or a list of ints or (pid, label) pairs) or to
+    every process named `comm`, or launch `command`, held until the probes are in."""
     bcc, offsets = _preflight(opts)
     sched, sched_note = kernel.sched_offsets()
-    child, target, plan = _resolve_target(pid, command)
+    child, targets = _resolve_target(pid, command, comm, opts)
     try:
-        bpf = _load(bcc, target, offsets, sched, opts)
-        attached, attach_retries = _attach(bpf, plan, target)
+        bpf = _load(bcc, targets, offsets, sched, opts, attach=child is None)
+        targets.bpf = bpf
+        attached, attach_retries = 0, 0
+        for t in list(targets):
+            try:
+                n, r = _attach(bpf, t.plan, t.pid)
+            except TargetError:
+                if len(targets) == 1 or alive(t.pid):
+                    raise
+                _say(f"ckptrace: note: PID {t.pid} exited while its probes were being attached; "
+                     "recording the others")
+                targets.remove(t)
+                bpf["targets"].__delitem__(ctypes.c_uint32(t.pid))
+                continue
+            attached, attach_retries = attached + n, attach_retries + r
     except BaseException:
         if child:
             child.abandon()
         raise
 
     session = _Session(bpf, opts, sched_recorded=sched is not None)
-    meta = _trace_meta(opts, plan, target, command, attach_retries)
+    meta = _trace_meta(opts, targets, command, attach_retries)
     meta.sched_counters = SchedCounters(sched is not None, sched_note)
-    _say(_start_line(opts, plan, child, command, target, attached, meta.sched_counters))
+    _say(_start_line(opts, targets, child, command, attached, meta.sched_counters))
 
     stop_reason = "interrupted"
     # A dropped SSH session (SIGHUP) or Ctrl-\\ (SIGQUIT) stops like Ctrl-C: the trace is written.
@@ -113,7 +164,7 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
             session.set_fault_timing(True)  # the first slice is a timed one, from the first instruction
         if child:
             child.release()
-        stop_reason = session.run(child, target)
+        stop_reason = session.run(child, targets)
     except KeyboardInterrupt:
         stop_reason = "interrupted"
     finally:
@@ -128,6 +179,8 @@ def record(opts: RecordOptions, pid: int | None = None, command: list[str] | Non
         events = session.frame()
         events["fault_ns"], meta.fault_time = _fault_time(events)
         _note_stop(meta, session, events, stop_reason)
+        targets.any_alive()  # who had gone by the end
+        meta.processes = [t.info() for t in targets]
         written, why_not = _write_or_rescue(opts.output, events, meta)
         bpf.cleanup()
         for s, h in old.items():
@@ -155,36 +208,87 @@ def _preflight(opts: RecordOptions):
     return bcc, kernel.task_struct_offsets()
 
 
-def _resolve_target(pid: int | None, command: list[str] | None):
-    """(held child or None, target pid, probe plan); a launched child is held before its exec."""
+def _resolve_target(pid, command: list[str] | None, comm: str | None, opts: RecordOptions):
+    """(held child or None, Targets); a launched child is held before its exec."""
     from ckptrace.probes import symbols
 
-    if not command:
-        pid, note = process_of(pid)  # a thread id names its process
+    if command:
+        child = HeldChild(command)
+        try:
+            plan = symbols.resolve_binary(child.path)
+        except BaseException:
+            child.abandon()
+            raise
+        return child, Targets([Target(child.pid, opts.label, Path(child.path).name[:15], plan)])
+    wanted = _wait_for_comm(comm, opts) if comm else [pid] if isinstance(pid, int) else list(pid)
+    chosen: dict[int, str | None] = {}
+    for item in wanted:
+        p, label = item if isinstance(item, tuple) else (item, None)
+        p, note = process_of(p)  # a thread id names its process
         if note:
             _say(f"ckptrace: note: {note}")
-        return None, pid, symbols.resolve_pid(pid)
-    child = HeldChild(command)
-    try:
-        return child, child.pid, symbols.resolve_binary(child.path)
-    except BaseException:
-        child.abandon()
-        raise
+        if p not in chosen or label:
+            chosen[p] = label
+    if len(chosen) > MAX_TARGETS:
+        raise TargetError(f"{len(chosen)} processes: one recording follows at most {MAX_TARGETS}")
+    targets, seen = [], {}
+    for p, label in chosen.items():
+        name = comm_of(p)
+        seen[name] = seen.get(name, 0) + 1
+        if label is None:  # one process: the recording's label; several: its name and rank
+            label = opts.label if len(chosen) == 1 else f"{name}#{seen[name]}"
+        targets.append(Target(p, label, name, symbols.resolve_pid(p)))
+    return None, Targets(targets)
 
 
-def _trace_meta(opts: RecordOptions, plan, target: int, command: list[str] | None,
+def _wait_for_comm(comm: str, opts: RecordOptions) -> list[int]:
+    """The pids of every process named `comm`; while there is none, wait (a status line), say so
+    after the hint time, and give up at --duration."""
+    if not comm or "/" in comm or len(comm.encode()) > 255:
+        raise TargetError(f"--comm takes a process name (as in /proc/PID/comm), got {printable(comm)!r}")
+    t0 = time.monotonic()
+    hinted = drawn = False
+    while True:
+        found = processes_named(comm)
+        if found:
+            if drawn:
+                sys.stderr.write("\r" + " " * 79 + "\r")
+            return found
+        waited = time.monotonic() - t0
+        if opts.duration_s and waited >= opts.duration_s:
+            raise TargetError(f"no process named {printable(comm)!r} appeared in {opts.duration_s:g} s: "
+                              "nothing recorded")
+        if opts.status and sys.stderr.isatty():
+            sys.stderr.write("\r" + f"{waited:7.1f} s  waiting for a process named {printable(comm)}"[:79].ljust(79))
+            sys.stderr.flush()
+            drawn = True
+        if not hinted and waited >= opts.no_checkpoint_hint_s:
+            hinted = True
+            if drawn:
+                sys.stderr.write("\r" + " " * 79 + "\r")
+            _say(f"ckptrace: no process named {printable(comm)!r} in {opts.no_checkpoint_hint_s:g} s "
+                 "(names are the kernel's comm, at most 15 characters: see `ps -o comm`); still waiting, "
+                 "Ctrl-C to stop")
+        time.sleep(COMM_POLL_S)
+
+
+def _trace_meta(opts: RecordOptions, targets: Targets, command: list[str] | None,
                 attach_retries: int) -> TraceMeta:
-    """The trace's metadata as known once the probes are in; _note_stop adds the rest."""
+    """The trace's metadata as known once the probes are in; _note_stop adds the rest. Objects,
+    probes and missing points are the union over the processes (each one's are in `processes`)."""
+    plans = [t.plan for t in targets]
+    one = targets[0] if len(targets) == 1 else None
     return TraceMeta(
         tool_version=__version__,
         label=opts.label,
         mode="launch" if command else "attach",
         command=list(command) if command else None,
-        pid=target,
-        executable=plan.target,
-        objects=list(plan.objects),
-        probes=[ProbeInfo(p.point, p.symbol, p.object, p.vaddr, p.offset, p.build_id) for p in plan.points],
-        missing_optional=list(plan.missing_optional),
+        pid=one.pid if one else None,
+        executable=one.plan.target if one else None,
+        objects=list(dict.fromkeys(ObjectInfo(o.path, o.build_id) for pl in plans for o in pl.objects)),
+        probes=list(dict.fromkeys(ProbeInfo(p.point, p.symbol, p.object, p.vaddr, p.offset, p.build_id)
+                                  for pl in plans for p in pl.points)),
+        missing_optional=sorted({m for pl in plans for m in pl.missing_optional}),
         kernel=platform.release(),
         host=socket.gethostname(),
         start_time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
@@ -209,15 +313,19 @@ def _note_stop(meta: TraceMeta, session: _Session, events: pd.DataFrame, stop_re
     meta.events = int(len(events))
 
 
-def _start_line(opts: RecordOptions, plan, child, command, target: int, attached: int,
+def _start_line(opts: RecordOptions, targets: Targets, child, command, attached: int,
                 sched: SchedCounters) -> str:
-    what = f"command {command[0]!r} (pid {target})" if child else f"PID {target} ({plan.target})"
+    what = (f"command {command[0]!r} (pid {targets[0].pid})" if child else
+            ", ".join(f"PID {t.pid} ({t.plan.target}" + (f", {t.label}" if len(targets) > 1 else "") + ")"
+                      for t in targets))
+    objects = len({p.object for t in targets for p in t.plan.points})
     faults = ("page faults (+ legacy service interval always)" if opts.fault_sample == 1 else
               f"page faults (+ legacy service interval in 1 of {opts.fault_sample} slices)"
               if opts.fault_sample else "page faults")
     faults += ", on-CPU time and run-queue wait" if sched.recorded else f" ({sched.note.split(':')[0]})"
-    return (f"ckptrace: tracing {what}: {attached} uprobes in {len({p.object for p in plan.points})} "
-            f"objects, {faults}, mmap/munmap/mremap. "
+    rss = f", RSS (a row per {opts.rss_step_mib} MiB moved)" if opts.rss_step_mib else ""
+    return (f"ckptrace: tracing {what}: {attached} uprobes in {objects} "
+            f"objects, {faults}, mmap/munmap/mremap{rss}. "
             + ("Ctrl-C to stop." if not opts.duration_s else f"{opts.duration_s:g} s, or Ctrl-C to stop."))
 
 
@@ -266,12 +374,13 @@ def _say(text: str) -> None:
     print(printable(text, lines=True), file=sys.stderr, flush=True)
 
 
-def _load(bcc, target: int, offsets: dict, sched: dict | None, opts: RecordOptions):
+def _load(bcc, targets: Targets, offsets: dict, sched: dict | None, opts: RecordOptions, attach: bool = True):
     pages = opts.ringbuf_pages
     # Integers only: nothing the user typed becomes C source.
     cflags = [
         f"-I{BPF_SOURCE.parent}",
-        f"-DTARGET_TGID={int(target)}",
+        f"-DMAX_TARGETS={MAX_TARGETS}",
+        f"-DRSS_STEP={int(opts.rss_step_mib) << 20}",
         f"-DMIN_FLT_OFF={int(offsets['min_flt'])}",
         f"-DMAJ_FLT_OFF={int(offsets['maj_flt'])}",
         f"-DRINGBUF_PAGES={int(pages)}",
@@ -283,6 +392,18 @@ def _load(bcc, target: int, offsets: dict, sched: dict | None, opts: RecordOptio
     for enter, ret in PROGRAMS.values():
         for fn in (enter, ret):
             _quietly(f"the kernel rejected the BPF program {fn}", bpf.load_func, fn.encode(), bcc.BPF.KPROBE)
+    if not opts.rss_step_mib:
+        bpf.detach_tracepoint(tp=b"kmem:rss_stat")  # bcc attached it with the program: its cost goes too
+    seeds = bpf["rss_seed"]
+    for t in targets:
+        bpf["targets"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(1)
+        # A running process's counters so far; a launched one starts from zero at its exec.
+        members = resident_members(t.pid) if attach else None
+        if members is not None and opts.rss_step_mib:
+            seed = seeds.Leaf()
+            for i, v in enumerate(members):
+                seed.member[i] = v
+            seeds[ctypes.c_uint32(t.pid)] = seed
     return bpf
 
 
@@ -382,7 +503,7 @@ class _Session:
         self.fault_on = on
         self.fault_slices += on
 
-    def run(self, child: HeldChild | None, target: int) -> str:
+    def run(self, child: HeldChild | None, targets: Targets) -> str:
         t0 = time.monotonic()
         last_status = 0.0
         hinted = False
@@ -397,7 +518,7 @@ class _Session:
                 return self.stop_reason
             if self.opts.duration_s and now - t0 >= self.opts.duration_s:
                 return "duration"
-            if (child.poll() is not None) if child else not alive(target):
+            if (child.poll() is not None) if child else not targets.any_alive():
                 return "target exited"
             if self.tty and now - last_status >= 0.5:
                 self.draw_status(now - t0)
@@ -432,12 +553,12 @@ class _Session:
 
     def frame(self) -> pd.DataFrame:
         arr = np.frombuffer(b"".join(self.chunks), dtype=self.dtype)
-        df = pd.DataFrame({name: arr[name] for name in self.dtype.names})
+        df = pd.DataFrame({name: arr[name] for name in self.dtype.names if arr[name].ndim == 1})  # not padding
         df["kind"] = pd.Categorical.from_codes(df["kind"].astype("int64"), categories=KINDS)
         df["phase"] = pd.Categorical.from_codes(df["phase"].astype("int64"), categories=PHASES)
         df["draft"] = df["draft"].astype(bool)
         # Syscall rows are instants of another kind: they carry no span counters.
-        not_span = df["kind"].isin(["mmap", "munmap", "mremap"]).to_numpy()
+        not_span = df["kind"].isin(["mmap", "munmap", "mremap", "rss"]).to_numpy()
         for col in SCHED_COLUMNS:
             values = pd.array(df[col].to_numpy().astype("int64"), dtype="Int64")
             values[not_span | (not self.sched_recorded)] = pd.NA

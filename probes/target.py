@@ -73,3 +73,38 @@ def _tgid(pid: int) -> int | None:
     except (FileNotFoundError, ProcessLookupError):
         return None
     return None
+
+
+def comm_of(pid: int) -> str:
+    """The process's name (/proc/PID/stat's comm, at most 15 bytes); "" when it is gone."""
+    stat = _stat(pid)
+    return stat[0] if stat else ""
+
+
+def processes_named(name: str) -> list[int]:
+    """Live user processes whose comm is `name` (the kernel keeps 15 bytes of it), by pid."""
+    want = name[:15]
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        stat = _stat(int(entry.name))
+        if stat and stat[0] == want and stat[1] not in ("Z", "X") and not int(stat[2]) & PF_KTHREAD:
+            found.append(int(entry.name))
+    return sorted(found)
+
+
+def resident_members(pid: int) -> tuple[int, int, int, int] | None:
+    """(file, anon, swap, shmem) bytes of the process from /proc/PID/status (kmem:rss_stat's
+    members in its order); None when it can't be read."""
+    keys = {"RssFile:": 0, "RssAnon:": 1, "VmSwap:": 2, "RssShmem:": 3}
+    out = [0, 0, 0, 0]
+    try:
+        with open(f"/proc/{int(pid)}/status") as f:
+            for line in f:
+                parts = line.split()
+                if parts and parts[0] in keys:
+                    out[keys[parts[0]]] = int(parts[1]) << 10  # kB
+    except (OSError, ValueError, IndexError):
+        return None
+    return tuple(out)

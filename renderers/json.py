@@ -49,6 +49,7 @@ def comparison_json(c) -> dict:
             "seed": c.seed, "n_boot": c.n_boot, "min_effect_pct": c.min_effect_pct, "statistic": c.statistic,
             "legs": legs, "metrics": records(c.metrics),
             "pool": records(c.pool) if c.pool is not None else [],
+            "memory": records(c.memory) if c.memory is not None else [],
             "warnings": list(c.warnings), "explanation": c.explanation}
 
 

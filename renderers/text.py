@@ -248,6 +248,21 @@ def _pool_lines(c) -> list[str]:
     return lines + table + [wrap(n) for n in notes]
 
 
+def _memory_table(c) -> list[str]:
+    """What the candidate costs: each leg's peak, arms' means (single figures, no interval)."""
+    names = {"held_peak_mib": "held ckpt MiB", "rss_peak_mib": "RSS MiB"}
+    lines = ["", wrap("memory at peak (one figure per leg, arms' mean; drift: spread of the baseline legs; "
+                      "held: checkpoint buffers mapped and not yet unmapped)"),
+             f"{'metric':15} {'baseline':>8} {'candidate':>9} {'change':>9} {'drift':>7}  per leg"]
+    for r in c.memory.to_dict("records"):
+        f = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"  # noqa: E731
+        change = "-" if math.isnan(r["change_mib"]) else f"{r['change_mib']:+.1f}"
+        legs = " ".join(f(v) for v in r["legs_mib"])
+        lines.append(wrap(f"{names.get(r['metric'], r['metric']):15} {f(r['baseline_value']):>8} "
+                          f"{f(r['candidate_value']):>9} {change:>9} {f(r['drift_mib']):>7}  {legs}"))
+    return lines
+
+
 def compare_report(c) -> str:
     lines = [wrap(_arm_line(c, "baseline")), wrap(_arm_line(c, "candidate")),
              wrap(f"samples: {c.samples}; each arm is summarised by its {c.statistic}; 95% bootstrap "
@@ -256,6 +271,8 @@ def compare_report(c) -> str:
     lines += table + [wrap(n) for n in notes]
     if c.pool is not None and len(c.pool):
         lines += _pool_lines(c)
+    if c.memory is not None and len(c.memory):
+        lines += _memory_table(c)
     lines += ["", wrap(c.explanation)]
     if c.warnings:
         lines.append("")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ckptrace.terminal import printable
 
 from ckptrace.probes.recorder import FAULT_SAMPLE_CHOICES
 
@@ -18,11 +19,20 @@ Examples:
   ckptrace record -o off.parquet --label pool-off -- ckpt-workload --pool off
   # attach to a running server for 60 s
   ckptrace record --pid $(pidof llama-server) -o live.parquet --duration 60
+  # two servers at once, each with its own label (PID=LABEL; a comma list works too)
+  ckptrace record --pid 4242=east --pid 4343=west -o both.parquet
+  # every running llama-server (waits for one if none runs yet)
+  ckptrace record --comm llama-server -o fleet.parquet --duration 60
   # also the legacy per-fault service interval, on every fault (costs about 9%)
   ckptrace record --fault-sample 1 -o legacy.parquet -- ckpt-workload
 """,
 )
-@click.option("--pid", type=click.IntRange(min=1), help="Attach to this running process.")
+@click.option("--pid", "pids", multiple=True, metavar="PID[=LABEL]",
+              help="Attach to this running process; repeat it or give a comma list for several. "
+                   "LABEL names the process in analyze/compare (default: its name and rank, "
+                   "e.g. llama-server#2; one process: --label).")
+@click.option("--comm", metavar="NAME", help="Attach to every running process with this name (its "
+              "/proc/PID/comm); waits while there is none.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path),
               required=True, help="Trace file to write (Parquet).")
 @click.option("--label", default="", help="Name of this leg, e.g. pool-off (compare groups legs by it).")
@@ -37,26 +47,45 @@ Examples:
                    "buffer drops events and counts them as lost.")
 @click.option("--hint-after", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
               help="Say why, if no checkpoint has been seen after this many seconds.")
+@click.option("--rss-step", type=click.IntRange(min=0, max=1 << 20), default=1, show_default=True,
+              metavar="MIB", help="Record the process's RSS (kmem:rss_stat) as a row each time it "
+              "moved by this many MiB; 0 = do not record RSS.")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout at the end.")
 @click.option("--quiet", is_flag=True, help="No live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def command(pid, output, label, duration, fault_sample, ringbuf_pages, hint_after, as_json, quiet, command):
-    """Record checkpoint, iteration, fault and mmap events of one process.
+def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, hint_after, rss_step, as_json,
+            quiet, command):
+    """Record checkpoint, iteration, fault, mmap and RSS events of one or more processes.
 
-    Give either --pid PID or -- COMMAND [ARGS...]. Stops on Ctrl-C, SIGTERM, target exit
-    or --duration, and always writes a complete trace. Needs root.
+    Give one of --pid PID (repeatable), --comm NAME or -- COMMAND [ARGS...]. Each process keeps
+    its pid, label, executable and build-id (trace metadata `processes`); every row has its pid.
+    A process that exits ends its part; recording stops when all have exited, on Ctrl-C,
+    SIGTERM or --duration, and always writes a complete trace. Needs root.
     """
-    if bool(pid) == bool(command):
-        raise click.UsageError("give exactly one of --pid PID or -- COMMAND [ARGS...]")
+    if sum(map(bool, (pids, comm, command))) != 1:
+        raise click.UsageError("give exactly one of --pid PID, --comm NAME or -- COMMAND [ARGS...]")
     from ckptrace.probes.recorder import RecordOptions, record
 
     opts = RecordOptions(output=output, label=label, duration_s=duration,
                          fault_sample=int(fault_sample), ringbuf_pages=ringbuf_pages, status=not quiet,
-                         no_checkpoint_hint_s=hint_after)
-    result = record(opts, pid=pid, command=list(command) if command else None)
+                         no_checkpoint_hint_s=hint_after, rss_step_mib=rss_step)
+    result = record(opts, pid=_pid_list(pids) if pids else None, command=list(command) if command else None,
+                    comm=comm)
     if as_json:
         click.echo(json.dumps({
             "trace": str(result.path), "events": result.events, "checkpoints": result.checkpoints,
             "iterations": result.iterations, "lost_events": result.lost_events,
             "stop_reason": result.stop_reason, "exit_code": result.exit_code,
         }))
+
+
+def _pid_list(values: tuple[str, ...]) -> list[tuple[int, str | None]]:
+    """--pid values (each PID, PID=LABEL or a comma list of them) as (pid, label or None)."""
+    out = []
+    for value in values:
+        for item in value.split(","):
+            text, _, label = item.strip().partition("=")
+            if not text.isdigit() or int(text) < 1 or int(text) > (1 << 22):
+                raise click.BadParameter(f"{printable(item)!r} is not a PID (or PID=LABEL)", param_hint="--pid")
+            out.append((int(text), label if _ else None))
+    return out
