@@ -454,7 +454,7 @@ def test_trace_format_as_other_readers_see_it(tmp_path, workload):
 
     r = record_with_truth(tmp_path, [workload, "--iterations", "3"], "--label", "fmt")
     columns, keys = readme_trace_format()
-    assert len(columns) == 20 and "fault_timed_ns" in columns and "cpu_ns" in columns and len(keys) >= 30  # the parse found them
+    assert len(columns) == 22 and "fault_timed_ns" in columns and "cpu_ns" in columns and len(keys) >= 30  # the parse found them
     df = pd.read_parquet(r.path)
     assert {c: str(df[c].dtype) for c in df.columns} == columns
     meta = df.attrs["ckptrace"]

@@ -199,5 +199,7 @@ void common_state_buffer_pool::trim() {
 
 common_state_buffer_pool_stats common_state_buffer_pool::stats() const {
     std::lock_guard<std::mutex> lock(mtx);
-    return st;
+    common_state_buffer_pool_stats out = st;
+    out.n_held = bufs.size();
+    return out;
 }

@@ -58,6 +58,7 @@ struct common_state_buffer_pool_stats {
     int64_t evicted = 0;
     size_t n_hwm = 0;
     size_t bytes_held = 0;
+    size_t n_held = 0;  // buffers in the pool now
 };
 
 // A process-wide bounded pool of checkpoint buffers (the seed PR's design). Buffers above the

@@ -66,6 +66,8 @@ static void usage(FILE * f) {
             "  --grow-mib G            checkpoint growth per prefill iteration, MiB (0)\n"
             "  --pool on|off           bounded checkpoint buffer pool (off)\n"
             "  --keep K                checkpoints kept per slot (1)\n"
+            "  --request-prefills R    every R prefills each slot starts a new request: its\n"
+            "                          checkpoints are freed and --grow-mib starts over (0 = never)\n"
             "  --prompt-tokens P       prompt tokens per slot per prefill batch (64)\n"
             "  --decode-us U           llama_decode() compute per 64-token ubatch, us (2000)\n"
             "  --noise-threads N       threads resizing and copying state outside update_tgt (0)\n"
@@ -97,7 +99,7 @@ struct options {
 static options parse_options(int argc, char ** argv) {
     enum {
         O_SLOTS = 1000, O_ITER, O_DPP, O_CKPT, O_GROW, O_POOL, O_KEEP, O_PROMPT, O_DECODE_US,
-        O_NOISE, O_TRUTH, O_WAIT, O_PAUSE, O_MREMAP, O_EXIT, O_DRAFT, O_HELP
+        O_NOISE, O_TRUTH, O_WAIT, O_PAUSE, O_MREMAP, O_EXIT, O_DRAFT, O_HELP, O_REQUEST
     };
     static const struct option longopts[] = {
         {"slots", required_argument, nullptr, O_SLOTS},
@@ -117,6 +119,7 @@ static options parse_options(int argc, char ** argv) {
         {"exit-code", required_argument, nullptr, O_EXIT},
         {"draft", no_argument, nullptr, O_DRAFT},
         {"help", no_argument, nullptr, O_HELP},
+        {"request-prefills", required_argument, nullptr, O_REQUEST},
         {nullptr, 0, nullptr, 0},
     };
     options o;
@@ -155,6 +158,7 @@ static options parse_options(int argc, char ** argv) {
             case O_MREMAP: o.mremap = true; break;
             case O_EXIT: o.exit_code = (int) parse_int("--exit-code", optarg, 0, 255); break;
             case O_DRAFT: o.sp.draft = true; break;
+            case O_REQUEST: o.sp.request_prefills = (int32_t) parse_int("--request-prefills", optarg, 0, 1000000); break;
             case O_HELP: usage(stdout); exit(0);
             case ':': usage_error("%s needs a value", argv[optind - 1]);
             default: usage_error("unknown option '%s'", argv[optind - 1]);
@@ -240,6 +244,36 @@ static void write_checkpoint(FILE * f, const server_checkpoint_truth & c, const 
             (long long) t.fill_cpu_ns, (long long) t.copy_start_ns, (long long) t.copy_ns, (long long) t.copy_cpu_ns,
             (long long) t.fill_faults, (long long) t.copy_faults, t.pool_hit ? "true" : "false",
             (long long) r.fill_cpu_ns, (long long) r.copy_cpu_ns);
+    fflush(f);
+}
+
+// Memory after an iteration: what the checkpoints and the pool hold (buffer capacities, the
+// bytes a tracer sees mapped, less glibc's page of chunk header each) and the resident set from
+// /proc/self/statm, the figures `ckptrace analyze` reports as held and RSS.
+static void write_memory(FILE * f, const server_context_impl & srv, int64_t iter) {
+    size_t held = 0, buffers = 0;
+    for (const auto & slot : srv.slots) {
+        for (const auto & c : slot.checkpoints) {
+            for (const auto * v : {&c.data_tgt, &c.data_dft}) {
+                held += v->capacity();
+                buffers += v->capacity() > 0;
+            }
+        }
+    }
+    const common_state_buffer_pool_stats ps = common_state_buffer_pool::instance().stats();
+    long pages = 0, resident = 0;
+    FILE * statm = fopen("/proc/self/statm", "r");
+    if (statm == nullptr || fscanf(statm, "%ld %ld", &pages, &resident) != 2) {
+        resident = -1;
+    }
+    if (statm != nullptr) {
+        fclose(statm);
+    }
+    fprintf(f,
+            "{\"type\":\"memory\",\"iter\":%lld,\"t_ns\":%lld,\"held_bytes\":%zu,\"held_buffers\":%zu,"
+            "\"pool_bytes\":%zu,\"pool_buffers\":%zu,\"rss_bytes\":%lld}\n",
+            (long long) iter, (long long) now_ns(), held + ps.bytes_held, buffers + ps.n_held, ps.bytes_held,
+            ps.n_held, resident < 0 ? -1LL : (long long) resident * sysconf(_SC_PAGESIZE));
     fflush(f);
 }
 
@@ -360,6 +394,7 @@ int main(int argc, char ** argv) {
         }
         if (truth) {
             write_iteration(truth, it);
+            write_memory(truth, *srv, it.iter);
         }
     }
     const int64_t wall = now_ns() - t0;

@@ -48,8 +48,18 @@ __attribute__((noinline)) void server_context_impl::update_slots() {
     int32_t n_ckpt = 0;
     batch.n_tokens = 0;
     if (prefill) {
+        // A new request (--request-prefills): the slot's checkpoints go, its context starts over.
+        int64_t in_request = n_prefill;
+        if (params.request_prefills > 0) {
+            in_request = n_prefill % params.request_prefills;
+            if (in_request == 0 && n_prefill > 0) {
+                for (auto & slot : slots) {
+                    slot.checkpoints.clear();
+                }
+            }
+        }
         // Stand-in for the sequence state growing as the context fills.
-        sample_llama_set_state_bytes(ctx, params.ckpt_bytes + (size_t) n_prefill * params.grow_bytes);
+        sample_llama_set_state_bytes(ctx, params.ckpt_bytes + (size_t) in_request * params.grow_bytes);
         n_prefill++;
         for (auto & slot : slots) {
             create_checkpoint(slot);

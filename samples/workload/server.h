@@ -16,6 +16,7 @@ struct server_params {
     int32_t n_keep = 1;              // checkpoints kept per slot
     size_t ckpt_bytes = 48u << 20;
     size_t grow_bytes = 0;  // added per prefill iteration
+    int32_t request_prefills = 0;  // > 0: every that many prefills each slot starts a new request
     bool draft = false;
 };
 
