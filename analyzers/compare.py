@@ -362,14 +362,22 @@ def _memory_rows(analyses: list[Analysis], arms: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(MEMORY_COLUMNS)).astype(MEMORY_COLUMNS)
 
 
-def memory_sentence(memory: pd.DataFrame | None) -> str:
-    """'held checkpoint memory +288.0 MiB at peak (96.0 -> 384.0 MiB), RSS ...' for what was recorded."""
+def memory_sentence(memory: pd.DataFrame | None, metrics: pd.DataFrame) -> str:
+    """The time a candidate saves next to the memory it costs: 'Time against memory: fill -100.0%
+    (faster), held checkpoint memory +288.0 MiB at peak (96.0 -> 384.0 MiB), RSS ...'."""
     if memory is None or not len(memory):
         return ""
     names = {"held_peak_mib": "held checkpoint memory", "rss_peak_mib": "RSS"}
     parts = [f"{names[r['metric']]} {r['change_mib']:+.1f} MiB at peak ({r['baseline_value']:.1f} -> "
              f"{r['candidate_value']:.1f} MiB)" for r in memory.to_dict("records") if r["verdict"] == MEMORY_VERDICT]
-    return ("Memory: " + ", ".join(parts) + ".") if parts else ""
+    if not parts:
+        return ""
+    m = metrics.set_index("metric")
+    fill = "checkpoint_fill_cpu_ns" if m.loc["checkpoint_fill_ns", "verdict"] == NOT_JUDGED else "checkpoint_fill_ns"
+    x = m.loc[fill]
+    time = (f"fill{' on CPU' if fill.endswith('cpu_ns') else ''} {x['change_pct']:+.1f}% ({x['verdict']}), "
+            if math.isfinite(x["change_pct"]) else "")
+    return "Time against memory: " + time + ", ".join(parts) + "."
 
 
 MIN_EFFECT_PCT = 20.0
@@ -460,7 +468,7 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
         _withhold_wall(pool)
     memory = _memory_rows(analyses, arms)
     explanation = " ".join(x for x in (_explain(metrics, analyses, arms, baseline, candidate),
-                                       memory_sentence(memory)) if x)
+                                       memory_sentence(memory, metrics)) if x)
     return Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
                       warnings=_warnings(analyses, arms), explanation=explanation,
                       seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, statistic=statistic,

@@ -47,13 +47,15 @@ class LiveProbes:
         kernel.tracefs_dir()
         self.offsets = kernel.task_struct_offsets()
         self.sched, self.sched_note = kernel.sched_offsets()
-        self.opts = recorder.RecordOptions(output=Path(os.devnull), ringbuf_pages=ringbuf_pages, status=False)
+        self.opts = recorder.RecordOptions(output=Path(os.devnull), ringbuf_pages=ringbuf_pages, status=False,
+                                           rss_step_mib=0)
         self.calibration: dict[str, list[list[int]]] = {"fill": [], "copy": []}
 
     def attach(self, pid: int) -> LiveTarget:
         """Resolve the probe points in the live process and attach; TargetError/SymbolError when it can't."""
-        _, pid, plan = recorder._resolve_target(pid, None)
-        bpf = recorder._load(self.bcc, pid, self.offsets, self.sched, self.opts)
+        _, targets = recorder._resolve_target(pid, None, None, self.opts)
+        pid, plan = targets[0].pid, targets[0].plan
+        bpf = recorder._load(self.bcc, targets, self.offsets, self.sched, self.opts)
         try:
             attached, _ = recorder._attach(bpf, plan, pid)
         except BaseException:
