@@ -1,8 +1,8 @@
 """The Prometheus series of `ckptrace serve`: per-process checkpoint histograms, counters and gauges.
 
-Events arrive in batches (probes/live.py); each batch's checkpoints are computed by the same
-analyzer as `analyze` (analyzers/checkpoints.py), so a scrape and an analysis of the same period
-agree. The series live in a custom collector (prometheus_client's documented pattern for values
+Events arrive in batches (probes/live.py); each batch's checkpoints are computed with the
+definitions of `analyze` (analyzers/checkpoints.py; held memory by analyzers/memory.py's own
+class), so a scrape and an analysis of the same period agree (tests/test_serve.py). The series live in a custom collector (prometheus_client's documented pattern for values
 kept elsewhere): a scrape reads a snapshot under a lock, and a process that exited is served one
 last time, with its final values, then its series end.
 """
@@ -13,14 +13,11 @@ import time
 from dataclasses import dataclass, field
 
 import numpy as np
-import pandas as pd
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from ckptrace.analyzers import checkpoint_table
 from ckptrace.analyzers.memory import HeldBuffers
-from ckptrace.analyzers.spans import SPAN_COLUMNS
-from ckptrace.trace import KINDS, empty_frame
+from ckptrace.trace import KINDS, PHASES
 
 LABELS = ("pid", "label", "build_id")
 PREFIX = "ckptrace_"
@@ -41,8 +38,8 @@ HISTOGRAMS = {
                                 "Wall time copying the state in (llama_state_seq_get_data_ext)."),
     "checkpoint_fault_seconds": ("fault_ns", 1e-9, SECONDS_BUCKETS,
                                  "On-CPU cost of the checkpoint's page faults (span on-CPU time minus "
-                                 "the same work on resident pages), as analyze gives it (measured, or estimated "
-                                 "from the batch's measured faults); not observed where not recorded."),
+                                 "the same work on resident pages), where measured (not observed where "
+                                 "a fill or copy had faults that could not be measured)."),
     "checkpoint_cpu_seconds": ("cpu_ns", 1e-9, SECONDS_BUCKETS,
                                "The thread's on-CPU time during the checkpoint."),
     "checkpoint_wait_seconds": ("wait_ns", 1e-9, SECONDS_BUCKETS,
@@ -63,7 +60,9 @@ GAUGES = {
     "checkpoint_memory_peak_bytes": "High-water mark of checkpoint_memory_held_bytes since ckptrace attached.",
 }
 STALE_CARRY_NS = 60_000_000_000  # a fill/copy whose checkpoint never returned (an exception) is dropped
-EMPTY_SPANS = empty_frame(SPAN_COLUMNS)
+K_CHECKPOINT, K_FILL, K_COPY, K_MUNMAP, K_RESTORE = (KINDS.index(k) for k in
+                                                     ("checkpoint", "fill", "copy", "munmap", "restore"))
+SYSCALL_KINDS = [KINDS.index(k) for k in ("mmap", "munmap", "mremap")]
 
 
 def series_names() -> set[str]:
@@ -101,7 +100,7 @@ class _Target:
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     buffers: HeldBuffers = field(default_factory=HeldBuffers)  # analyzers/memory.py's rule, kept across batches
     peak_bytes: int = 0
-    carry: pd.DataFrame | None = None  # fill/copy rows whose checkpoint has not returned yet
+    carry: tuple | None = None  # (rows, fault_ns) of fills/copies whose checkpoint has not returned yet
     ended_ns: int | None = None  # when its process exited; served once more after that
     scraped_after_end: bool = False
 
@@ -117,23 +116,27 @@ class CheckpointMetrics(Collector):
         with self._lock:
             self._targets[pid] = _Target((str(pid), label, build_id or ""))
 
-    def fold(self, pid: int, events: pd.DataFrame, lost: int) -> None:
-        """Add one batch of a process's events (see probes/live.py) and its kernel's lost count."""
+    def fold(self, pid: int, batch, lost: int) -> None:
+        """Add one batch of a process's events (probes/live.py LiveBatch, None: no events) and
+        its kernel's lost count."""
         t = self._targets[pid]
-        if t.carry is not None and len(t.carry):
-            events = pd.concat([t.carry, events], ignore_index=True)
-        ck, t.carry = _complete(events)
-        table = checkpoint_table(ck, EMPTY_SPANS) if len(ck) else None
-        held = _held_changes(t, events)
-        restores = int((events["kind"] == "restore").sum()) if "restore" in KINDS else 0
+        if batch is None:
+            with self._lock:
+                t.counters["lost_events"] = max(t.counters["lost_events"], int(lost))
+            return
+        ev, fault = batch.events, batch.fault_ns
+        if t.carry is not None:
+            ev, fault = np.concatenate([t.carry[0], ev]), np.concatenate([t.carry[1], fault])
+        ck, t.carry = _checkpoints(ev, fault, batch.sched_recorded)
+        held = _held_changes(t, ev)
+        restores = int((ev["kind"] == K_RESTORE).sum())
         with self._lock:
-            if table is not None and len(table):
-                for name, (col, scale, _, _) in HISTOGRAMS.items():
-                    v = table[col].dropna().to_numpy(dtype="float64") * scale
-                    t.hists[name].observe(v)
-                t.counters["checkpoints"] += len(table)
-                t.counters["checkpoint_faults"] += int(table["faults"].sum())
-                t.counters["pool_hits"] += int(table["pool_hit"].sum())
+            for name, (col, scale, _, _) in HISTOGRAMS.items():
+                v = ck[col]
+                t.hists[name].observe(v[v >= 0] * scale)
+            t.counters["checkpoints"] += len(ck["bytes"])
+            t.counters["checkpoint_faults"] += int(ck["faults"].sum())
+            t.counters["pool_hits"] += int(ck["pool_hit"].sum())
             t.counters["restores"] += restores
             t.counters["lost_events"] = max(t.counters["lost_events"], int(lost))
             held()
@@ -185,34 +188,69 @@ class CheckpointMetrics(Collector):
             yield fam
 
 
-def _complete(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """(rows ready for the checkpoint table, fill/copy rows to carry to the next batch).
+def _checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool) -> tuple[dict, tuple | None]:
+    """Per checkpoint of the batch, as analyzers/checkpoints.py defines it (the test holds the
+    two to each other): {column: float array, -1 = not recorded}, and the rows to carry.
 
-    A checkpoint's row is emitted at its return, after its fill and copy rows (one thread, one
-    ring buffer: in order), so a batch may end between them; those rows wait for their checkpoint."""
-    done_ids = events.loc[events["kind"] == "checkpoint", "ckpt"].to_numpy()
-    parts = events["kind"].isin(["fill", "copy"]).to_numpy() & (events["ckpt"] != 0).to_numpy()
-    waiting = parts & ~np.isin(events["ckpt"].to_numpy(), done_ids)
-    if not waiting.any():
-        return events, None
-    newest = int(events["end_ns"].max())
-    keep = waiting & (events["end_ns"].to_numpy() > newest - STALE_CARRY_NS)
-    return events[~waiting], events[keep].reset_index(drop=True)
+    The same definitions in numpy rather than that module's pandas: its checkpoint table costs
+    about 20 ms a call (README's serve overhead). A checkpoint is an update_tgt/update_dft row
+    with at least one state copy; fill_ns/copy_ns the summed wall time of its fill/copy rows (0
+    when none: a fill-less checkpoint is a pool hit); cpu/wait its own span's; fault_ns its
+    fills' and copies' fault time summed, not recorded when any part was not measured (analyze
+    estimates those; serve leaves them out). A checkpoint's row comes at its return, after its
+    fills and copies (one thread, one ring buffer: in order), so a batch may end between them:
+    those rows wait for it, dropped after STALE_CARRY_NS (a checkpoint that never returned)."""
+    kind, ids = ev["kind"], ev["ckpt"]
+    part = ((kind == K_FILL) | (kind == K_COPY)) & (ids != 0)
+    ck = ev[kind == K_CHECKPOINT]
+    ck_fault = fault[kind == K_CHECKPOINT]
+    waiting = part & ~np.isin(ids, ck["ckpt"])
+    carry = None
+    if waiting.any():
+        keep = waiting & (ev["end_ns"] > int(ev["end_ns"].max()) - STALE_CARRY_NS)
+        carry = (ev[keep], fault[keep]) if keep.any() else None
+    order = np.argsort(ck["ckpt"], kind="stable")
+    ck, ck_fault = ck[order], ck_fault[order]
+    ck_ids = ck["ckpt"]
+    dur = (ev["end_ns"] - ev["start_ns"]).astype("float64")
+
+    def summed(kind_code: int):
+        rows = part & (kind == kind_code) & ~waiting
+        pos = np.searchsorted(ck_ids, ids[rows])
+        n, total, missing = (np.zeros(len(ck_ids)) for _ in range(3))
+        np.add.at(n, pos, 1)
+        np.add.at(total, pos, dur[rows])
+        f = fault[rows]
+        np.add.at(missing, pos, f < 0)
+        ftotal = np.zeros(len(ck_ids))
+        np.add.at(ftotal, pos, np.maximum(f, 0))
+        return n, total, ftotal, missing
+
+    n_fill, fill_ns, fill_fault, fill_missing = summed(K_FILL)
+    n_copy, copy_ns, copy_fault, copy_missing = summed(K_COPY)
+    saved = n_copy > 0  # an update that copied no state saved nothing: not a checkpoint
+    fault_ns = np.where((fill_missing + copy_missing) > 0, -1.0, fill_fault + copy_fault)
+    clock = (lambda c: ck[c].astype("float64")) if sched else (lambda c: np.full(len(ck), -1.0))
+    cols = {"total_ns": (ck["end_ns"] - ck["start_ns"]).astype("float64"), "fill_ns": fill_ns,
+            "copy_ns": copy_ns, "fault_ns": fault_ns, "cpu_ns": clock("cpu_ns"), "wait_ns": clock("wait_ns"),
+            "bytes": ck["bytes"].astype("float64"), "faults": ck["faults"].astype("float64"),
+            "pool_hit": n_fill == 0}
+    return {c: v[saved] for c, v in cols.items()}, carry
 
 
-def _held_changes(t: _Target, events: pd.DataFrame):
+def _held_changes(t: _Target, events: np.ndarray):
     """Checkpoint memory from the batch's mmap/munmap/mremap rows, by analyzers/memory.py's rule
     (a mapping made while a checkpoint was being made is held until unmapped); returns the update
     to apply under the lock. Rows in that module's order: a mapping exists from the mmap's return,
     an munmap's pages go at its entry."""
-    sc = events[events["kind"].isin(["mmap", "munmap", "mremap"])]
-    t_ns = np.where(sc["kind"] == "munmap", sc["start_ns"], sc["end_ns"])
-    sc = sc.iloc[np.argsort(t_ns, kind="stable")]
-    rows = list(zip(sc["kind"].astype(str), sc["phase"].astype(str), sc["addr"].to_numpy().tolist(),
-                    sc["bytes"].to_numpy().tolist()))
+    sc = events[np.isin(events["kind"], SYSCALL_KINDS)]
+    t_ns = np.where(sc["kind"] == K_MUNMAP, sc["start_ns"], sc["end_ns"])
+    sc = sc[np.argsort(t_ns, kind="stable")]
+    rows = [(KINDS[k], PHASES[p], a, b) for k, p, a, b in
+            zip(sc["kind"].tolist(), sc["phase"].tolist(), sc["addr"].tolist(), sc["bytes"].tolist())]
 
     def apply():
         for kind, phase, addr, nbytes in rows:
-            if t.buffers.step(kind, phase, int(addr), int(nbytes))[0]:
+            if t.buffers.step(kind, phase, addr, nbytes)[0]:
                 t.peak_bytes = max(t.peak_bytes, t.buffers.held)
     return apply

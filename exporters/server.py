@@ -18,7 +18,7 @@ from ckptrace.errors import CkptraceError, TargetError
 from ckptrace.terminal import printable
 
 DEFAULT_LISTEN = "127.0.0.1:9464"  # 9464: the port OpenTelemetry's Prometheus exporters use
-POLL_S = 0.25
+POLL_S = 0.5
 RESCAN_S = 1.0  # --comm: how often new processes are looked for
 LINGER_S = 60.0  # an exited process's series wait this long for a last scrape
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

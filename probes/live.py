@@ -1,10 +1,10 @@
 """Live events for `ckptrace serve`: the recorder's BPF program on running processes, in batches.
 
 Nothing here is a second copy of the recorder: the program, its load, the probe resolution and
-the attach order are probes/recorder.py's, the ring buffer's decoding its `_Session`. What this
-adds is the long-running side: each batch is handed over and forgotten (memory stays flat), a
-span's fault time is computed as it arrives (probes/fault_time.py's rule, with a calibration
-kept per size), and a process can be detached while the others go on.
+the attach order are probes/recorder.py's, the ring buffer its `_Session`'s. What this adds is
+the long-running side: each batch is handed over and forgotten (memory stays flat), a span's
+fault time is computed as it arrives (probes/fault_time.py's rule and resident-time model, the
+calibration kept per size), and a process can be detached while the others go on.
 """
 from __future__ import annotations
 
@@ -12,11 +12,13 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ckptrace.probes import fault_time, kernel, recorder
 from ckptrace.probes.target import alive
 from ckptrace.terminal import printable
+from ckptrace.trace import KINDS
 
 MAX_CAL_SIZES = 32  # distinct span sizes calibrated; past this, resident time is interpolated
 
@@ -34,6 +36,14 @@ class LiveTarget:
 
     def alive(self) -> bool:
         return alive(self.pid)
+
+
+@dataclass
+class LiveBatch:
+    """Events of one process since the last batch, as the kernel wrote them (struct ckpt_event)."""
+    events: np.ndarray
+    fault_ns: np.ndarray  # per row, fault_time.py's rule; -1 where not measured
+    sched_recorded: bool  # cpu_ns/wait_ns hold the thread's clocks (else 0: not recorded)
 
 
 class LiveProbes:
@@ -65,14 +75,17 @@ class LiveProbes:
         exe = next((o for o in plan.objects if o.path == plan.target), plan.objects[0])
         return LiveTarget(pid, _comm(pid), plan.target, exe.build_id, attached, bpf, session)
 
-    def batch(self, target: LiveTarget) -> pd.DataFrame:
-        """Every event since the last batch, typed as a trace's (with fault_ns)."""
+    def batch(self, target: LiveTarget) -> LiveBatch | None:
+        """Every event since the last batch, in the kernel's own layout (a numpy record array:
+        no DataFrame per batch, see README's serve overhead), with each span's fault time; None
+        when there was none."""
         s = target.session
         s.drain()
-        events = s.frame()
+        if not s.chunks:
+            return None
+        events = np.frombuffer(b"".join(s.chunks), dtype=s.dtype)
         s.chunks = []
-        events["fault_ns"] = self._fault_ns(events)
-        return events
+        return LiveBatch(events, self._fault_ns(events), self.sched is not None)
 
     def lost(self, target: LiveTarget) -> int:
         """Events the kernel dropped so far (ring buffer or per-thread map full)."""
@@ -86,19 +99,34 @@ class LiveProbes:
         other processes' events meanwhile."""
         target.bpf.cleanup()
 
-    def _fault_ns(self, events: pd.DataFrame) -> pd.Series:
-        """The recorder's fault time per span, calibrating each new span size once (capped)."""
-        if events["cpu_ns"].isna().all():
-            return pd.Series(pd.NA, index=events.index, dtype="Int64")
-        faulting = events[events["kind"].isin(["fill", "copy"]) & (events["faults"] > 0)]
+    def _fault_ns(self, ev: np.ndarray) -> np.ndarray:
+        """fault_time.py's rule per fill/copy row (cpu_ns minus the resident time of the same
+        bytes, where that is at most RESIDENT_MAX_SHARE of it; 0 without faults), -1 where not
+        measured; each new span size is calibrated once (at most MAX_CAL_SIZES)."""
+        out = np.full(len(ev), -1, dtype=np.int64)
+        if self.sched is None:
+            return out
+        kind, faults = ev["kind"], ev["faults"]
+        out[faults == 0] = 0
+        for name in ("fill", "copy"):
+            rows = np.flatnonzero((kind == KINDS.index(name)) & (faults > 0))
+            if not len(rows):
+                continue
+            self._calibrate(ev["bytes"][rows])
+            cpu = ev["cpu_ns"][rows].astype("float64")
+            resident = fault_time.resident_ns(self.calibration[name], ev["bytes"][rows])
+            ok = resident <= fault_time.RESIDENT_MAX_SHARE * cpu
+            out[rows[ok]] = np.round(cpu[ok] - resident[ok]).astype(np.int64)
+        return out
+
+    def _calibrate(self, sizes: np.ndarray) -> None:
         known = {s for s, _ in self.calibration["fill"]}
-        new = [s for s in fault_time.calibration_sizes(faulting["bytes"]) if s not in known]
+        new = [s for s in fault_time.calibration_sizes(pd.Series(sizes)) if s not in known]
         new = new[:max(0, MAX_CAL_SIZES - len(known))]
         if new:
             cal = fault_time.calibrate(new)
             for kind in ("fill", "copy"):
                 self.calibration[kind] = sorted(self.calibration[kind] + cal[kind])
-        return fault_time.span_fault_ns(events, self.calibration)
 
 
 def _comm(pid: int) -> str:

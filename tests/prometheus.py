@@ -97,6 +97,12 @@ class Prometheus:
         assert data["resultType"] == "vector", data
         return {tuple(sorted(r["metric"].items())): float(r["value"][1]) for r in data["result"]}
 
+    def query_range(self, expr: str, start: float, end: float, step_s: float = 1.0) -> list[dict]:
+        """Range query over [start, end] (Unix seconds): the series of its matrix result."""
+        data = self.api("query_range", query=expr, start=f"{start:.3f}", end=f"{end:.3f}", step=f"{step_s:g}")
+        assert data["resultType"] == "matrix", data
+        return data["result"]
+
     def value(self, expr: str) -> float | None:
         """The single value of a query (None when it has no series)."""
         got = self.query(expr)

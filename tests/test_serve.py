@@ -2,15 +2,19 @@
 `analyze` of a trace recorded over the same run say; bad --listen values are one line."""
 from __future__ import annotations
 
+import json
 import re
 import socket
 import subprocess
+import time
+import urllib.request
+from pathlib import Path
 
 import pytest
 
 from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.memory import memory_summary
-from ckptrace.exporters.prometheus import HISTOGRAMS
+from ckptrace.exporters.prometheus import HISTOGRAMS, LABELS, series_names
 from ckptrace.trace import read_trace
 from helpers import (CKPTRACE, assert_one_line_error, ckptrace, clock_tolerance, go, load_truth, recorder, started,
                      wait_until, waiting_workload)
@@ -53,7 +57,11 @@ def test_prometheus_scrapes_what_the_truth_and_analyze_of_the_same_run_say(tmp_p
         target = f"127.0.0.1:{port}"
         with Prometheus([target], interval_s=0.5) as prom:
             wait_until(lambda: prom.health(target) == "up", "the exporter's target up", timeout_s=60, every_s=0.2)
+            t_up = time.time()
             before = prom.query("ckptrace_checkpoints_total")
+            with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as r:
+                exposed = {m.group(1) for m in re.finditer(r"^(ckptrace_\w+?)(?:\{|\s)", r.read().decode(), re.M)}
+            assert exposed == series_names()
             assert {dict(k)["pid"]: v for k, v in before.items()} == {str(a.pid): 0, str(b.pid): 0}
             go(a)
             go(b)
@@ -77,6 +85,8 @@ def test_prometheus_scrapes_what_the_truth_and_analyze_of_the_same_run_say(tmp_p
                        + [f"ckptrace_{h}_{s}" for h in HISTOGRAMS for s in ("sum", "count")]}
                    for p, q in last.items()}
             labels = {dict(k)["pid"]: dict(k) for k in prom.query(last[a.pid] % "ckptrace_checkpoints_total")}
+            for expr in grafana_exprs():  # the dashboard's queries parse and give series over the run
+                assert prom.query_range(as_query(expr), t_up, time.time()), expr
 
     # A: the workload's own account and analyze of the trace recorded beside the exporter.
     recorded = read_trace(trace)
@@ -140,3 +150,44 @@ def test_port_in_use_or_an_address_not_here_is_one_line():
     # 192.0.2.0/24 is TEST-NET-1: documentation only, never a local address.
     assert_one_line_error(ckptrace("serve", "--pid", "1", "--listen", "192.0.2.1:9464"),
                           "cannot listen on 192.0.2.1:9464: the address is not one of this machine's")
+
+
+GRAFANA = sorted((Path(__file__).resolve().parents[1] / "dashboards" / "grafana").glob("*.json"))
+
+
+def grafana_exprs() -> list[str]:
+    """Every PromQL expression of every panel of the shipped Grafana dashboards."""
+    exprs = []
+    for path in GRAFANA:
+        for panel in json.loads(path.read_text())["panels"]:
+            exprs += [t["expr"] for t in panel.get("targets", [])]
+    return exprs
+
+
+def as_query(expr: str) -> str:
+    """A dashboard expression with Grafana's variables set as a user's 'All' would."""
+    return expr.replace("$__rate_interval", "1m").replace('=~"$label"', '=~".*"').replace('=~"$pid"', '=~".*"')
+
+
+def test_grafana_dashboard_queries_only_served_series_and_labels():
+    """Valid JSON; every panel has queries; every series and label they name is one serve
+    serves; every series serve serves is on the dashboard. (The real Prometheus test evaluates
+    each expression too.)"""
+    assert GRAFANA, "no dashboard under dashboards/grafana/"
+    served = series_names()
+    used = set()
+    for path in GRAFANA:
+        dash = json.loads(path.read_text())
+        assert dash["title"] and dash["uid"]
+        for panel in dash["panels"]:
+            if panel["type"] != "row":
+                assert panel.get("targets"), panel["title"]
+    for expr in grafana_exprs():
+        names = set(re.findall(r"\bckptrace_[a-z_]+\b", expr))
+        assert names and names <= served, (expr, names - served)
+        used |= names
+        labels = {lb.strip() for grp in re.findall(r"by \(([^)]*)\)", expr) for lb in grp.split(",")}
+        labels |= set(re.findall(r"[{,]\s*([a-z_]+)\s*=~?", expr))
+        assert labels <= {*LABELS, "le"}, (expr, labels)
+    families = {re.sub(r"_(bucket|sum|count)$", "", n) for n in served}
+    assert {re.sub(r"_(bucket|sum|count)$", "", n) for n in used} == families
