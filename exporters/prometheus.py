@@ -52,8 +52,10 @@ COUNTERS = {
     "checkpoint_faults": "Page faults (minor + major) taken inside checkpoints.",
     "pool_hits": "Checkpoints whose buffer did not need to grow (no fill): served by a pool.",
     "restores": "Checkpoint restores (load_tgt/load_dft), where the server's build has the probe.",
-    "lost_events": "Events the kernel side dropped (ring buffer or per-thread map full).",
 }
+# Exporter-wide, no labels: one ring buffer serves every process, so a drop is nobody's in particular.
+LOST = ("lost_events", "Events the kernel side dropped, every process together (ring buffer or "
+                       "per-thread map full): the other series undercount when this grows.")
 GAUGES = {
     "checkpoint_memory_held_bytes": "Bytes in checkpoint buffers: mapped while a checkpoint was being made, "
                                     "not yet unmapped (as analyze's memory; since ckptrace attached).",
@@ -68,7 +70,7 @@ SYSCALL_KINDS = [KINDS.index(k) for k in ("mmap", "munmap", "mremap")]
 def series_names() -> set[str]:
     """Every series name a scrape can hold (histograms with their _bucket, _sum and _count)."""
     names = {f"{PREFIX}{n}{s}" for n in HISTOGRAMS for s in ("_bucket", "_sum", "_count")}
-    names |= {f"{PREFIX}{n}_total" for n in COUNTERS}
+    names |= {f"{PREFIX}{n}_total" for n in [*COUNTERS, LOST[0]]}
     names |= {f"{PREFIX}{n}" for n in GAUGES}
     return names
 
@@ -111,19 +113,17 @@ class CheckpointMetrics(Collector):
     def __init__(self):
         self._lock = threading.Lock()
         self._targets: dict[int, _Target] = {}
+        self._lost = 0
 
     def add(self, pid: int, label: str, build_id: str) -> None:
         with self._lock:
             self._targets[pid] = _Target((str(pid), label, build_id or ""))
 
-    def fold(self, pid: int, batch, lost: int) -> None:
-        """Add one batch of a process's events (probes/live.py LiveBatch, None: no events) and
-        its kernel's lost count."""
-        t = self._targets[pid]
-        if batch is None:
-            with self._lock:
-                t.counters["lost_events"] = max(t.counters["lost_events"], int(lost))
-            return
+    def fold(self, pid: int, batch) -> None:
+        """Add one batch of a process's events (probes/live.py LiveBatch)."""
+        t = self._targets.get(pid)
+        if t is None:
+            return  # a process detached since (its last events come after it was served)
         ev, fault = batch.events, batch.fault_ns
         if t.carry is not None:
             ev, fault = np.concatenate([t.carry[0], ev]), np.concatenate([t.carry[1], fault])
@@ -138,8 +138,12 @@ class CheckpointMetrics(Collector):
             t.counters["checkpoint_faults"] += int(ck["faults"].sum())
             t.counters["pool_hits"] += int(ck["pool_hit"].sum())
             t.counters["restores"] += restores
-            t.counters["lost_events"] = max(t.counters["lost_events"], int(lost))
             held()
+
+    def set_lost(self, lost: int) -> None:
+        """The kernel's count of dropped events, every process together (one ring buffer)."""
+        with self._lock:
+            self._lost = max(self._lost, int(lost))
 
     def end(self, pid: int) -> None:
         """The process exited: its series are served at one more scrape, then removed."""
@@ -170,6 +174,7 @@ class CheckpointMetrics(Collector):
                     t.scraped_after_end = True
             snap = [(t.labels, {n: h.exposed() for n, h in t.hists.items()}, dict(t.counters),
                      t.buffers.held, t.peak_bytes) for t in targets]
+            lost = self._lost
         for name, (_, _, _, doc) in HISTOGRAMS.items():
             fam = HistogramMetricFamily(PREFIX + name, doc, labels=LABELS)
             for labels, hists, *_ in snap:
@@ -181,6 +186,9 @@ class CheckpointMetrics(Collector):
             for labels, _, counters, *_ in snap:
                 fam.add_metric(labels, counters[name])
             yield fam
+        fam = CounterMetricFamily(PREFIX + LOST[0], LOST[1])
+        fam.add_metric([], lost)
+        yield fam
         for name, doc in GAUGES.items():
             fam = GaugeMetricFamily(PREFIX + name, doc, labels=LABELS)
             for labels, _, _, held, peak in snap:

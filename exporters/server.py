@@ -80,65 +80,105 @@ def bind(host: str, port: int, registry) -> tuple[object, int]:
 def serve(opts: ServeOptions) -> None:
     """Run until a stop signal, --duration, or (with --pid) every process has exited."""
     host, port = parse_listen(opts.listen)
-    if not opts.pids and not opts.comm:
+    if bool(opts.pids) == bool(opts.comm):
         raise TargetError("give --pid PID (one or more) or --comm NAME")
+    if opts.comm and ("/" in opts.comm or len(opts.comm.encode()) > 255):
+        raise TargetError(f"--comm takes a process name (as in /proc/PID/comm), got {printable(opts.comm)!r}")
     # Imported here: a bad --listen is said without loading pandas, bcc or the client library.
     from prometheus_client import CollectorRegistry
 
     from ckptrace.exporters.prometheus import CheckpointMetrics
-    from ckptrace.probes.live import LiveProbes
 
     metrics = CheckpointMetrics()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics)
     server, port = bind(host, port, registry)  # a port in use is said before the machine checks
-    try:
-        probes = LiveProbes(opts.ringbuf_pages)
-    except BaseException:
-        server.shutdown()
-        server.server_close()
-        raise
     stop: list[str] = []
     old = {s: signal.signal(s, lambda signum, frame: stop.append(signal.Signals(signum).name))
            for s in STOP_SIGNALS}
-    targets = {}
+    probes = None
     try:
+        from ckptrace.probes.live import LiveProbes
+
+        probes = LiveProbes(opts.ringbuf_pages)
+        session = _Serving(opts, probes, metrics)
         for pid in opts.pids:
-            t = probes.attach(pid)
-            targets[t.pid] = t
-            metrics.add(t.pid, opts.label or t.comm, t.build_id)
+            session.attach(pid)
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/metrics"
-        what = (", ".join(f"PID {t.pid} ({t.comm}, {t.probes} uprobes)" for t in targets.values())
-                if targets else f"processes named {printable(opts.comm)!r}")
+        what = (", ".join(f"PID {t.pid} ({t.comm}, {t.probes} uprobes)" for t in session.targets.values())
+                if opts.pids else f"every process named {printable(opts.comm)!r} (looked for every {RESCAN_S:g} s)")
         _say(f"ckptrace: serving {url} for {what}. Ctrl-C to stop.")
-        _loop(opts, probes, metrics, targets, stop)
+        session.run(stop)
     finally:
         server.shutdown()
-        for t in targets.values():
-            probes.detach(t)
         server.server_close()
+        if probes is not None:
+            probes.close()
         for s, h in old.items():
             signal.signal(s, h)
 
 
-def _loop(opts: ServeOptions, probes, metrics: CheckpointMetrics, targets: dict, stop: list[str]) -> None:
-    t0 = time.monotonic()
-    while not stop:
-        time.sleep(POLL_S)
-        for pid, t in list(targets.items()):
-            was_alive = t.alive()  # checked before the drain, so the drain holds its last events
-            metrics.fold(pid, probes.batch(t), probes.lost(t))
-            if not was_alive:
-                metrics.end(pid)
-                probes.detach(targets.pop(pid))
+class _Serving:
+    """The attached processes and the drain loop."""
+
+    def __init__(self, opts: ServeOptions, probes, metrics):
+        self.opts, self.probes, self.metrics = opts, probes, metrics
+        self.targets: dict[int, object] = {}  # pid -> LiveTarget
+        self.refused: set[int] = set()  # --comm: processes that could not be attached, said once
+
+    def attach(self, pid: int) -> None:
+        t = self.probes.attach(pid)
+        self.targets[t.pid] = t
+        self.metrics.add(t.pid, self.opts.label or t.comm, t.build_id)
+
+    def run(self, stop: list[str]) -> None:
+        from ckptrace.probes.target import processes_named
+
+        t0 = time.monotonic()
+        next_scan = 0.0
+        hinted = False
+        while not stop:
+            time.sleep(POLL_S)
+            gone = [pid for pid, t in self.targets.items() if not t.alive()]  # before the drain: it holds their last events
+            batch = self.probes.batch()
+            if batch is not None:
+                for pid, part in batch.by_pid().items():
+                    self.metrics.fold(pid, part)
+            self.metrics.set_lost(self.probes.lost())
+            for pid in gone:
+                self.metrics.end(pid)
+                self.probes.detach(self.targets.pop(pid))
                 _say(f"ckptrace: PID {pid} exited; its series end after the next scrape")
-        metrics.expire(int(LINGER_S * 1e9))
-        if opts.duration_s and time.monotonic() - t0 >= opts.duration_s:
-            break
-        if not opts.comm and not targets and not metrics.pids():
-            _say("ckptrace: every process exited and its last values were served; stopping")
+            self.metrics.expire(int(LINGER_S * 1e9))
+            now = time.monotonic()
+            if self.opts.duration_s and now - t0 >= self.opts.duration_s:
+                break
+            if self.opts.comm and now >= next_scan:
+                next_scan = now + RESCAN_S
+                for pid in processes_named(self.opts.comm):
+                    if pid not in self.targets and pid not in self.refused:
+                        self._attach_found(pid)
+                if not hinted and not self.targets and not self.metrics.pids() and now - t0 >= self.opts.hint_after_s:
+                    hinted = True
+                    _say(f"ckptrace: no process named {printable(self.opts.comm)!r} in {self.opts.hint_after_s:g} s "
+                         "(names are the kernel's comm, at most 15 characters: see `ps -o comm`); still waiting, "
+                         "Ctrl-C to stop")
+            if not self.opts.comm and not self.targets and not self.metrics.pids():
+                _say("ckptrace: every process exited and its last values were served; stopping")
+                return
+        _say(f"ckptrace: stopped ({stop[0] if stop else 'duration'})")
+
+    def _attach_found(self, pid: int) -> None:
+        """A process of the --comm name appeared: attach it; one that can't be is said once, and
+        the others go on."""
+        try:
+            self.attach(pid)
+        except CkptraceError as e:
+            self.refused.add(pid)
+            _say(f"ckptrace: note: not serving PID {pid}: {e}")
             return
-    _say(f"ckptrace: stopped ({stop[0] if stop else 'duration'})")
+        t = self.targets[pid]
+        _say(f"ckptrace: serving PID {pid} ({t.comm}, {t.probes} uprobes)")
 
 
 def _say(text: str) -> None:

@@ -8,6 +8,7 @@ calibration kept per size), and a process can be detached while the others go on
 """
 from __future__ import annotations
 
+import ctypes
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from ckptrace.errors import TargetError
 from ckptrace.probes import fault_time, kernel, recorder
 from ckptrace.probes.target import alive
 from ckptrace.terminal import printable
@@ -31,8 +33,7 @@ class LiveTarget:
     executable: str
     build_id: str
     probes: int  # uprobes attached
-    bpf: object = field(repr=False)
-    session: object = field(repr=False)
+    plan: object = field(repr=False)  # symbols.ProbePlan
 
     def alive(self) -> bool:
         return alive(self.pid)
@@ -40,46 +41,57 @@ class LiveTarget:
 
 @dataclass
 class LiveBatch:
-    """Events of one process since the last batch, as the kernel wrote them (struct ckpt_event)."""
+    """Events of every attached process since the last batch, as the kernel wrote them (struct
+    ckpt_event; its `pid` field says whose)."""
     events: np.ndarray
     fault_ns: np.ndarray  # per row, fault_time.py's rule; -1 where not measured
     sched_recorded: bool  # cpu_ns/wait_ns hold the thread's clocks (else 0: not recorded)
 
+    def by_pid(self) -> dict[int, LiveBatch]:
+        pids = self.events["pid"]
+        return {int(p): LiveBatch(self.events[pids == p], self.fault_ns[pids == p], self.sched_recorded)
+                for p in np.unique(pids)}
+
 
 class LiveProbes:
-    """Attaches the recorder's program to processes and drains each one's events on demand."""
+    """One load of the recorder's program for every process (its kernel `targets` map says which);
+    processes are attached and detached while it runs, and its events drained on demand."""
 
     def __init__(self, ringbuf_pages: int = 512):
         # The recorder's machine checks, minus its output file: a failure is one line, before anything attaches.
         kernel.require_privileges()
-        self.bcc = kernel.import_bcc()
+        bcc = kernel.import_bcc()
         kernel.kernel_headers_dir()
         kernel.tracefs_dir()
-        self.offsets = kernel.task_struct_offsets()
+        offsets = kernel.task_struct_offsets()
         self.sched, self.sched_note = kernel.sched_offsets()
+        # No RSS rows: serve has no series for them (the recorder's kmem:rss_stat program is left out).
         self.opts = recorder.RecordOptions(output=Path(os.devnull), ringbuf_pages=ringbuf_pages, status=False,
                                            rss_step_mib=0)
+        self.bpf = recorder._load(bcc, recorder.Targets([]), offsets, self.sched, self.opts)
+        self.session = recorder._Session(self.bpf, self.opts, sched_recorded=self.sched is not None)
         self.calibration: dict[str, list[list[int]]] = {"fill": [], "copy": []}
 
     def attach(self, pid: int) -> LiveTarget:
         """Resolve the probe points in the live process and attach; TargetError/SymbolError when it can't."""
         _, targets = recorder._resolve_target(pid, None, None, self.opts)
-        pid, plan = targets[0].pid, targets[0].plan
-        bpf = recorder._load(self.bcc, targets, self.offsets, self.sched, self.opts)
+        t = targets[0]
+        if len(self.bpf["targets"]) >= recorder.MAX_TARGETS:
+            raise TargetError(f"PID {t.pid}: serve follows at most {recorder.MAX_TARGETS} processes at once")
+        self.bpf["targets"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(1)
         try:
-            attached, _ = recorder._attach(bpf, plan, pid)
+            attached, _ = recorder._attach(self.bpf, t.plan, t.pid)
         except BaseException:
-            bpf.cleanup()
+            self._forget(t.pid, t.plan)
             raise
-        session = recorder._Session(bpf, self.opts, sched_recorded=self.sched is not None)
-        exe = next((o for o in plan.objects if o.path == plan.target), plan.objects[0])
-        return LiveTarget(pid, _comm(pid), plan.target, exe.build_id, attached, bpf, session)
+        exe = next((o for o in t.plan.objects if o.path == t.plan.target), t.plan.objects[0])
+        return LiveTarget(t.pid, printable(t.comm), t.plan.target, exe.build_id, attached, t.plan)
 
-    def batch(self, target: LiveTarget) -> LiveBatch | None:
+    def batch(self) -> LiveBatch | None:
         """Every event since the last batch, in the kernel's own layout (a numpy record array:
         no DataFrame per batch, see README's serve overhead), with each span's fault time; None
         when there was none."""
-        s = target.session
+        s = self.session
         s.drain()
         if not s.chunks:
             return None
@@ -87,17 +99,30 @@ class LiveProbes:
         s.chunks = []
         return LiveBatch(events, self._fault_ns(events), self.sched is not None)
 
-    def lost(self, target: LiveTarget) -> int:
-        """Events the kernel dropped so far (ring buffer or per-thread map full)."""
-        counters = target.bpf["counters"]
+    def lost(self) -> int:
+        """Events the kernel dropped so far, every process together (ring buffer or map full)."""
+        counters = self.bpf["counters"]
         return int(counters[counters.Key(recorder.C_LOST)].value)
 
     def detach(self, target: LiveTarget) -> None:
-        """Remove its probes. This takes a second or two (measured: 1.7 s for the sample's 14
-        uprobes and 5 tracepoints), in this thread: bcc is not safe to call from two threads (a
-        detach in a thread beside the drain crashed the interpreter); the ring buffers hold the
-        other processes' events meanwhile."""
-        target.bpf.cleanup()
+        """Stop matching its pid (it may be reused) and remove its probes. In this thread: bcc is
+        not safe to call from two (a detach in a thread beside the drain crashed the interpreter)."""
+        self._forget(target.pid, target.plan)
+
+    def close(self) -> None:
+        self.bpf.cleanup()
+
+    def _forget(self, pid: int, plan) -> None:
+        try:
+            del self.bpf["targets"][ctypes.c_uint32(pid)]
+        except KeyError:
+            pass
+        for p in plan.points:
+            for detach in (self.bpf.detach_uprobe, self.bpf.detach_uretprobe):
+                try:
+                    detach(name=p.object.encode(), addr=p.vaddr, pid=pid)
+                except Exception:  # bcc raises bare Exception for a probe it never attached
+                    pass
 
     def _fault_ns(self, ev: np.ndarray) -> np.ndarray:
         """fault_time.py's rule per fill/copy row (cpu_ns minus the resident time of the same
@@ -127,11 +152,3 @@ class LiveProbes:
             cal = fault_time.calibrate(new)
             for kind in ("fill", "copy"):
                 self.calibration[kind] = sorted(self.calibration[kind] + cal[kind])
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{int(pid)}/comm") as f:
-            return printable(f.read().rstrip("\n"))
-    except OSError:
-        return ""

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import select
+import signal
 import socket
 import subprocess
 import time
@@ -80,10 +83,11 @@ def test_prometheus_scrapes_what_the_truth_and_analyze_of_the_same_run_say(tmp_p
             assert "Traceback" not in err and err.count("exited; its series end") == 2, err
             got = {p: {name: prom.value(q % name) for name in
                        ["ckptrace_checkpoints_total", "ckptrace_pool_hits_total", "ckptrace_checkpoint_faults_total",
-                        "ckptrace_lost_events_total", "ckptrace_restores_total",
+                        "ckptrace_restores_total",
                         "ckptrace_checkpoint_memory_peak_bytes", "ckptrace_checkpoint_memory_held_bytes"]
                        + [f"ckptrace_{h}_{s}" for h in HISTOGRAMS for s in ("sum", "count")]}
                    for p, q in last.items()}
+            lost = prom.value("last_over_time(ckptrace_lost_events_total[1h])")
             labels = {dict(k)["pid"]: dict(k) for k in prom.query(last[a.pid] % "ckptrace_checkpoints_total")}
             for expr in grafana_exprs():  # the dashboard's queries parse and give series over the run
                 assert prom.query_range(as_query(expr), t_up, time.time()), expr
@@ -97,7 +101,7 @@ def test_prometheus_scrapes_what_the_truth_and_analyze_of_the_same_run_say(tmp_p
     assert ga["ckptrace_pool_hits_total"] == truth["pool_hit"].sum() == ck["pool_hit"].sum() > 0
     assert ga["ckptrace_checkpoint_faults_total"] == ck["faults"].sum()
     assert ga["ckptrace_checkpoint_bytes_sum"] == truth["bytes"].sum() == ck["bytes"].sum()
-    assert ga["ckptrace_lost_events_total"] == 0 and ga["ckptrace_restores_total"] == 0
+    assert lost == 0 == recorded.meta.lost_events and ga["ckptrace_restores_total"] == 0
     for h, col in (("fill", "fill_ns"), ("copy", "copy_ns"), ("cpu", "cpu_ns"), ("", "total_ns")):
         name = f"ckptrace_checkpoint_{h + '_' if h else ''}seconds"
         assert ga[f"{name}_count"] == n, name
@@ -191,3 +195,45 @@ def test_grafana_dashboard_queries_only_served_series_and_labels():
         assert labels <= {*LABELS, "le"}, (expr, labels)
     families = {re.sub(r"_(bucket|sum|count)$", "", n) for n in served}
     assert {re.sub(r"_(bucket|sum|count)$", "", n) for n in used} == families
+
+
+def next_line(proc, timeout_s: float = 60) -> str:
+    """The next stderr line of a started() process (a bound for a hung test, not a speed)."""
+    ready, _, _ = select.select([proc.stderr], [], [], timeout_s)
+    assert ready, f"no line from {proc.args[:3]} in {timeout_s} s"
+    return proc.stderr.readline()
+
+
+def scraped(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_comm_waits_says_so_then_serves_each_new_process(tmp_path, workload):
+    """--comm with nothing of that name yet: a note after --hint-after; a process started later
+    is attached and served; it exits, its final values are served, and serve goes on waiting."""
+    name = f"ckw-{os.getpid() % 100000}"  # a name only this test's process has (comm: the exec'd name)
+    exe = tmp_path / name
+    exe.symlink_to(workload)  # libraries by $ORIGIN, which the loader takes from the real path
+    truth = tmp_path / "t.jsonl"
+    with started([CKPTRACE, "serve", "--comm", name, "--hint-after", "1", "--listen", "127.0.0.1:0"],
+                 ready="ckptrace: serving http://127.0.0.1:") as (srv, line):
+        url = re.search(r"(http://\S+/metrics)", line).group(1)
+        assert f"every process named {name!r}" in line
+        assert f"no process named {name!r} in 1 s" in next_line(srv)
+        assert "ckptrace_checkpoints_total{" not in scraped(url)
+        with waiting_workload(exe, "--iterations", "9", "--ckpt-mib", "36", truth=truth) as wl:
+            assert next_line(srv).startswith(f"ckptrace: serving PID {wl.pid} ({name}, ")
+            go(wl)
+            assert wl.wait(120) == 0
+        n = len(load_truth(truth)["checkpoint"])
+        want = re.compile(rf'^ckptrace_checkpoints_total\{{[^}}]*pid="{wl.pid}"[^}}]*\}} {n}\.0$', re.M)
+        wait_until(lambda: want.search(scraped(url)), f"the final {n} checkpoints served", every_s=0.1)
+        assert next_line(srv).startswith(f"ckptrace: PID {wl.pid} exited")
+        wait_until(lambda: f'pid="{wl.pid}"' not in scraped(url), "its series to end", every_s=0.1)
+        srv.send_signal(signal.SIGTERM)
+        assert srv.wait(60) == 0
+        rest = srv.stderr.read()
+        assert "Traceback" not in rest and "ckptrace: stopped (SIGTERM)" in rest, rest
