@@ -113,7 +113,8 @@ def build_timeline(analyses, paths) -> Timeline:
         shift = SYNTHETIC_BASE * (leg + 1) if ids & taken else 0
         taken |= {i + shift for i in ids}
         held, rss = held_series(events), rss_series(events)
-        for pid in sorted(set(pids.tolist())):
+        # A trace with no events still gets its process, for its metadata track.
+        for pid in sorted(set(pids.tolist()) or {int(analysis.trace.meta.pid or 0)}):
             processes.append(_process(analysis, events, path, leg, pid, pids, shift, held, rss))
     return Timeline(processes)
 
@@ -137,19 +138,23 @@ def _process(analysis, events: pd.DataFrame, path, leg: int, pid: int, pids: np.
     for name, frame, cols in (("checkpoint", analysis.checkpoints, CHECKPOINT_ARGS),
                               ("iteration", analysis.iterations, ITERATION_ARGS)):
         rows = frame.loc[frame["tid"].isin(tids)]
-        for row in _records(rows, cols):
-            slices[int(row["tid"])].append(Slice(int(row["start_ns"]), int(row["end_ns"]),
-                                                 _analysis_name(name, row), name, _args(row, cols)))
+        names = (np.where(rows["draft"], "draft checkpoint", "checkpoint") if name == "checkpoint"
+                 else (rows["kind"].astype(str) + " iteration").to_numpy())
+        for tid, ts, end, label, args in zip(rows["tid"].tolist(), rows["start_ns"].tolist(),
+                                             rows["end_ns"].tolist(), names.tolist(), _args(rows, cols)):
+            slices[tid].append(Slice(ts, end, label, name, args))
     for kind, rows in events.groupby("kind", observed=True, sort=False):
         if kind in FROM_ANALYSIS or kind in POINT_KINDS:
             continue
-        cols = RAW_ARGS.get(kind, DEFAULT_ARGS)
-        for row in _records(rows, ["tid", "start_ns", "end_ns", *cols]):
-            tid = int(row["tid"])
-            slices[tid].append(Slice(int(row["start_ns"]), int(row["end_ns"]), _raw_name(kind, row), kind,
-                                     _args(row, cols)))
-            if kind in FAULT_SPANS:
-                faults[tid] += [(int(row["start_ns"]), int(row["faults"])), (int(row["end_ns"]), 0)]
+        label = SLICE_NAMES.get(kind, str(kind))
+        names = np.where(rows["draft"], f"draft {label}", label)
+        tid_l, ts_l, end_l = rows["tid"].tolist(), rows["start_ns"].tolist(), rows["end_ns"].tolist()
+        for tid, ts, end, name, args in zip(tid_l, ts_l, end_l, names.tolist(),
+                                            _args(rows, RAW_ARGS.get(kind, DEFAULT_ARGS))):
+            slices[tid].append(Slice(ts, end, name, kind, args))
+        if kind in FAULT_SPANS:
+            for tid, ts, end, n in zip(tid_l, ts_l, end_l, rows["faults"].tolist()):
+                faults[tid] += [(ts, n), (end, 0)]
     threads = []
     for tid in sorted(tids):
         nested, overlapping = nest(slices[tid])
@@ -181,37 +186,22 @@ def nest(slices: list[Slice]) -> tuple[list[Slice], list[Slice]]:
     return nested, overlapping
 
 
-def _records(frame: pd.DataFrame, cols: list[str]) -> list[dict]:
-    keep = ["tid", "start_ns", "end_ns", *[c for c in cols if c in frame.columns]]
-    return frame[list(dict.fromkeys(keep))].to_dict("records")
-
-
-def _args(row: dict, cols: list[str]) -> dict:
-    """The row's figures as plain values; not recorded (NA) ones are left out, never shown as 0."""
-    out = {}
+def _args(frame: pd.DataFrame, cols: list[str]) -> list[dict]:
+    """Each row's figures as plain values, column by column; not recorded (NA) ones are left out,
+    never shown as 0."""
+    columns = []
     for c in cols:
-        v = row.get(c)
-        if v is None or v is pd.NA or (isinstance(v, float) and np.isnan(v)):
+        if c not in frame.columns:
             continue
-        if isinstance(v, np.generic):
-            v = v.item()
+        col = frame[c]
         if c == "addr":
-            v = f"0x{int(v):x}"
-        elif not isinstance(v, (bool, int, float)):
-            v = str(v)
-        out[c] = v
-    return out
-
-
-def _analysis_name(kind: str, row: dict) -> str:
-    if kind == "checkpoint":
-        return "draft checkpoint" if row.get("draft") else "checkpoint"
-    return f"{row['kind']} iteration"
-
-
-def _raw_name(kind: str, row: dict) -> str:
-    name = SLICE_NAMES.get(kind, str(kind))
-    return f"draft {name}" if row.get("draft") is True else name
+            values = [f"0x{int(v):x}" for v in col.tolist()]
+        elif isinstance(col.dtype, pd.CategoricalDtype) or col.dtype == object:
+            values = [None if v is None or v is pd.NA else str(v) for v in col.astype(object).tolist()]
+        else:
+            values = col.astype(object).where(col.notna(), None).tolist()
+        columns.append((c, values))
+    return [{c: v[i] for c, v in columns if v[i] is not None} for i in range(len(frame))]
 
 
 def _comm(meta, pid: int) -> str:

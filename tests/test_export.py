@@ -48,7 +48,11 @@ def decode(data: bytes) -> Decoded:
     trace = pb.Trace()
     trace.ParseFromString(data)
     out, stacks = Decoded(), defaultdict(list)
+    interned = defaultdict(dict)  # table -> iid -> string (the file has one packet sequence)
     for p in trace.packet:
+        for table in ("event_names", "event_categories", "debug_annotation_names"):
+            for entry in getattr(p.interned_data, table):
+                interned[table][entry.iid] = entry.name
         if p.HasField("clock_snapshot"):
             out.snapshot_clocks |= {c.clock_id for c in p.clock_snapshot.clocks}
         if p.HasField("track_descriptor"):
@@ -61,8 +65,10 @@ def decode(data: bytes) -> Decoded:
         if e.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
             args = {}
             for a in e.debug_annotations:
-                args[a.name] = getattr(a, a.WhichOneof("value"))
-            stack.append({"name": e.name, "ts": p.timestamp, "args": args, "cat": list(e.categories),
+                args[a.name or interned["debug_annotation_names"][a.name_iid]] = getattr(a, a.WhichOneof("value"))
+            name = e.name or interned["event_names"][e.name_iid]
+            cats = list(e.categories) or [interned["event_categories"][i] for i in e.category_iids]
+            stack.append({"name": name, "ts": p.timestamp, "args": args, "cat": cats,
                           "parent": stack[-1] if stack else None, "depth": len(stack)})
         elif e.type == pb.TrackEvent.TYPE_SLICE_END:
             s = stack.pop()
