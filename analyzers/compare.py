@@ -70,8 +70,16 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "checkpoint_fill_cpu_ns": ("checkpoint", ("fill_cpu_ns",), "ns"),
     "checkpoint_total_cpu_ns": ("checkpoint", ("cpu_ns",), "ns"),
 }
+# Request metrics, from each leg's request file (`ckptrace drive --json`): metric -> (percentile
+# of TTFT or None for throughput, unit). The statistic is that percentile itself (or tokens per
+# second), bootstrapped over the arm's completed requests like any other metric.
+REQUEST_METRICS: dict[str, tuple[int | None, str]] = {
+    "ttft_p50_ms": (50, "ms"), "ttft_p90_ms": (90, "ms"), "ttft_p99_ms": (99, "ms"),
+    "throughput_tok_s": (None, "tok/s"),
+}
 # Wall-clock metrics: they include run-queue wait, so a busy machine moves them (see "Busy machine").
-WALL_METRICS = frozenset({"checkpoint_fill_ns", "checkpoint_copy_ns", "checkpoint_total_ns", "prefill_iteration_ns"})
+WALL_METRICS = frozenset({"checkpoint_fill_ns", "checkpoint_copy_ns", "checkpoint_total_ns", "prefill_iteration_ns",
+                          *REQUEST_METRICS})
 JUDGED = ("faster", "slower", "no change", "within drift")
 NOT_JUDGED = "not judged"
 MIN_SAMPLES = 5
@@ -80,7 +88,7 @@ SAMPLES_NOTE = ("each arm's samples are the per-checkpoint values (per prefill i
 
 LEG_COLUMNS = {"leg": "int64", "label": "str", "arm": pd.CategoricalDtype(["baseline", "candidate"]),
                "path": "str", "checkpoints": "int64", "prefill_iterations": "int64", "build_ids": "str",
-               "lost_events": "int64", "pool_hits": "int64"}
+               "lost_events": "int64", "pool_hits": "int64", "requests": "Int64"}
 METRIC_COLUMNS = {"metric": "str", "unit": "str", "sample": "str", "statistic": "str",
                   "baseline_value": "float64", "candidate_value": "float64", "change_pct": "float64",
                   "ci_low_pct": "float64", "ci_high_pct": "float64", "drift_pct": "float64", "verdict": "str",
@@ -188,14 +196,19 @@ def _metric_row(name: str, i: int, base_legs: list[np.ndarray], cand_legs: list[
 
 
 def _change(base_legs: list[np.ndarray], cand_legs: list[np.ndarray], seed, n_boot: int,
-            min_effect_pct: float, statistic: str, strata: tuple[list, list] | None = None) -> dict:
-    """The change of `statistic` from baseline to candidate, its interval, drift and verdict."""
-    stat = STATISTICS[statistic]
+            min_effect_pct: float, statistic: str, strata: tuple[list, list] | None = None,
+            stat=None, higher_is_faster: bool = False) -> dict:
+    """The change of `statistic` from baseline to candidate, its interval, drift and verdict.
+
+    `stat`: the statistic's function when it is not one of STATISTICS (fn(x) and fn(x, axis=1)
+    over resamples); samples may then be rows of several values (2-D), which have no median or
+    mean of their own (NaN). `higher_is_faster`: a rate, where a rise is "faster"."""
+    stat = stat or STATISTICS[statistic]
     b, c = np.concatenate(base_legs), np.concatenate(cand_legs)
     nan = float("nan")
 
     def value(x, fn):
-        return float(fn(x)) if len(x) else nan
+        return float(fn(x)) if len(x) and (x.ndim == 1 or fn is stat) else nan
 
     row = {"statistic": statistic, "samples_baseline": len(b), "samples_candidate": len(c),
            "baseline_median": value(b, np.median), "candidate_median": value(c, np.median),
@@ -216,10 +229,10 @@ def _change(base_legs: list[np.ndarray], cand_legs: list[np.ndarray], seed, n_bo
         change = float(_pct(cm, bm))
         lo, hi = _interval(_pct(cb, bb))
         drift = 100.0 * drift_abs / abs(bm) if bm != 0 else (0.0 if drift_abs == 0 else nan)
-        verdict = _verdict(lo, hi, change, drift, min_effect_pct)
+        verdict = _verdict(lo, hi, -change if higher_is_faster else change, drift, min_effect_pct)
     else:  # baseline 0, candidate not: no percentage; judge the plain difference
         change = lo = hi = drift = nan
-        verdict = _verdict(d_lo, d_hi, diff, drift_abs)
+        verdict = _verdict(d_lo, d_hi, -diff if higher_is_faster else diff, drift_abs)
     return {**row, "change_pct": change, "ci_low_pct": lo, "ci_high_pct": hi, "drift_pct": drift,
             "verdict": verdict, "diff": diff, "diff_ci_low": d_lo, "diff_ci_high": d_hi, "drift_abs": drift_abs}
 
@@ -380,6 +393,19 @@ def memory_sentence(memory: pd.DataFrame | None, metrics: pd.DataFrame) -> str:
     return "Time against memory: " + time + ", ".join(parts) + "."
 
 
+def _ttft_said(m: pd.DataFrame) -> str:
+    """A sentence on what requests felt (TTFT p90, throughput), when request files were given."""
+    r = m.set_index("metric")
+    if "ttft_p90_ms" not in r.index:
+        return ""
+    parts = []
+    for name, what in (("ttft_p90_ms", "time to first token p90"), ("throughput_tok_s", "throughput")):
+        x = r.loc[name]
+        parts.append(f"{what} {x['change_pct']:+.1f}% ({x['verdict']})" if math.isfinite(x["change_pct"])
+                     else f"{what} {x['verdict']}")
+    return " Requests: " + ", ".join(parts) + "."
+
+
 MIN_EFFECT_PCT = 20.0
 DEFAULT_STATISTIC = "mean"
 POOL_METRICS = ("checkpoint_total_ns", "checkpoint_fill_ns", "checkpoint_total_cpu_ns", "checkpoint_fill_cpu_ns")
@@ -411,9 +437,58 @@ def _pool_rows(analyses: list[Analysis], arms: list[str], seed: int, n_boot: int
     return pd.DataFrame(rows, columns=list(POOL_COLUMNS)).astype(POOL_COLUMNS)
 
 
+def _percentile(q: int):
+    def stat(x: np.ndarray, axis=None):
+        return np.percentile(x, q, axis=-1)  # linear, as drive's own p50/p90/p99
+    return stat
+
+
+def _request_rows(analyses: list[Analysis], arms: list[str], requests: list, seed: int, n_boot: int,
+                  min_effect_pct: float) -> list[dict]:
+    """TTFT percentiles and throughput of the legs that have a request file (None: no file)."""
+    from .requests import throughput_samples, throughput_stat, ttft_samples_ms
+
+    rows = []
+    for k, (name, (q, unit)) in enumerate(REQUEST_METRICS.items()):
+        per_leg = [None if r is None else (ttft_samples_ms(r) if q is not None else throughput_samples(r))
+                   for r in requests]
+        stat = _percentile(q) if q is not None else throughput_stat
+        base = [x for x, arm in zip(per_leg, arms) if arm == "baseline" and x is not None]
+        cand = [x for x, arm in zip(per_leg, arms) if arm == "candidate" and x is not None]
+        empty = np.empty((0, 2)) if q is None else np.empty(0)
+        row = _change(base or [empty], cand or [empty], [seed, 200 + k], n_boot, min_effect_pct,
+                      f"p{q}" if q is not None else "tokens / s", stat=stat, higher_is_faster=q is None)
+        if row["verdict"] == "not measured" and (not base or not cand or any(
+                x is not None and not len(x) for x in per_leg)):
+            row["verdict"] = "not recorded"
+        rows.append({"metric": name, "unit": unit, "sample": "request", **row})
+    return rows
+
+
+def _request_warnings(analyses: list[Analysis], requests: list) -> list[str]:
+    lacking = [str(i + 1) for i, r in enumerate(requests) if r is None]
+    out = []
+    if lacking:
+        out.append(f"leg{'s' if len(lacking) > 1 else ''} {', '.join(lacking)} {'have' if len(lacking) > 1 else 'has'} "
+                   "no request file (NAME.requests.json beside the trace, or --requests): the request metrics "
+                   "compare the other legs")
+    for i, r in enumerate(requests):
+        if r is not None and (r["status"] != "ok").any():
+            out.append(f"{_leg_name(i, analyses[i])}: {int((r['status'] != 'ok').sum())} of {len(r)} requests did not "
+                       "complete: left out of the request metrics")
+        if r is not None and r["predicted_tokens"].isna().any():
+            out.append(f"{_leg_name(i, analyses[i])}: its request file does not say how many tokens were generated "
+                       "(written by an older drive): throughput not recorded for it")
+    return out
+
+
 def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: float = MIN_EFFECT_PCT,
-            statistic: str = DEFAULT_STATISTIC) -> Comparison:
-    """Compare the legs (Trace or Analysis objects, in run order); see the module docstring."""
+            statistic: str = DEFAULT_STATISTIC, requests: list | None = None) -> Comparison:
+    """Compare the legs (Trace or Analysis objects, in run order); see the module docstring.
+
+    `requests`: per leg, its request file's frame (ckptrace.requests_file.read_requests) or None;
+    with any, the REQUEST_METRICS rows are added. A file none of whose requests ran while its
+    leg was recorded is an AnalysisError (analyzers/requests.py)."""
     if len(traces) < 2:
         raise AnalysisError(f"compare needs at least two traces, a baseline and a candidate label "
                             f"(ideally A/B/A); got {len(traces)}")
@@ -442,7 +517,15 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
         "build_ids": [",".join(_build_ids(a.trace.meta)) for a in analyses],
         "lost_events": [a.summary["lost_events"] for a in analyses],
         "pool_hits": [a.summary["pool_hits"] for a in analyses],
+        "requests": [None if r is None else int(len(r)) for r in (requests or [None] * len(analyses))],
     }).astype(LEG_COLUMNS)
+    if requests is not None:
+        if len(requests) != len(analyses):
+            raise AnalysisError(f"{len(requests)} request files for {len(analyses)} traces: give one per trace")
+        from .requests import request_table
+        for a, r in zip(analyses, requests):
+            if r is not None:
+                request_table(r, a, source=f"the request file of {a.trace.path or a.trace.label}")  # same run?
 
     rows = []
     for i, name in enumerate(METRICS):  # a handful of metrics: the work is inside, vectorised
@@ -459,6 +542,9 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
         if row["verdict"] == "not measured" and any(_not_recorded(a, name) for a in analyses):
             row["verdict"] = "not recorded"
         rows.append(row)
+    has_requests = requests is not None and any(r is not None for r in requests)
+    if has_requests:
+        rows += _request_rows(analyses, arms, requests, seed, n_boot, min_effect_pct)
     metrics = pd.DataFrame(rows, columns=list(METRIC_COLUMNS)).astype(METRIC_COLUMNS)
     pooled = legs["pool_hits"].sum() > 0
     pool = (_pool_rows(analyses, arms, seed, n_boot, min_effect_pct) if pooled
@@ -470,6 +556,28 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
     explanation = " ".join(x for x in (_explain(metrics, analyses, arms, baseline, candidate),
                                        memory_sentence(memory, metrics)) if x)
     return Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
-                      warnings=_warnings(analyses, arms), explanation=explanation,
+                      warnings=_warnings(analyses, arms) + (_request_warnings(analyses, requests) if has_requests else []),
+                      explanation=explanation + _ttft_said(metrics),
                       seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, statistic=statistic,
                       pool=pool, memory=memory)
+
+
+# The CI gate (`compare --fail-on`): which judged rows trip it.
+FAIL_ON = {"slower": ("slower",), "faster": ("faster",), "any-change": ("faster", "slower")}
+
+
+def gate(c: Comparison, fail_on: str, metrics: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(rows whose verdict trips `fail_on`, named rows that could not be judged) among the
+    comparison's metric rows named in `metrics` (None: all). A named metric the comparison does
+    not have (a request metric without request files) is an AnalysisError."""
+    m = c.metrics
+    if metrics is not None:
+        absent = [x for x in metrics if x not in set(m["metric"])]
+        if absent:
+            raise AnalysisError(f"--metrics names {', '.join(absent)}, which this comparison does not have"
+                                + (" (request metrics need a request file per leg: NAME.requests.json beside "
+                                   "each trace, or --requests)" if set(absent) & set(REQUEST_METRICS) else ""))
+        m = m[m["metric"].isin(metrics)]
+    tripped = m[m["verdict"].isin(FAIL_ON[fail_on])]
+    unjudged = m[~m["verdict"].isin(JUDGED)]
+    return tripped, unjudged

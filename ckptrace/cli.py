@@ -79,7 +79,9 @@ def usage_line(e: click.ClickException) -> str:
 
 def main(argv=None):
     try:
-        cli.main(args=argv, prog_name="ckptrace", standalone_mode=False)
+        rc = cli.main(args=argv, prog_name="ckptrace", standalone_mode=False)
+        if isinstance(rc, int) and rc:  # a command's ctx.exit(N) / click Exit(N) comes back as a return
+            sys.exit(rc)
     except CkptraceError as e:
         click.echo(f"ckptrace: error: {printable(e)}", err=True)
         sys.exit(e.exit_code)

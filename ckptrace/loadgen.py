@@ -43,6 +43,7 @@ WORDS = (
 RESULT_COLUMNS = {
     "request": "int64", "client": "int64", "prompt_tokens": "int64", "start_unix_ns": "int64",
     "start_ns": "int64", "ttft_ns": "Int64", "total_ns": "Int64", "status": "string",
+    "predicted_tokens": "int64",
 }
 
 
@@ -166,7 +167,7 @@ def one_request(base: str, body: dict, deadline: float) -> dict:
     """POST one streaming completion; time its first content chunk and its end. Never raises:
     a failure is a status other than "ok", with its reason."""
     t0 = time.monotonic_ns()
-    out = {"ttft_ns": None, "total_ns": None, "status": "ok", "prompt_tokens": -1,
+    out = {"ttft_ns": None, "total_ns": None, "status": "ok", "prompt_tokens": -1, "predicted_tokens": 0,
            "start_ns": t0, "start_unix_ns": time.time_ns()}
     ex = None
     try:
@@ -215,13 +216,16 @@ def _read_stream(resp: http.client.HTTPResponse, out: dict, t0: int) -> None:
         if not isinstance(content, str):
             raise BadStream("content is not text")
         first_chunk_ns = first_chunk_ns or now
-        if out["ttft_ns"] is None and content:
-            out["ttft_ns"] = now - t0
-        evaluated = chunk.get("tokens_evaluated")
-        if evaluated is not None:
-            if type(evaluated) is not int or evaluated < 0:
-                raise BadStream("tokens_evaluated is not a count")
-            out["prompt_tokens"] = evaluated
+        if content:
+            out["predicted_tokens"] += 1  # one streamed piece per token, unless the server says
+            if out["ttft_ns"] is None:
+                out["ttft_ns"] = now - t0
+        for key, field in (("tokens_evaluated", "prompt_tokens"), ("tokens_predicted", "predicted_tokens")):
+            count = chunk.get(key)
+            if count is not None:
+                if type(count) is not int or count < 0:
+                    raise BadStream(f"{key} is not a count")
+                out[field] = count
         if chunk.get("stop") is True:
             if out["ttft_ns"] is None and first_chunk_ns is not None:
                 out["ttft_ns"] = first_chunk_ns - t0  # a stream of empty pieces: its first chunk

@@ -41,9 +41,10 @@ EXPANSION = 64
 MIN_BUDGET = 256 << 20
 
 
-def open_regular(path) -> pa.NativeFile:
+def open_regular(path, what: str = "trace") -> pa.NativeFile:
     """The file at `path` opened for reading, refused unless it is a regular file (a FIFO would
-    block, a device never ends). The check and the read are on the same open file."""
+    block, a device never ends). The check and the read are on the same open file. `what` names
+    the file in messages."""
     shown = printable(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
@@ -54,10 +55,10 @@ def open_regular(path) -> pa.NativeFile:
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
-            raise TraceFormatError(f"{shown}: is a directory, not a trace file")
+            raise TraceFormatError(f"{shown}: is a directory, not a {what} file")
         if not stat.S_ISREG(mode):
             raise TraceFormatError(f"{shown}: not a regular file (a FIFO, socket or device); ckptrace "
-                                   "reads traces from regular files only")
+                                   f"reads {what}s from regular files only")
         return pa.OSFile(f"/proc/self/fd/{fd}")  # the same open file, read natively by Arrow
     finally:
         os.close(fd)

@@ -1,4 +1,5 @@
-"""`analyze --csv DIR`: the checkpoint and iteration tables as checkpoints.csv and iterations.csv."""
+"""`analyze --csv DIR`: the checkpoint and iteration tables as checkpoints.csv and iterations.csv
+(and requests.csv with --requests)."""
 from __future__ import annotations
 
 import errno
@@ -9,7 +10,7 @@ from ckptrace.output import write_output
 from ckptrace.terminal import printable
 
 
-def write_csv(analysis, directory: str) -> list[Path]:
+def write_csv(analysis, directory: str, requests=None) -> list[Path]:
     """Each file replaced atomically (ckptrace.output); the folder is created if missing."""
     d = Path(directory)
     try:
@@ -19,6 +20,10 @@ def write_csv(analysis, directory: str) -> list[Path]:
     except OSError as e:
         raise CkptraceError(f"cannot create {printable(d)}: {e.strerror or e}; choose a writable --csv DIR") from None
     paths = [d / "checkpoints.csv", d / "iterations.csv"]
-    for path, table in zip(paths, (analysis.checkpoints, analysis.iterations)):
+    tables = [analysis.checkpoints, analysis.iterations]
+    if requests is not None:
+        paths.append(d / "requests.csv")
+        tables.append(requests)
+    for path, table in zip(paths, tables):
         write_output(path, lambda f, t=table: t.to_csv(f, index=False), what="CSV file")
     return paths

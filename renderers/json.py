@@ -42,7 +42,7 @@ def analysis_json(analysis) -> dict:
 
 
 def comparison_json(c) -> dict:
-    legs = c.legs.to_dict("records")
+    legs = records(c.legs)
     for leg in legs:
         leg["build_ids"] = [b for b in leg["build_ids"].split(",") if b]
     return {"baseline": c.baseline, "candidate": c.candidate, "samples": c.samples,

@@ -178,10 +178,42 @@ def memory_lines(m: dict, t0: int, limit: int | None = 20) -> list[str]:
     return lines
 
 
-def analysis_report(analysis, limit: int | None = 20) -> str:
+def request_lines(table: pd.DataFrame, s: dict, limit: int | None) -> list[str]:
+    """`analyze --requests`: each request's TTFT split, then the distributions over requests."""
+    shown = table if limit is None else table.head(limit)
+    cols = {"req": shown["request"].astype(str), "ttft": ms_column(shown["ttft_ns"]),
+            "ckpts": shown["checkpoints"].astype("string").fillna("-"),
+            "ckpt": ms_column(shown["ckpt_ns"]), "fill": ms_column(shown["ckpt_fill_ns"]),
+            "copy": ms_column(shown["ckpt_copy_ns"]), "fault": ms_column(shown["ckpt_fault_ns"]),
+            "restore": ms_column(shown["restore_ns"]), "rest": ms_column(shown["rest_ns"]),
+            "no-fill~": ms_column(shown["est_ttft_without_fill_ns"])}
+    widths = {k: max(len(k), 5, int(v.str.len().max()) if len(v) else 0) for k, v in cols.items()}
+    lines = [wrap("Requests (ms): time to first token = checkpoint time inside the window (fill, copy, "
+                  "other; fault is part of fill and copy) + restore + rest; no-fill~ is an ESTIMATE: "
+                  "ttft - fill; - = no breakdown (failed, or not wholly inside the recording)"),
+             " ".join(k.rjust(widths[k]) for k in cols)]
+    rows = zip(*(v.astype(str).tolist() for v in cols.values()))
+    lines += [" ".join(x.rjust(widths[k]) for k, x in zip(cols, r)) for r in rows]
+    if len(shown) < len(table):
+        lines.append(f"... {len(table) - len(shown)} more (--all shows every row)")
+    names = {"ttft_ns": "ttft", "stall_ns": "stall (ckpt+restore)", "ckpt_ns": "checkpoint",
+             "ckpt_fill_ns": "fill", "restore_ns": "restore", "est_ttft_without_fill_ns": "ttft no fill (est.)"}
+    lines += ["", f"Requests: {s['completed']} of {s['requests']} completed, {s['with_breakdown']} with a breakdown",
+              f"{'(ms)':20} {'count':>6} {'p50':>9} {'p90':>9} {'p99':>9} {'mean':>9}"]
+    for key, name in names.items():
+        d = s["stats"][key]
+        lines.append(f"{name:20} {d['count']:>6} {fmt_ms(d['median']):>9} {fmt_ms(d['p90']):>9} "
+                     f"{fmt_ms(d['p99']):>9} {fmt_ms(d['mean']):>9}")
+    lines += [wrap("note: " + n) for n in s["notes"]]
+    return lines
+
+
+def analysis_report(analysis, limit: int | None = 20, requests: pd.DataFrame | None = None) -> str:
     t0 = time_origin(analysis.trace.meta, analysis.trace.events)
     blocks = [header_lines(analysis), checkpoint_lines(analysis, limit), iteration_lines(analysis),
               summary_lines(analysis.summary), memory_lines(analysis.memory, t0, limit)]
+    if requests is not None:
+        blocks.append(request_lines(requests, analysis.summary["requests"], limit))
     return "\n\n".join("\n".join(b) for b in blocks)
 
 
@@ -190,7 +222,9 @@ def analysis_report(analysis, limit: int | None = 20) -> str:
 NAMES = {"checkpoint_fill_ns": "ckpt fill ms", "checkpoint_copy_ns": "ckpt copy ms",
          "checkpoint_fault_ns": "ckpt fault ms", "checkpoint_total_ns": "ckpt total ms",
          "prefill_iteration_ns": "prefill iter ms", "checkpoint_faults": "ckpt faults",
-         "checkpoint_fill_cpu_ns": "fill on-CPU ms", "checkpoint_total_cpu_ns": "total on-CPU ms"}
+         "checkpoint_fill_cpu_ns": "fill on-CPU ms", "checkpoint_total_cpu_ns": "total on-CPU ms",
+         "ttft_p50_ms": "ttft p50 ms", "ttft_p90_ms": "ttft p90 ms", "ttft_p99_ms": "ttft p99 ms",
+         "throughput_tok_s": "tokens/s"}
 
 
 def _pct(x: float) -> str:
@@ -204,7 +238,9 @@ def _pct(x: float) -> str:
 def _value(x: float, unit: str) -> str:
     if math.isnan(x):
         return "-"
-    return f"{x / 1e6:.2f}" if unit == "ns" else f"{x:.0f}"
+    if unit == "ns":
+        return f"{x / 1e6:.2f}"
+    return f"{x:.2f}" if unit == "ms" else (f"{x:.1f}" if unit == "tok/s" else f"{x:.0f}")
 
 
 def _arm_line(c, arm: str) -> str:
@@ -261,6 +297,18 @@ def _memory_table(c) -> list[str]:
         lines.append(wrap(f"{names.get(r['metric'], r['metric']):15} {f(r['baseline_value']):>8} "
                           f"{f(r['candidate_value']):>9} {change:>9} {f(r['drift_mib']):>7}  {legs}"))
     return lines
+
+
+def gate_said(rows: pd.DataFrame) -> str:
+    """The rows that tripped `compare --fail-on`, each with its change and interval, on one line."""
+    out = []
+    for m in rows.to_dict("records"):
+        if math.isfinite(m["change_pct"]):
+            how = (f"{_pct(m['change_pct'])}, 95% interval [{_pct(m['ci_low_pct'])}, {_pct(m['ci_high_pct'])}]")
+        else:
+            how = f"{_value(m['diff'], m['unit'])} {'ms' if m['unit'] == 'ns' else m['unit']} more than a baseline of 0"
+        out.append(f"{m['metric']} {m['verdict']} ({how})")
+    return "; ".join(out)
 
 
 def compare_report(c) -> str:

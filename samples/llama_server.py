@@ -31,6 +31,7 @@ from ckptrace.errors import CkptraceError, TargetError
 from ckptrace.loadgen import run_load, wait_healthy
 from ckptrace.output import output_folder, write_output
 from ckptrace.probes.launch import die_with_parent, stop
+from ckptrace.requests_file import write_requests
 
 HERE = Path(__file__).resolve().parent / "llama-server"
 BUILD_SH = HERE / "build.sh"
@@ -241,8 +242,11 @@ def log_path(trace: Path) -> Path:
 
 
 def ttft_path(trace: Path) -> Path:
-    """The load driver's per-request results (TTFT) run_legs keeps next to a trace."""
-    return Path(trace).with_suffix(".ttft.parquet")
+    """The load driver's per-request results (TTFT) run_legs keeps next to a trace: the request
+    file `ckptrace drive --json` writes, named so `compare` and `dashboard` pair it with the trace."""
+    from ckptrace.requests_file import requests_path
+
+    return requests_path(trace)
 
 
 def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 3,
@@ -274,7 +278,7 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
         with llama_server(binaries[pool], model, log_path(trace), slots=clients) as srv:
             with recorder(srv.pid, trace, label, fault_sample):
                 df = run_load(srv.url, clients, requests, prompt_tokens, n_predict, timeout_s, seed=i)
-        write_output(ttft_path(trace), lambda f, df=df: df.to_parquet(f, index=False), what="TTFT table")
+        write_requests(ttft_path(trace), df)
         bad = df[df["status"] != "ok"]
         if len(df) < requests or len(bad):
             why = bad["status"].iloc[0] if len(bad) else "not sent in time"

@@ -21,6 +21,7 @@ import pytest
 from ckptrace.loadgen import make_prompt, run_load
 from ckptrace.samples.llama_server import (build_server, cached_model, free_port, llama_server, log_path,
                                            logged_checkpoints, run_legs, ttft_path)
+from ckptrace.requests_file import read_requests
 from ckptrace.trace import read_trace
 from helpers import assert_one_line_error, assert_pool_faster, ckptrace
 
@@ -42,7 +43,7 @@ def legs(tmp_path_factory) -> list[dict]:
     paths = run_legs(tmp, clients=CLIENTS, requests=REQUESTS, prompt_tokens=64, n_predict=4,
                      model=cached_model(**MODEL_SHAPE))
     return [{"trace": read_trace(p), "path": p, "logged": logged_checkpoints(log_path(p)),
-             "log": log_path(p), "ttft": pd.read_parquet(ttft_path(p))} for p in paths]
+             "log": log_path(p), "ttft": read_requests(ttft_path(p))} for p in paths]
 
 
 def checkpoint_rows(leg: dict) -> pd.DataFrame:
@@ -254,7 +255,7 @@ def test_drive_json_fields(fake_server):
     # start_ns is on the trace clock (CLOCK_MONOTONIC, system-wide): inside this test's window
     assert all(before < row["start_ns"] < after for row in rows), (before, rows, after)
     assert {k for row in rows for k in row} == {"request", "client", "prompt_tokens", "start_unix_ns",
-                                                "start_ns", "ttft_ns", "total_ns", "status"}
+                                                "start_ns", "ttft_ns", "total_ns", "status", "predicted_tokens"}
 
 
 @pytest.mark.parametrize("url", ["http://10.0.0.1:8080", "http://example.com", "https://127.0.0.1:8080",

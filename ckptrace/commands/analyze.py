@@ -13,32 +13,51 @@ Examples:
   ckptrace analyze off.parquet --all
   ckptrace analyze off.parquet --json | jq '.summary.stats.checkpoint_fill_ns'
   ckptrace analyze off.parquet --csv out/
+  ckptrace analyze off.parquet --requests off.requests.json
 """)
 @click.argument("trace", metavar="TRACE")
 @click.option("--json", "as_json", is_flag=True, help="Print {trace, checkpoints, iterations, summary} as JSON.")
 @click.option("--csv", "csv_dir", metavar="DIR", help="Also write checkpoints.csv and iterations.csv into DIR.")
+@click.option("--requests", "requests_file", metavar="FILE",
+              help="Request file of the load that ran while TRACE was recorded (`ckptrace drive --json -o "
+                   "FILE`): split each request's time to first token into checkpoint, restore and the rest.")
 @click.option("--all", "show_all", is_flag=True, help="List every checkpoint, not only the first --rows.")
 @click.option("--rows", type=click.IntRange(min=0), default=20, show_default=True,
               help="Checkpoints listed before '... N more'.")
-def command(trace, as_json, csv_dir, show_all, rows):
+def command(trace, as_json, csv_dir, requests_file, show_all, rows):
     """Per-checkpoint and per-iteration breakdown of one trace.
 
     Each checkpoint is split into fill (the resize's zero fill), copy (the state copy) and other;
     fault time is the part of fill and copy spent on page faults. Iterations are update_slots
     calls (or llama_decode calls when update_slots was not probed), prefill when they made a
     checkpoint or carried prompt tokens.
+
+    With --requests, each request's TTFT window (send to first token, on the trace's clock) is
+    split into the checkpoint time inside it (fill, copy, fault, on CPU, wait), restore time and
+    the rest; a span that crosses the window's edge counts only for its part inside.
     """
     from ckptrace.analyzers import analyze_trace
     from ckptrace.renderers.csv import write_csv
-    from ckptrace.renderers.json import analysis_json, dumps
+    from ckptrace.renderers.json import analysis_json, dumps, records
     from ckptrace.renderers.text import analysis_report
 
     analysis = analyze_trace(read_trace(trace))
+    requests = None
+    if requests_file:
+        from ckptrace.analyzers.requests import request_summary, request_table
+        from ckptrace.requests_file import read_requests
+
+        requests = request_table(read_requests(requests_file), analysis, source=printable(requests_file))
+        analysis.summary["requests"] = request_summary(requests, analysis.trace)
     if csv_dir:
-        paths = write_csv(analysis, csv_dir)
+        paths = write_csv(analysis, csv_dir, requests)
         if not as_json:
-            click.echo(f"wrote {printable(paths[0])} and {printable(paths[1])}", err=True)
+            shown = [printable(p) for p in paths]
+            click.echo(f"wrote {', '.join(shown[:-1])} and {shown[-1]}", err=True)
     if as_json:
-        click.echo(dumps(analysis_json(analysis)))
+        doc = analysis_json(analysis)
+        if requests is not None:
+            doc["requests"] = records(requests)
+        click.echo(dumps(doc))
     else:
-        echo(analysis_report(analysis, None if show_all else rows))
+        echo(analysis_report(analysis, None if show_all else rows, requests))

@@ -1,10 +1,52 @@
-"""`ckptrace compare`: baseline against candidate over A/B/A legs, with bootstrap intervals and drift."""
+"""`ckptrace compare`: baseline against candidate over A/B/A legs, with bootstrap intervals and drift.
+
+Also the CI gate: `--fail-on` exits GATE_EXIT when a named metric's verdict is the one given.
+"""
 from __future__ import annotations
 
 import click
 
-from ckptrace.terminal import echo
+from ckptrace.terminal import echo, printable
 from ckptrace.trace import read_trace
+
+# Exit statuses: 0 compared (gate passed), 1 an error (one line), 2 a usage error, GATE_EXIT the
+# gate tripped. Distinct, so a CI job can tell a regression from a broken step.
+GATE_EXIT = 3
+
+
+def metric_names() -> list[str]:
+    from ckptrace.analyzers.compare import METRICS, REQUEST_METRICS
+
+    return [*METRICS, *REQUEST_METRICS]
+
+
+def split_metrics(ctx, param, value: str | None) -> list[str] | None:
+    if value is None:
+        return None
+    names = [x.strip() for x in value.split(",") if x.strip()]
+    known = metric_names()
+    unknown = [x for x in names if x not in known]
+    if unknown or not names:
+        raise click.BadParameter(f"unknown metric {printable(', '.join(unknown)) or '(none given)'}; "
+                                 f"choose from {', '.join(known)}", ctx, param)
+    return names
+
+
+def leg_requests(traces: tuple[str, ...], given: tuple[str, ...]) -> list | None:
+    """Each leg's request file: the ones given (one per trace, in order), else NAME.requests.json
+    beside each NAME.parquet where there is one; None when no leg has one."""
+    from ckptrace.requests_file import read_requests, requests_path
+
+    if given:
+        if len(given) != len(traces):
+            raise click.UsageError(f"--requests given {len(given)} times for {len(traces)} traces: give one "
+                                   "request file per trace, in the same order (or none, to pair each "
+                                   "NAME.parquet with NAME.requests.json beside it)")
+        return [read_requests(p) for p in given]
+    paired = [requests_path(t) for t in traces]
+    if not any(p.exists() for p in paired):
+        return None
+    return [read_requests(p) if p.exists() else None for p in paired]
 
 
 @click.command("compare", epilog="""\b
@@ -12,16 +54,35 @@ Examples:
   ckptrace compare off1.parquet on.parquet off2.parquet
   ckptrace compare off1.parquet on.parquet off2.parquet --json
   ckptrace compare a1.parquet b1.parquet a2.parquet b2.parquet --seed 7
+  ckptrace compare off1.parquet on.parquet off2.parquet \\
+      --requests off1.requests.json --requests on.requests.json --requests off2.requests.json
+  ckptrace compare base.parquet cand.parquet base2.parquet --fail-on slower \\
+      --metrics checkpoint_total_cpu_ns,ttft_p90_ms --format markdown > comment.md
+
+\b
+Exit status: 0 compared (and the gate, if any, passed); 1 an error; 2 a
+usage error; 3 --fail-on tripped (the table is printed first).
 """)
 @click.argument("traces", nargs=-1, metavar="TRACE TRACE [TRACE...]")
-@click.option("--json", "as_json", is_flag=True, help="Print {baseline, candidate, legs, metrics, ...} as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print {baseline, candidate, legs, metrics, ...} as JSON "
+                                                      "(the same as --format json).")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default=None,
+              help="text (default), json, or markdown: a table ready for a pull-request comment.")
+@click.option("--requests", "request_files", multiple=True, metavar="FILE",
+              help="A leg's request file (`ckptrace drive --json -o FILE`), once per trace in the same "
+                   "order. Default: NAME.requests.json beside each NAME.parquet, where there is one. Adds "
+                   "ttft_p50_ms, ttft_p90_ms, ttft_p99_ms and throughput_tok_s.")
+@click.option("--fail-on", "fail_on", type=click.Choice(["slower", "faster", "any-change"]), default=None,
+              help="Exit 3 when a metric's verdict is slower / faster / either (for CI).")
+@click.option("--metrics", "gate_metrics", callback=split_metrics, metavar="A,B",
+              help="The metrics --fail-on looks at, comma-separated (default: every metric compared).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed (same seed, same output).")
 @click.option("--resamples", "n_boot", type=click.IntRange(min=100), default=2000, show_default=True,
               help="Bootstrap resamples per arm and metric.")
 @click.option("--min-effect", "min_effect", type=click.FloatRange(min=0), default=20.0, show_default=True,
               help="Changes up to this many percent read 'within drift' even when the baseline legs agree "
                    "more closely (two legs give one drift estimate).")
-def command(traces, as_json, seed, n_boot, min_effect):
+def command(traces, as_json, fmt, request_files, fail_on, gate_metrics, seed, n_boot, min_effect):
     """Compare baseline and candidate legs, given in run order (A/B/A).
 
     Legs are grouped by their label: the first label is the baseline, the second the candidate.
@@ -30,14 +91,47 @@ def command(traces, as_json, seed, n_boot, min_effect):
     between baseline legs (or --min-effect) could explain it, else "faster" or "slower". Legs
     with pool hits are also judged as hits and misses apart. On a busy machine read the on-CPU
     metrics (*_cpu_ns): when a leg waited over 10% for a CPU, a warning says so and the
-    wall-time metrics read "not judged".
-    """
-    from ckptrace.analyzers.compare import compare
-    from ckptrace.renderers.json import comparison_json, dumps
-    from ckptrace.renderers.text import compare_report
+    wall-time metrics (TTFT and throughput too) read "not judged".
 
-    c = compare([read_trace(t) for t in traces], seed=seed, n_boot=n_boot, min_effect_pct=min_effect)
-    if as_json:
+    With request files, time to first token p50/p90/p99 and throughput (tokens per second) are
+    compared the same way, over each arm's completed requests.
+    """
+    from ckptrace.analyzers.compare import compare, gate
+
+    if as_json and fmt not in (None, "json"):
+        raise click.UsageError(f"--json and --format {fmt} disagree: give one")
+    if gate_metrics is not None and fail_on is None:
+        raise click.UsageError("--metrics chooses what --fail-on looks at: give --fail-on too")
+    fmt = "json" if as_json else (fmt or "text")
+    requests = leg_requests(traces, request_files)
+    c = compare([read_trace(t) for t in traces], seed=seed, n_boot=n_boot, min_effect_pct=min_effect,
+                requests=requests)
+    tripped = unjudged = None
+    if fail_on:
+        tripped, unjudged = gate(c, fail_on, gate_metrics)
+    if fmt == "json":
+        from ckptrace.renderers.json import comparison_json, dumps
+
         click.echo(dumps(comparison_json(c)))
+    elif fmt == "markdown":
+        from ckptrace.renderers.markdown import comparison_markdown
+
+        click.echo(comparison_markdown(c, fail_on, tripped))
     else:
+        from ckptrace.renderers.text import compare_report
+
         echo(compare_report(c))
+    if fail_on:
+        _gate_lines(fail_on, tripped, unjudged)
+
+
+def _gate_lines(fail_on: str, tripped, unjudged) -> None:
+    """One line on stderr for metrics the gate could not judge; one for a trip, then exit GATE_EXIT."""
+    from ckptrace.renderers.text import gate_said
+
+    if len(unjudged):
+        click.echo(f"ckptrace: compare: --fail-on {fail_on} could not judge "
+                   + ", ".join(f"{r['metric']} ({r['verdict']})" for r in unjudged.to_dict("records")), err=True)
+    if len(tripped):
+        click.echo(f"ckptrace: compare: --fail-on {fail_on} tripped: {gate_said(tripped)}", err=True)
+        raise click.exceptions.Exit(GATE_EXIT)

@@ -3,8 +3,6 @@
 The load generator is ckptrace/loadgen.py; this command parses options and prints."""
 from __future__ import annotations
 
-import json
-
 import click
 
 from ckptrace.errors import TargetError
@@ -30,6 +28,7 @@ Examples:
   ckptrace drive http://localhost:8080 --clients 4 --requests 40 \\
       --prompt-tokens 480 --n-predict 16
   ckptrace drive http://127.0.0.1:8080 --requests 6 --json > ttft.json
+  ckptrace drive http://127.0.0.1:8080 --requests 30 -o off.requests.json
 """)
 @click.argument("url", type=LocalURL())
 @click.option("--clients", type=click.IntRange(1, 256), default=3, show_default=True,
@@ -47,7 +46,11 @@ Examples:
               default=None, help="Hard wall-clock bound on each request, in seconds (default: --timeout).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the prompts' words.")
 @click.option("--json", "as_json", is_flag=True, help="Print the per-request list as JSON for scripts.")
-def command(url, clients, n_requests, prompt_tokens, n_predict, timeout_s, request_timeout_s, seed, as_json):
+@click.option("-o", "--output", metavar="FILE", default=None,
+              help="Also write the per-request JSON list to FILE (the request file `analyze --requests` and "
+                   "`compare` read; name it TRACE-NAME.requests.json beside the trace to pair them).")
+def command(url, clients, n_requests, prompt_tokens, n_predict, timeout_s, request_timeout_s, seed, as_json,
+            output):
     """Send distinct streaming prompts to URL/completion and report time to first token.
 
     URL must be on 127.0.0.1 or localhost; redirects are never followed. Clients take requests
@@ -55,14 +58,22 @@ def command(url, clients, n_requests, prompt_tokens, n_predict, timeout_s, reque
     request to its first streamed chunk with content. A request that fails, times out or gets
     anything but a well-formed stream ending with its stop chunk is counted with its reason, and
     the exit status is then 1. Times in --json: start_unix_ns (wall clock), start_ns
-    (CLOCK_MONOTONIC, the clock of ckptrace traces), ttft_ns and total_ns (durations).
+    (CLOCK_MONOTONIC, the clock of ckptrace traces), ttft_ns and total_ns (durations),
+    predicted_tokens (tokens generated). -o FILE writes the same list to FILE, failed requests
+    included, before the exit status says they failed.
     """
     from ckptrace.loadgen import run_load, ttft_percentiles_ms
+    from ckptrace.output import check_output
     from ckptrace.renderers.text import load_report
+    from ckptrace.requests_file import requests_json, write_requests
 
+    if output is not None:
+        check_output(output, what="request file")  # before the load, not after it
     df = run_load(url, clients, n_requests, prompt_tokens, n_predict, timeout_s, seed, request_timeout_s)
+    if output is not None:
+        write_requests(output, df)
     if as_json:
-        click.echo(json.dumps(json.loads(df.to_json(orient="records")), indent=1))
+        click.echo(requests_json(df))
     else:
         click.echo(load_report(df, n_requests, ttft_percentiles_ms(df)))
     failed = df[df["status"] != "ok"]

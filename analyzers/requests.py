@@ -1,0 +1,261 @@
+"""What the host stalls cost each request: its time to first token split into checkpoint, restore and the rest.
+
+A request's TTFT window is [start_ns, start_ns + ttft_ns] on CLOCK_MONOTONIC, the trace's clock
+(`ckptrace drive` takes start_ns just before it connects). Every span of the trace that
+intersects the window counts for the time of the intersection only: a checkpoint that started
+before the request was sent and ended inside its window counts from the send on. llama-server
+makes checkpoints on its one server thread, between the batches of every slot, so a checkpoint
+stalls every request in flight, not only the one whose prompt it saves.
+- `ckpt_ns`: time inside the window in checkpoint spans (update_tgt / update_dft), split into
+  `ckpt_fill_ns`, `ckpt_copy_ns` (time in those spans inside the window) and `ckpt_other_ns`.
+  `ckpt_fault_ns`, `ckpt_cpu_ns`, `ckpt_wait_ns`: the span's measured figure (analyze's fault
+  time, on-CPU time, run-queue wait) times the share of the span inside the window; exact for a
+  span wholly inside, prorated for one cut by the window's edge (`cut_spans` counts those). NA
+  where not recorded, never 0.
+- `restore_ns`, `restore_copy_ns`: time inside the window in `restore` spans (the server loading
+  a checkpoint back) and in their state copies (`restore_copy`, part of `restore_ns`). NA when
+  the trace's probes could not see restores (recorded before they existed).
+- `stall_ns = ckpt_ns + restore_ns` (restores counted when recorded); `rest_ns = ttft_ns - stall_ns`:
+  everything else (queueing, the prompt's own decode, sampling, HTTP).
+- `est_ttft_without_fill_ns = ttft_ns - ckpt_fill_ns`: an *estimate* of the TTFT had no
+  checkpoint zero-filled memory (what a buffer pool aims at); it assumes nothing else moves.
+A request whose window is not wholly inside the recording (or that failed: no first token) has
+no breakdown (NA): the trace did not see all of its window. Requests none of whose windows meet
+the recording are a file from another run: AnalysisError, one line.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ckptrace.errors import AnalysisError
+from ckptrace.trace import Trace, time_origin
+
+from .spans import NA_INT, kind_mask, select
+from .summary import describe
+
+REQUEST_COLUMNS: dict[str, object] = {
+    "request": np.dtype("int64"),
+    "client": NA_INT,
+    "status": "string",
+    "start_ns": np.dtype("int64"),
+    "first_token_ns": NA_INT,  # start_ns + ttft_ns: the window's end
+    "ttft_ns": NA_INT,
+    "in_recording": np.dtype("bool"),
+    "checkpoints": NA_INT,  # checkpoint spans meeting the window
+    "cut_spans": NA_INT,  # of those (and restores), cut by the window's edge
+    "ckpt_ns": NA_INT,
+    "ckpt_fill_ns": NA_INT,
+    "ckpt_copy_ns": NA_INT,
+    "ckpt_other_ns": NA_INT,
+    "ckpt_fault_ns": NA_INT,
+    "ckpt_cpu_ns": NA_INT,
+    "ckpt_wait_ns": NA_INT,
+    "restore_ns": NA_INT,
+    "restore_copy_ns": NA_INT,
+    "stall_ns": NA_INT,
+    "rest_ns": NA_INT,
+    "est_ttft_without_fill_ns": NA_INT,
+    "prompt_tokens": NA_INT,
+    "predicted_tokens": NA_INT,
+    "total_ns": NA_INT,
+}
+# Summary distributions (p50 = median, p90, p99) over the requests with a breakdown.
+SUMMARY_FIGURES = ("ttft_ns", "stall_ns", "ckpt_ns", "ckpt_fill_ns", "restore_ns", "est_ttft_without_fill_ns")
+# Probe points whose presence means restores were watched (probes/symbols.py names).
+RESTORE_POINTS = frozenset({"load_tgt", "load_dft", "restore_copy", "state_set"})
+BLOCK = 4_000_000  # window x span cells per step: about 32 MB of overlaps at a time
+
+
+def recording_range(trace: Trace) -> tuple[int, int]:
+    """[start, end] of what the trace watched: probes in place (or first event) to stop (or last event)."""
+    ev, meta = trace.events, trace.meta
+    start = time_origin(meta, ev)
+    end = meta.stop_ns or (int(ev["end_ns"].max()) if len(ev) else start)
+    return int(start), int(max(end, start))
+
+
+def restores_recorded(trace: Trace) -> bool:
+    """Whether this trace could see restores: it has restore rows, or a restore probe was attached."""
+    return bool(kind_mask(trace.events, "restore", "restore_copy").any()
+                or any(p.point in RESTORE_POINTS for p in trace.meta.probes))
+
+
+def _overlap(ws: np.ndarray, we: np.ndarray, spans: pd.DataFrame, values: dict[str, np.ndarray]
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """Per window: summed overlap (ns), spans met, spans cut, and sum of overlap x each value's
+    per-ns rate (NaN where a met span's value is NaN)."""
+    n = len(ws)
+    total, met, cut = np.zeros(n, "int64"), np.zeros(n, "int64"), np.zeros(n, "int64")
+    out = {k: np.zeros(n) for k in values}
+    if not len(spans) or not n:
+        return total, met, cut, out
+    ss, se = spans["start_ns"].to_numpy("int64"), spans["end_ns"].to_numpy("int64")
+    length = np.maximum(se - ss, 1).astype("float64")
+    rates = {k: v / length for k, v in values.items()}
+    step = max(1, BLOCK // len(ss))
+    for i in range(0, n, step):
+        a, b = ws[i:i + step, None], we[i:i + step, None]
+        ov = np.clip(np.minimum(b, se) - np.maximum(a, ss), 0, None)  # int64, exact
+        meets = ov > 0
+        total[i:i + step] = ov.sum(axis=1)
+        met[i:i + step] = meets.sum(axis=1)
+        cut[i:i + step] = (meets & ((ss < a) | (se > b))).sum(axis=1)
+        for k, r in rates.items():
+            bad = np.isnan(r)
+            out[k][i:i + step] = np.where((meets & bad).any(axis=1), np.nan, ov @ np.where(bad, 0.0, r))
+    return total, met, cut, out
+
+
+def _na_int(x: np.ndarray, keep: np.ndarray) -> pd.arrays.IntegerArray:
+    """Rounded to whole ns; NA where not `keep` or NaN."""
+    x = np.asarray(x, dtype="float64")
+    mask = ~keep | np.isnan(x)
+    return pd.arrays.IntegerArray(np.rint(np.where(mask, 0, x)).astype("int64"), mask)
+
+
+def request_table(requests: pd.DataFrame, analysis, source: str = "request file") -> pd.DataFrame:
+    """One row per request (REQUEST_COLUMNS), by the rules in the module docstring.
+
+    `requests`: ckptrace.requests_file.read_requests(); `analysis`: analyze_trace() of the trace
+    recorded while they ran. `source` names the request file in the error line."""
+    trace = analysis.trace
+    lo, hi = recording_range(trace)
+    ok = (requests["status"] == "ok").to_numpy() & requests["ttft_ns"].notna().to_numpy()
+    start = requests["start_ns"].to_numpy("int64")
+    ttft = requests["ttft_ns"].to_numpy("float64", na_value=np.nan)
+    end = start + np.where(ok, np.nan_to_num(ttft), 0).astype("int64")
+    last = start + requests["total_ns"].to_numpy("float64", na_value=0).astype("int64")
+    if not ((start <= hi) & (np.maximum(end, last) >= lo)).any():
+        raise AnalysisError(
+            f"{source}: none of its {len(requests)} requests ran while {trace.path or trace.label} was recorded "
+            f"(requests {_span_s(start.min(), max(end.max(), last.max()))}, recording {_span_s(lo, hi)} on "
+            "CLOCK_MONOTONIC): a request file from another run, or from before a reboot?")
+    inside = ok & (start >= lo) & (end <= hi)
+
+    ck = analysis.checkpoints
+    ev = trace.events
+    cols = ["ckpt", "start_ns", "end_ns"]
+    fills = select(ev, kind_mask(ev, "fill"), cols)
+    copies = select(ev, kind_mask(ev, "copy"), cols)
+    by_id = ck.set_index("ckpt")
+    # Keep only fills and copies of the checkpoints analyze kept (an update that copied nothing is none).
+    fills, copies = fills[fills["ckpt"].isin(by_id.index)], copies[copies["ckpt"].isin(by_id.index)]
+
+    def per_span(part: pd.DataFrame, value: str, whole: str) -> np.ndarray:
+        """A checkpoint's figure spread over its spans of a kind in proportion to their time."""
+        v = by_id[value].reindex(part["ckpt"]).to_numpy("float64", na_value=np.nan)
+        w = by_id[whole].reindex(part["ckpt"]).to_numpy("float64")
+        return v * (part["end_ns"] - part["start_ns"]).to_numpy("float64") / np.maximum(w, 1)
+
+    ws, we = start, end
+    ck_total, ck_met, ck_cut, ck_vals = _overlap(ws, we, ck, {
+        "cpu": ck["cpu_ns"].to_numpy("float64", na_value=np.nan),
+        "wait": ck["wait_ns"].to_numpy("float64", na_value=np.nan)})
+    fill_total, _, _, fill_vals = _overlap(ws, we, fills, {"fault": per_span(fills, "fill_fault_ns", "fill_ns")})
+    copy_total, _, _, copy_vals = _overlap(ws, we, copies, {"fault": per_span(copies, "copy_fault_ns", "copy_ns")})
+    watched = restores_recorded(trace)
+    restore = select(ev, kind_mask(ev, "restore"), ["start_ns", "end_ns"])
+    restore_copy = select(ev, kind_mask(ev, "restore_copy"), ["start_ns", "end_ns"])
+    rs_total, _, rs_cut, _ = _overlap(ws, we, restore, {})
+    rc_total, _, _, _ = _overlap(ws, we, restore_copy, {})
+
+    stall = ck_total + (rs_total if watched else 0)
+    ttft_i = np.nan_to_num(ttft).astype("int64")
+    out = pd.DataFrame({
+        "request": requests["request"].to_numpy("int64"),
+        "client": requests["client"].array,
+        "status": requests["status"].array,
+        "start_ns": start,
+        "first_token_ns": _na_int(end, ok),
+        "ttft_ns": requests["ttft_ns"].array,
+        "in_recording": inside,
+        "checkpoints": _na_int(ck_met, inside),
+        "cut_spans": _na_int(ck_cut + rs_cut, inside),
+        "ckpt_ns": _na_int(ck_total, inside),
+        "ckpt_fill_ns": _na_int(fill_total, inside),
+        "ckpt_copy_ns": _na_int(copy_total, inside),
+        "ckpt_other_ns": _na_int(ck_total - fill_total - copy_total, inside),
+        "ckpt_fault_ns": _na_int(fill_vals["fault"] + copy_vals["fault"], inside),
+        "ckpt_cpu_ns": _na_int(ck_vals["cpu"], inside),
+        "ckpt_wait_ns": _na_int(ck_vals["wait"], inside),
+        "restore_ns": _na_int(rs_total, inside & watched),
+        "restore_copy_ns": _na_int(rc_total, inside & watched),
+        "stall_ns": _na_int(stall, inside),
+        "rest_ns": _na_int(ttft_i - stall, inside),
+        "est_ttft_without_fill_ns": _na_int(ttft_i - fill_total, inside),
+        "prompt_tokens": requests["prompt_tokens"].array,
+        "predicted_tokens": requests["predicted_tokens"].array,
+        "total_ns": requests["total_ns"].array,
+    })
+    return out.astype(REQUEST_COLUMNS)
+
+
+def _span_s(a: int, b: int) -> str:
+    return f"{a / 1e9:.1f}..{b / 1e9:.1f} s"
+
+
+def request_summary(table: pd.DataFrame, trace: Trace) -> dict:
+    """Counts, and count/mean/median (p50)/p90/p99 in ns of SUMMARY_FIGURES over the requests with
+    a breakdown; notes say what was left out and why."""
+    n = len(table)
+    ok = int((table["status"] == "ok").sum())
+    inside = table["in_recording"].to_numpy()
+    notes = []
+    if ok < n:
+        notes.append(f"{n - ok} of {n} requests did not complete (no first token): left out")
+    outside = ok - int(inside.sum())
+    if outside:
+        notes.append(f"{outside} completed requests ran (partly) outside the recording: no breakdown for "
+                     "them (the trace did not see their whole window)")
+    rows = table.loc[inside]
+    if not restores_recorded(trace):
+        notes.append("restores not recorded (this trace's probes could not see them): restore_ns is NA and "
+                     "rest_ns includes any restore time")
+    cut = int(rows["cut_spans"].fillna(0).astype("int64").astype(bool).sum())
+    if cut:
+        notes.append(f"{cut} requests' windows cut a checkpoint or restore span: only the time inside the window "
+                     "counts, and its fault, on-CPU and wait figures are prorated by that share")
+    tids = trace.events.loc[kind_mask(trace.events, "checkpoint"), "tid"].nunique()
+    if tids > 1:
+        notes.append(f"checkpoints came from {tids} threads: a request's checkpoint time adds up every thread's "
+                     "and can exceed its TTFT where they ran at once")
+    return {"requests": n, "completed": ok, "with_breakdown": int(inside.sum()),
+            "stats": {f: describe(rows[f]) for f in SUMMARY_FIGURES},
+            "estimate": "est_ttft_without_fill_ns = ttft_ns - ckpt_fill_ns: an estimate, it assumes nothing "
+                        "else would move without the fill",
+            "notes": notes}
+
+
+# Samples for compare's request metrics (analyzers/compare.py), per leg.
+
+def completed(requests: pd.DataFrame) -> pd.DataFrame:
+    """The requests that got a first token and ended (status ok)."""
+    ok = (requests["status"] == "ok") & requests["ttft_ns"].notna() & requests["total_ns"].notna()
+    return requests.loc[ok.to_numpy()]
+
+
+def ttft_samples_ms(requests: pd.DataFrame) -> np.ndarray:
+    """Each completed request's time to first token, in ms."""
+    return completed(requests)["ttft_ns"].to_numpy("float64") / 1e6
+
+
+def throughput_samples(requests: pd.DataFrame) -> np.ndarray:
+    """Rows (tokens generated, seconds) of the completed requests, whose sums give the leg's
+    throughput: the seconds are each request's share of the leg's wall time (first send to last
+    end), in proportion to its own duration, so they add up to that wall time. Resampling rows
+    is then a ratio-estimator bootstrap of tokens per second. Empty when a file does not say how
+    many tokens were generated (drive before predicted_tokens): not recorded, not 0."""
+    done = completed(requests)
+    if not len(done) or done["predicted_tokens"].isna().any():
+        return np.empty((0, 2))
+    start = done["start_ns"].to_numpy("int64")
+    dur = done["total_ns"].to_numpy("float64")
+    wall_s = float((start + dur.astype("int64")).max() - start.min()) / 1e9
+    share = dur / dur.sum() if dur.sum() > 0 else np.full(len(dur), 1.0 / len(dur))
+    return np.column_stack([done["predicted_tokens"].to_numpy("float64"), share * wall_s])
+
+
+def throughput_stat(x: np.ndarray, axis=None) -> np.ndarray | float:
+    """Tokens per second of throughput_samples rows (x[..., n, 2]): sum of tokens over sum of seconds."""
+    return x[..., 0].sum(axis=-1) / x[..., 1].sum(axis=-1)

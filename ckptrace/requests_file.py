@@ -1,0 +1,101 @@
+"""The request file `ckptrace drive --json` writes: one JSON object per request, read back checked.
+
+What `analyze --requests`, `compare` and `dashboard --requests` join with a trace. A request file
+may come from anyone, so reading it checks, before anything is computed: a regular file of at
+most MAX_BYTES, a JSON list of objects, each with the fields below of the right JSON type (a
+`true` is not a count) and in range. The first problem is one line naming the file, the request
+and the field. Fields a newer drive adds are ignored; `predicted_tokens` (added later) reads as NA
+when absent: throughput is then not recorded, never 0.
+"""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from ckptrace.errors import TraceFormatError
+from ckptrace.loadgen import RESULT_COLUMNS
+from ckptrace.output import write_output
+from ckptrace.terminal import printable
+from ckptrace.validate import NS_MAX, open_regular
+
+MAX_BYTES = 256 << 20  # drive's 100,000 requests take about 25 MiB
+# field -> (JSON type, may be null). start_ns is CLOCK_MONOTONIC, the clock of a trace.
+FIELDS = {
+    "request": (int, False), "client": (int, False), "prompt_tokens": (int, False),
+    "start_unix_ns": (int, False), "start_ns": (int, False), "ttft_ns": (int, True),
+    "total_ns": (int, True), "status": (str, False), "predicted_tokens": (int, False),
+}
+OPTIONAL = {"predicted_tokens", "client", "prompt_tokens", "start_unix_ns"}
+COLUMNS = {**RESULT_COLUMNS, "predicted_tokens": "Int64", "client": "Int64", "prompt_tokens": "Int64",
+           "start_unix_ns": "Int64"}
+RANGE = {"prompt_tokens": (-1, NS_MAX), "request": (0, NS_MAX)}  # -1: the server did not say
+
+
+def requests_path(trace: str | os.PathLike) -> Path:
+    """The request file that goes with a trace: NAME.requests.json beside NAME.parquet."""
+    p = Path(trace)
+    return p.with_name((p.stem if p.suffix == ".parquet" else p.name) + ".requests.json")
+
+
+def requests_json(df: pd.DataFrame) -> str:
+    """The request file's text for drive's results (loadgen.run_load): a JSON list, one object per request."""
+    return json.dumps(json.loads(df.to_json(orient="records")), indent=1)
+
+
+def write_requests(path: str | os.PathLike, df: pd.DataFrame) -> Path:
+    """Write the request file (atomically, through ckptrace.output)."""
+    text = requests_json(df).encode() + b"\n"
+    return write_output(path, lambda f: f.write(text), what="request file")
+
+
+def read_requests(path: str | os.PathLike) -> pd.DataFrame:
+    """The file's requests as a frame of COLUMNS, in file order; TraceFormatError on any problem."""
+    shown = printable(path)
+    source = open_regular(path, what="request")
+    try:
+        if source.size() > MAX_BYTES:
+            raise TraceFormatError(f"{shown}: {source.size() >> 20} MiB is too large for a request file "
+                                   f"(at most {MAX_BYTES >> 20} MiB)")
+        raw = source.read()
+    except OSError as e:
+        raise TraceFormatError(f"{shown}: cannot read it ({e})") from None
+    finally:
+        source.close()
+    try:
+        doc = json.loads(raw, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        raise TraceFormatError(f"{shown}: not a request file (not valid JSON; write one with "
+                               "`ckptrace drive URL --json -o FILE`)") from None
+    if not isinstance(doc, list) or not all(isinstance(r, dict) for r in doc):
+        raise TraceFormatError(f"{shown}: not a request file (want a JSON list of request objects, as "
+                               "`ckptrace drive --json` prints)")
+    if not doc:
+        raise TraceFormatError(f"{shown}: holds no requests")
+    cols: dict[str, list] = {f: [] for f in FIELDS}
+    for i, row in enumerate(doc):
+        for field, (kind, nullable) in FIELDS.items():
+            value = row.get(field)
+            if value is None and (nullable or (field in OPTIONAL and field not in row)):
+                cols[field].append(None)
+                continue
+            if field not in row:
+                raise TraceFormatError(f"{shown}: request {i + 1} has no {field!r}")
+            if type(value) is not kind:
+                raise TraceFormatError(f"{shown}: request {i + 1}: {field!r} is not "
+                                       f"{'a whole number' if kind is int else 'text'}")
+            lo, hi = RANGE.get(field, (0, NS_MAX))
+            if kind is int and not lo <= value <= hi:
+                raise TraceFormatError(f"{shown}: request {i + 1}: {field!r} = {value} is out of range")
+            cols[field].append(printable(value)[:200] if kind is str else value)
+    df = pd.DataFrame(cols).astype(COLUMNS)
+    if df["request"].duplicated().any():
+        raise TraceFormatError(f"{shown}: request number {int(df['request'][df['request'].duplicated()].iloc[0])} "
+                               "appears twice: one run's file holds each request once")
+    return df[list(COLUMNS)]
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a number")

@@ -1,0 +1,85 @@
+"""`compare --format markdown`: the comparison as a GitHub-flavoured Markdown table for a pull-request comment.
+
+Labels, paths and anything else read from a trace are user text. They are made printable, then
+shown only inside code: a label as an inline code span, the explanation and warnings (which quote
+labels) in a fenced block, each fence longer than any run of backticks in the text. Inside code,
+Markdown and HTML mean nothing, and GitHub neither links URLs nor mentions (notifies) `@names`,
+so a label shows as exactly its characters and does nothing else.
+"""
+from __future__ import annotations
+
+import math
+import re
+import textwrap
+
+import pandas as pd
+
+from ckptrace.terminal import printable
+
+from .text import NAMES, POOL_NAMES, _pct, _value
+
+def _fence(text: str, least: int) -> str:
+    return "`" * max(least, max((len(r) for r in re.findall("`+", text)), default=0) + 1)
+
+
+def code(text) -> str:
+    """User text as an inline code span showing exactly that text (see the module docstring)."""
+    s = printable(str(text))
+    fence = _fence(s, 1)
+    pad = " " if s[:1] == "`" or s[-1:] == "`" or not s.strip(" ") else ""
+    return f"{fence}{pad}{s}{pad}{fence}"
+
+
+def code_block(lines: list[str]) -> list[str]:
+    """Lines of text (user text inside) as a fenced block."""
+    shown = [w for x in lines for w in textwrap.wrap(printable(x), 100, subsequent_indent="  ")]
+    fence = _fence("\n".join(shown), 3)
+    return [fence + "text", *shown, fence]
+
+
+def _interval(m: dict) -> str:
+    lo, hi = m["ci_low_pct"], m["ci_high_pct"]
+    if math.isnan(lo):
+        return "-"
+    return f"[{_pct(lo)}, {_pct(hi)}]"
+
+
+def _table(rows: list[dict], name_of, flagged: set) -> list[str]:
+    lines = ["| metric | baseline | candidate | change | 95% interval | drift | verdict |",
+             "|---|---:|---:|---:|---|---:|---|"]
+    for m in rows:
+        verdict = m["verdict"]
+        if verdict in ("faster", "slower"):
+            verdict = f"**{verdict}**"
+        if name_of(m) in flagged:
+            verdict += " :x:"
+        lines.append(f"| {name_of(m)} | {_value(m['baseline_value'], m['unit'])} | "
+                     f"{_value(m['candidate_value'], m['unit'])} | {_pct(m['change_pct'])} | {_interval(m)} | "
+                     f"{_pct(m['drift_pct']).lstrip('+')} | {verdict} |")
+    return lines
+
+
+def comparison_markdown(c, fail_on: str | None = None, tripped: pd.DataFrame | None = None) -> str:
+    """The verdict table, pool rows, legs, explanation and warnings; with a gate, its outcome first."""
+    legs = c.legs.to_dict("records")
+    out = [f"### ckptrace compare: {code(c.candidate)} against {code(c.baseline)}", ""]
+    flagged = set()
+    if fail_on:
+        if tripped is not None and len(tripped):
+            flagged = {NAMES.get(x, x) for x in tripped["metric"]}
+            out += [f"**Gate `--fail-on {fail_on}` tripped** by {', '.join(f'`{x}`' for x in tripped['metric'])}.", ""]
+        else:
+            out += [f"Gate `--fail-on {fail_on}` passed.", ""]
+    out += _table(c.metrics.to_dict("records"), lambda m: NAMES.get(m["metric"], m["metric"]), flagged)
+    if c.pool is not None and len(c.pool):
+        out += ["", "Pool hits and misses apart, each against the baseline (medians):", ""]
+        out += _table([{**m, "unit": "ns"} for m in c.pool.to_dict("records")],
+                      lambda m: f"{m['class']} {POOL_NAMES[m['metric']]}", set())
+    out += ["", f"Each arm summarised by its {c.statistic}; 95% bootstrap intervals of the change ({c.n_boot} "
+                f"resamples, seed {c.seed}); times in ms.", ""]
+    for leg in legs:
+        req = "" if leg.get("requests") is None else f", {leg['requests']} requests"
+        out.append(f"- leg {leg['leg']} ({leg['arm']}): {code(leg['label'])}, {leg['checkpoints']} checkpoints, "
+                   f"{leg['prefill_iterations']} prefill iterations{req}")
+    out += [""] + code_block([c.explanation] + [f"warning: {w}" for w in c.warnings])
+    return "\n".join(out)

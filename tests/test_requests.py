@@ -1,0 +1,268 @@
+"""Per-request attribution (analyze --requests), request files, compare's request pairing, the CI gate
+(--fail-on) and --format markdown, on the committed sample recordings.
+
+The arithmetic is checked against the trace's own spans, computed here independently (a plain
+loop over the event rows). The request windows below are placed by this test on the recording's
+clock, at and across checkpoint edges, so every case (whole span, span cut by the window's edge,
+no span, outside the recording) happens by construction; the figures on a real llama-server with
+drive's own requests are in test_llama_server.py. The gate's verdicts are on real recordings, far
+from any threshold: the pool's fill on CPU (-90%) and an A/A/A whose only judged metric is the
+fault count (the same 12,289 faults per 48 MiB checkpoint in every pool-off leg).
+"""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ckptrace.analyzers import analyze_trace
+from ckptrace.analyzers.requests import request_summary, request_table
+from ckptrace.requests_file import read_requests, requests_path
+from ckptrace.trace import read_trace, write_trace
+from helpers import assert_one_line_error, ckptrace
+
+SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "traces"
+OFF1, ON, OFF2 = (SAMPLES / f"{n}.parquet" for n in ("1-pool-off", "2-pool-on", "3-pool-off"))
+
+
+def request(i: int, start: int, ttft: int | None, status: str = "ok") -> dict:
+    return {"request": i, "client": i % 3, "prompt_tokens": 64, "start_unix_ns": 1, "start_ns": int(start),
+            "ttft_ns": None if ttft is None else int(ttft), "total_ns": None if ttft is None else int(ttft) + 5_000_000,
+            "status": status, "predicted_tokens": 4}
+
+
+def write_requests_file(path: Path, rows: list[dict]) -> Path:
+    path.write_text(json.dumps(rows))
+    return path
+
+
+def windows_around(a) -> list[dict]:
+    """Windows at and across the checkpoints of a recording: each case by construction."""
+    ck = a.checkpoints.sort_values("start_ns", ignore_index=True)
+    s, e = ck["start_ns"].to_numpy(), ck["end_ns"].to_numpy()
+    mid = (s + e) // 2
+    return [
+        request(0, s[0] - 1_000_000, e[0] - s[0] + 1_000_000),  # wholly holds the first checkpoint
+        request(1, mid[1], e[3] - mid[1]),  # from inside checkpoint 2 to the end of checkpoint 4
+        request(2, s[5] - 10, (mid[5] - s[5]) + 10),  # ends inside checkpoint 6 (cut)
+        request(3, e[6] + 1, max(1, s[7] - e[6] - 2)),  # between two checkpoints: none
+        request(4, s[0], e[-1] - s[0]),  # all of them
+        request(5, s[2], None, status="error: ConnectionResetError"),  # failed: no first token
+    ]
+
+
+def overlap(rows: pd.DataFrame, lo: int, hi: int) -> int:
+    """Independent truth: summed intersection of the rows' spans with [lo, hi], by a plain loop."""
+    return sum(max(0, min(int(r.end_ns), hi) - max(int(r.start_ns), lo)) for r in rows.itertuples())
+
+
+def test_each_request_is_split_by_the_spans_inside_its_window(tmp_path):
+    a = analyze_trace(read_trace(OFF1))
+    f = write_requests_file(tmp_path / "r.json", windows_around(a))
+    table = request_table(read_requests(f), a)
+    ev = a.trace.events
+    ck_rows, fills, copies = (ev[ev["kind"] == k] for k in ("checkpoint", "fill", "copy"))
+    ck_rows = ck_rows[ck_rows["ckpt"].isin(a.checkpoints["ckpt"])]
+    for r in table[table["in_recording"]].itertuples():
+        lo, hi = r.start_ns, r.start_ns + r.ttft_ns
+        assert r.ckpt_ns == overlap(ck_rows, lo, hi), r
+        assert r.ckpt_fill_ns == overlap(fills, lo, hi) and r.ckpt_copy_ns == overlap(copies, lo, hi), r
+        assert r.ckpt_other_ns == r.ckpt_ns - r.ckpt_fill_ns - r.ckpt_copy_ns
+        assert r.stall_ns == r.ckpt_ns  # restores not recorded in this trace (format 2): NA, not counted
+        assert pd.isna(r.restore_ns)
+        assert r.rest_ns == r.ttft_ns - r.stall_ns and r.est_ttft_without_fill_ns == r.ttft_ns - r.ckpt_fill_ns
+        whole = a.checkpoints[(a.checkpoints["start_ns"] >= lo) & (a.checkpoints["end_ns"] <= hi)]
+        met = ((ck_rows["end_ns"] > lo) & (ck_rows["start_ns"] < hi)).sum()
+        assert r.checkpoints == met and r.cut_spans == met - len(whole)
+        if r.cut_spans == 0:  # every span wholly inside: the checkpoints' own figures, to the ns
+            for col, src in (("ckpt_fault_ns", "fault_ns"), ("ckpt_cpu_ns", "cpu_ns"), ("ckpt_wait_ns", "wait_ns")):
+                assert getattr(r, col) == int(whole[src].sum()), (col, r)
+    by = table.set_index("request")
+    assert by.loc[0, "checkpoints"] == 1 and by.loc[0, "cut_spans"] == 0
+    assert by.loc[1, "cut_spans"] == 1 and by.loc[2, "cut_spans"] == 1  # cut by the window's edge
+    assert by.loc[3, "checkpoints"] == 0 and by.loc[3, "ckpt_ns"] == 0
+    assert by.loc[4, "checkpoints"] == len(a.checkpoints)
+    assert by.loc[4, "ckpt_ns"] == int(a.checkpoints["total_ns"].sum())
+    assert by.loc[4, "ckpt_fault_ns"] == int(a.checkpoints["fault_ns"].sum())
+    assert not by.loc[5, "in_recording"] and pd.isna(by.loc[5, "ckpt_ns"])  # failed: no breakdown
+    # a cut span's fault, on-CPU and wait time are prorated by its share inside the window
+    r = by.loc[2]
+    c = a.checkpoints.sort_values("start_ns", ignore_index=True).iloc[5]
+    share = (r["start_ns"] + r["ttft_ns"] - c["start_ns"]) / c["total_ns"]
+    assert abs(r["ckpt_cpu_ns"] - share * c["cpu_ns"]) <= 1
+
+
+def test_summary_percentiles_are_those_of_the_rows(tmp_path):
+    a = analyze_trace(read_trace(OFF1))
+    table = request_table(read_requests(write_requests_file(tmp_path / "r.json", windows_around(a))), a)
+    s = request_summary(table, a.trace)
+    assert (s["requests"], s["completed"], s["with_breakdown"]) == (6, 5, 5)
+    rows = table[table["in_recording"]]
+    for key in ("ttft_ns", "stall_ns", "ckpt_fill_ns", "est_ttft_without_fill_ns"):
+        v = rows[key].to_numpy("float64")
+        assert s["stats"][key]["count"] == 5
+        assert s["stats"][key]["p90"] == pytest.approx(np.percentile(v, 90))
+        assert s["stats"][key]["median"] == pytest.approx(np.median(v))
+    assert s["stats"]["restore_ns"]["not_recorded"] == 5
+    assert any("did not complete" in n for n in s["notes"]) and any("restores not recorded" in n for n in s["notes"])
+    assert any("prorated" in n for n in s["notes"])
+    assert "estimate" in s["estimate"]
+
+
+def test_analyze_requests_cli_json_text_and_csv(tmp_path):
+    a = analyze_trace(read_trace(OFF1))
+    f = write_requests_file(tmp_path / "r.json", windows_around(a))
+    p = ckptrace("analyze", OFF1, "--requests", f, "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert len(doc["requests"]) == 6 and doc["summary"]["requests"]["with_breakdown"] == 5
+    assert doc["requests"][5]["ckpt_ns"] is None  # not recorded is null, never 0
+    assert doc["requests"][4]["ckpt_ns"] == int(a.checkpoints["total_ns"].sum())
+    p = ckptrace("analyze", OFF1, "--requests", f, "--csv", tmp_path / "csv")
+    assert p.returncode == 0, p.stderr
+    assert "Requests (ms)" in p.stdout and "ESTIMATE" in p.stdout
+    assert len(pd.read_csv(tmp_path / "csv" / "requests.csv")) == 6
+
+
+def test_a_request_file_from_another_run_is_one_line(tmp_path):
+    a = analyze_trace(read_trace(OFF1))
+    rows = windows_around(a)
+    for r in rows:
+        r["start_ns"] += 3600 * 10**9  # an hour later: nothing overlaps
+    f = write_requests_file(tmp_path / "later.json", rows)
+    line = assert_one_line_error(ckptrace("analyze", OFF1, "--requests", f), code=1)
+    assert "none of its 6 requests ran while" in line and "another run" in line
+    # some outside: kept, without a breakdown, and said
+    rows = windows_around(a) + [request(9, int(a.checkpoints["end_ns"].max()) + 3600 * 10**9, 1000)]
+    table = request_table(read_requests(write_requests_file(tmp_path / "some.json", rows)), a)
+    assert not table.set_index("request").loc[9, "in_recording"]
+    assert any("outside the recording" in n for n in request_summary(table, a.trace)["notes"])
+
+
+@pytest.mark.parametrize("content, needle", [
+    ("{", "not valid JSON"),
+    ('{"request": 1}', "want a JSON list"),
+    ("[]", "holds no requests"),
+    ('[{"request": 0, "start_ns": 5, "ttft_ns": 1, "total_ns": 2}]', "has no 'status'"),
+    ('[{"request": 0, "start_ns": true, "ttft_ns": 1, "total_ns": 2, "status": "ok"}]', "'start_ns' is not a whole"),
+    ('[{"request": 0, "start_ns": -5, "ttft_ns": 1, "total_ns": 2, "status": "ok"}]', "out of range"),
+    ('[{"request": 0, "start_ns": 5, "ttft_ns": 1.5, "total_ns": 2, "status": "ok"}]', "'ttft_ns' is not a whole"),
+    ('[{"request": 0, "start_ns": 5, "ttft_ns": NaN, "total_ns": 2, "status": "ok"}]', "not valid JSON"),
+    ('[{"request": 0, "start_ns": 5, "ttft_ns": 1, "total_ns": 2, "status": "ok"},'
+     ' {"request": 0, "start_ns": 6, "ttft_ns": 1, "total_ns": 2, "status": "ok"}]', "appears twice"),
+])
+def test_bad_request_files_are_one_line(tmp_path, content, needle):
+    f = tmp_path / "bad.json"
+    f.write_text(content)
+    assert_one_line_error(ckptrace("analyze", OFF1, "--requests", f), needle, code=1)
+
+
+def test_a_fifo_or_folder_is_not_read_as_a_request_file(tmp_path):
+    import os
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    assert_one_line_error(ckptrace("analyze", OFF1, "--requests", fifo, timeout=30), "not a regular file", code=1)
+    assert_one_line_error(ckptrace("analyze", OFF1, "--requests", tmp_path), "not a request file", code=1)
+
+
+def legs_with_requests(tmp_path, traces, labels=None) -> list[Path]:
+    """Copies of the sample traces (relabelled when `labels`), each with a request file beside it
+    whose windows sit on that recording's checkpoints."""
+    out = []
+    for i, src in enumerate(traces):
+        t = read_trace(src)
+        if labels:
+            t.meta = replace(t.meta, label=labels[i])
+        dst = tmp_path / f"{i + 1}-{Path(src).stem.split('-', 1)[1]}.parquet"
+        write_trace(dst, t.events, t.meta)
+        write_requests_file(requests_path(dst), windows_around(analyze_trace(read_trace(dst)))[:5])
+        out.append(dst)
+    return out
+
+
+def test_compare_pairs_request_files_and_says_which_legs_lack_them(tmp_path):
+    legs = legs_with_requests(tmp_path, [OFF1, ON, OFF2])
+    p = ckptrace("compare", *legs, "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    rows = {m["metric"]: m for m in doc["metrics"]}
+    for name in ("ttft_p50_ms", "ttft_p90_ms", "ttft_p99_ms", "throughput_tok_s"):
+        assert rows[name]["ci_low_pct"] is not None and rows[name]["ci_high_pct"] is not None, rows[name]
+        assert rows[name]["samples_baseline"] == 10 and rows[name]["samples_candidate"] == 5
+    b = [read_requests(requests_path(p)) for p in (legs[0], legs[2])]
+    assert rows["ttft_p90_ms"]["baseline_value"] == pytest.approx(
+        np.percentile(np.concatenate([r["ttft_ns"].to_numpy("float64") for r in b]) / 1e6, 90))
+    assert [leg["requests"] for leg in doc["legs"]] == [5, 5, 5]
+    moved = requests_path(legs[1]).rename(tmp_path / "on.json")
+    doc = json.loads(ckptrace("compare", *legs, "--json").stdout)
+    assert any("leg 2 has no request file" in w for w in doc["warnings"]), doc["warnings"]
+    rows = {m["metric"]: m for m in doc["metrics"]}
+    assert rows["ttft_p90_ms"]["verdict"] == "not recorded" and doc["legs"][1]["requests"] is None
+    # explicit files, one per trace; a wrong count is a usage error
+    explicit = [requests_path(legs[0]), moved, requests_path(legs[2])]
+    p = ckptrace("compare", *legs, *(x for f in explicit for x in ("--requests", f)), "--json")
+    assert p.returncode == 0, p.stderr
+    assert_one_line_error(ckptrace("compare", *legs, "--requests", explicit[0]), "one request file per trace", code=2)
+
+
+def test_compare_refuses_a_request_file_from_another_run(tmp_path):
+    legs = legs_with_requests(tmp_path, [OFF1, ON, OFF2])
+    shutil.copy(requests_path(legs[0]), requests_path(legs[1]))  # leg 1's requests beside leg 2's trace
+    line = assert_one_line_error(ckptrace("compare", *legs), code=1)
+    assert "2-pool-on.parquet" in line and "another run" in line
+
+
+def test_fail_on_slower_trips_when_the_candidate_is_slower_by_construction():
+    """pool-on as the baseline, pool-off as the candidate: fill on CPU is +800% (26.6 against 2.6 ms)."""
+    p = ckptrace("compare", ON, OFF1, OFF2, "--fail-on", "slower", "--metrics", "checkpoint_fill_cpu_ns")
+    assert p.returncode == 3, p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith(
+        "ckptrace: compare: --fail-on slower tripped: checkpoint_fill_cpu_ns slower (+"), p.stderr
+    assert "ckpt fill ms" in p.stdout  # the table comes first
+    # the same comparison passes a gate on the other direction
+    p = ckptrace("compare", ON, OFF1, OFF2, "--fail-on", "faster", "--metrics", "checkpoint_fill_cpu_ns")
+    assert p.returncode == 0, p.stderr
+
+
+def test_fail_on_any_change_passes_an_aaa(tmp_path):
+    """Three pool-off legs labelled A, B, A: the fault count is the same in every leg (a fault per
+    page of each fresh buffer), so its verdict cannot be faster or slower."""
+    legs = legs_with_requests(tmp_path, [OFF1, OFF2, OFF1], labels=["A", "B", "A"])
+    p = ckptrace("compare", *legs, "--fail-on", "any-change", "--metrics", "checkpoint_faults")
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    rows = {m["metric"]: m for m in json.loads(ckptrace("compare", *legs, "--json").stdout)["metrics"]}
+    assert abs(rows["checkpoint_faults"]["change_pct"]) < 1, rows["checkpoint_faults"]
+
+
+def test_fail_on_bad_use(tmp_path):
+    assert_one_line_error(ckptrace("compare", OFF1, ON, OFF2, "--fail-on", "slower", "--metrics", "nope"),
+                          "unknown metric nope", code=2)
+    assert_one_line_error(ckptrace("compare", OFF1, ON, OFF2, "--metrics", "checkpoint_faults"),
+                          "give --fail-on too", code=2)
+    assert_one_line_error(ckptrace("compare", OFF1, ON, OFF2, "--fail-on", "slower", "--metrics", "ttft_p90_ms"),
+                          "request metrics need a request file", code=1)
+    assert_one_line_error(ckptrace("compare", OFF1, ON, OFF2, "--json", "--format", "markdown"), "disagree", code=2)
+
+
+def test_markdown_shows_hostile_labels_as_code_only(tmp_path):
+    hostile = ["A|b `x` <img src=y> @someone **z** [l](http://e.x)\n# h", "B``"]
+    legs = legs_with_requests(tmp_path, [OFF1, ON, OFF2], labels=[hostile[0], hostile[1], hostile[0]])
+    p = ckptrace("compare", *legs, "--format", "markdown", "--fail-on", "faster",
+                 "--metrics", "checkpoint_fill_cpu_ns")
+    assert p.returncode == 3, p.stderr
+    md = p.stdout
+    assert "| ttft p90 ms |" in md and "**Gate `--fail-on faster` tripped**" in md
+    table = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    assert all(ln.count("|") == 8 for ln in table), table  # no label split a row
+    # the label, printable (its newline as \n), only inside a code span of a longer fence
+    assert "``A|b `x` <img src=y> @someone **z** [l](http://e.x)\\n# h``" in md
+    assert "``` B`` ```" in md
+    outside = re.sub(r"(`+).+?\1", "", md, flags=re.S)  # every code span and block removed
+    assert "@someone" not in outside and "<img" not in outside
+    assert "\n# h" not in md
