@@ -16,7 +16,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from ckptrace.analyzers import analyze_trace
 from ckptrace.renderers.json import analysis_json
 from ckptrace.trace import read_trace, write_trace
-from helpers import CKPTRACE, assert_one_line_error, ckptrace, load_truth, record_with_truth
+from helpers import CKPTRACE, assert_one_line_error, ckptrace, go, load_truth, recorder, waiting_workload
 
 TRACES = Path(__file__).resolve().parent.parent / "samples" / "traces"
 LEGS = [TRACES / f"{leg}.parquet" for leg in ("1-pool-off", "2-pool-on", "3-pool-off")]
@@ -95,25 +95,42 @@ def check_leg(d: Decoded, doc: dict, events) -> None:
     assert meta["label"] in d.tracks[puuid].process.process_name
     threads = d.threads_of(meta["pid"])
     assert set(threads) == set(int(t) for t in events["tid"].unique())
+    check_slices(d, threads, doc["checkpoints"], doc["iterations"], events)
+    (held,) = d.children(puuid, "held checkpoint memory")
+    assert d.tracks[held].counter.unit == pb.CounterDescriptor.UNIT_SIZE_BYTES
+    assert max(v for _, v in d.counters[held]) >= max(c["bytes"] for c in doc["checkpoints"])
+    # The metadata track: one slice over the recording.
+    (meta_track,) = d.children(puuid, "ckptrace recording")
+    (rec,) = d.slices[meta_track]
+    assert rec["args"]["label"] == meta["label"] and rec["args"]["lost_events"] == meta["lost_events"]
+    assert rec["args"]["complete"] is True
+    exe = [o["build_id"] for o in meta["objects"] if o["path"] == meta["executable"]]
+    assert rec["args"]["build_id"] == exe[0]
+
+
+def check_slices(d: Decoded, threads: dict[int, int], checkpoints: list, iterations: list, events) -> None:
+    """The slices on these thread tracks against analyze's checkpoints and iterations (those of
+    other threads must not be here) and the event rows of these threads."""
     by_kind = defaultdict(list)
     for tid, uuid in threads.items():
         for s in d.slices[uuid]:
             by_kind[s["cat"][0]].append({**s, "tid": tid})
     # Every checkpoint is one slice of its exact span on its thread, with analyze's figures.
     want = sorted((c["tid"], c["start_ns"], c["end_ns"] - c["start_ns"], c["bytes"], c["fill_ns"])
-                  for c in doc["checkpoints"])
+                  for c in checkpoints if c["tid"] in threads)
     got = sorted((s["tid"], s["ts"], s["dur"], s["args"]["bytes"], s["args"]["fill_ns"])
                  for s in by_kind["ckptrace.checkpoint"])
     assert got == want and len(got) > 0
     # Iterations likewise, each checkpoint nested in the iteration it belongs to.
-    its = sorted((i["tid"], i["start_ns"], i["end_ns"] - i["start_ns"], i["kind"]) for i in doc["iterations"])
+    its = sorted((i["tid"], i["start_ns"], i["end_ns"] - i["start_ns"], i["kind"]) for i in iterations
+                 if i["tid"] in threads)
     assert sorted((s["tid"], s["ts"], s["dur"], s["args"]["kind"]) for s in by_kind["ckptrace.iteration"]) == its
     for s in by_kind["ckptrace.checkpoint"]:
         if s["args"]["iter"]:
             assert s["parent"]["cat"] == ["ckptrace.iteration"] and s["parent"]["args"]["iter"] == s["args"]["iter"]
     # Raw spans: one slice per row, fill and copy inside their checkpoint, a fill's mmap inside it.
     for kind, name in RAW_KINDS.items():
-        rows = events[events["kind"] == kind]
+        rows = events[(events["kind"] == kind) & events["tid"].isin(list(threads))]
         got = sorted((s["tid"], s["ts"], s["dur"]) for s in by_kind[f"ckptrace.{kind}"])
         assert got == sorted(zip(rows["tid"], rows["start_ns"], rows["end_ns"] - rows["start_ns"])), kind
         assert all(s["name"] == name for s in by_kind[f"ckptrace.{kind}"])
@@ -122,21 +139,10 @@ def check_leg(d: Decoded, doc: dict, events) -> None:
     for s in by_kind["ckptrace.mmap"]:
         if s["args"]["phase"] == "fill":
             assert s["parent"]["cat"] == ["ckptrace.fill"]
-    # Counters: the fill/copy faults, and the checkpoint memory held.
+    # The fault counters add up to the checkpoints' fill + copy faults.
     fault_tracks = [u for t in threads.values() for u in d.children(t, "page faults")]
     faults = sum(v for u in fault_tracks for _, v in d.counters[u])
-    assert faults == sum(c["fill_faults"] + c["copy_faults"] for c in doc["checkpoints"]) > 0
-    (held,) = d.children(puuid, "held checkpoint memory")
-    assert d.tracks[held].counter.unit == pb.CounterDescriptor.UNIT_SIZE_BYTES
-    peak = max(v for _, v in d.counters[held])
-    assert peak >= max(c["bytes"] for c in doc["checkpoints"])
-    # The metadata track: one slice over the recording.
-    (meta_track,) = d.children(puuid, "ckptrace recording")
-    (rec,) = d.slices[meta_track]
-    assert rec["args"]["label"] == meta["label"] and rec["args"]["lost_events"] == meta["lost_events"]
-    assert rec["args"]["complete"] is True
-    exe = [o["build_id"] for o in meta["objects"] if o["path"] == meta["executable"]]
-    assert rec["args"]["build_id"] == exe[0]
+    assert faults == sum(c["fill_faults"] + c["copy_faults"] for c in checkpoints if c["tid"] in threads) > 0
 
 
 def test_perfetto_export_of_an_aba_matches_analyze(tmp_path):
@@ -230,25 +236,45 @@ def test_stdout_and_bad_input(tmp_path):
 
 @pytest.mark.ebpf
 @pytest.mark.usefixtures("require_root_ebpf")
-def test_export_of_a_fresh_recording(tmp_path, workload):
-    r = record_with_truth(tmp_path, [str(workload), "--iterations", "6", "--pool", "off"], "--label", "fresh")
-    p = ckptrace("analyze", r.path, "--json")
+def test_export_of_a_fresh_recording_of_two_processes(tmp_path, workload):
+    """Two workloads recorded at once (pool off and on): each is a process track of its own, and
+    every checkpoint is a slice on its thread holding the workload's own clock interval."""
+    truth = {label: tmp_path / f"{label}.truth.jsonl" for label in ("pool-off", "pool-on")}
+    trace_path = tmp_path / "two.parquet"
+    with waiting_workload(workload, "--iterations", "6", "--pool", "off", truth=truth["pool-off"]) as off, \
+            waiting_workload(workload, "--iterations", "6", "--pool", "on", truth=truth["pool-on"]) as on, \
+            recorder(trace_path, "--pid", f"{off.pid}=pool-off", "--pid", f"{on.pid}=pool-on") as rec:
+        go(off)
+        go(on)
+        assert off.wait(60) == 0 and on.wait(60) == 0
+        _, err = rec.communicate(timeout=60)
+        assert rec.returncode == 0, err
+        pids = {"pool-off": off.pid, "pool-on": on.pid}
+    p = ckptrace("analyze", trace_path, "--json")
     assert p.returncode == 0, p.stderr
     doc = json.loads(p.stdout)
-    d = decode(export(tmp_path, r.path)[0])
-    check_leg(d, doc, r.trace.events)
-    threads = d.threads_of(r.trace.meta.pid)
-    truth = r.truth["checkpoint"].sort_values("start_ns").reset_index(drop=True)
-    ck = sorted((s for u in threads.values() for s in d.slices[u] if s["cat"] == ["ckptrace.checkpoint"]),
-                key=lambda s: s["ts"])
-    assert len(ck) == len(truth) > 0
-    for s, (_, t) in zip(ck, truth.iterrows()):
-        # The workload reads its clock inside update_tgt, the probes fire at its entry and return:
-        # the slice holds the workload's own interval, on the thread the workload names.
-        (tid,) = [tid for tid, u in threads.items() if any(x is s for x in d.slices[u])]
-        assert tid == t["tid"]
-        assert s["ts"] <= t["start_ns"] and t["end_ns"] <= s["ts"] + s["dur"]
-        fill = [c for c in d.slices[threads[tid]] if c["parent"] is s and c["cat"] == ["ckptrace.fill"]]
-        # The fill slice (the resize call) lies inside the workload's clock reads around it.
-        assert len(fill) == 1 and t["fill_start_ns"] <= fill[0]["ts"]
-        assert fill[0]["ts"] + fill[0]["dur"] <= t["fill_start_ns"] + t["fill_ns"]
+    trace = read_trace(trace_path)
+    d = decode(export(tmp_path, trace_path)[0])
+    assert {t.process.pid for t in d.processes().values()} == set(pids.values())
+    for label, pid in pids.items():
+        (puuid,) = [u for u, t in d.processes().items() if t.process.pid == pid]
+        assert d.tracks[puuid].process.process_name == f"{label} (two.parquet)"
+        threads = d.threads_of(pid)
+        mine = trace.events[trace.events["pid"] == pid]
+        assert set(threads) == set(mine["tid"].unique())
+        check_slices(d, threads, [c for c in doc["checkpoints"] if c["tid"] in threads], doc["iterations"], mine)
+        assert d.children(puuid, "resident memory (RSS)")  # record's RSS rows, per process
+        t = load_truth(truth[label])["checkpoint"].sort_values("start_ns").reset_index(drop=True)
+        ck = sorted((s for u in threads.values() for s in d.slices[u] if s["cat"] == ["ckptrace.checkpoint"]),
+                    key=lambda s: s["ts"])
+        assert len(ck) == len(t) > 0
+        for s, (_, row) in zip(ck, t.iterrows()):
+            # The workload reads its clock inside update_tgt, the probes fire at its entry and
+            # return: the slice holds the workload's own interval, on the thread it names.
+            assert any(x is s for x in d.slices[threads[row["tid"]]])
+            assert s["ts"] <= row["start_ns"] and row["end_ns"] <= s["ts"] + s["dur"]
+            fill = [c for c in d.slices[threads[row["tid"]]] if c["parent"] is s and c["cat"] == ["ckptrace.fill"]]
+            assert len(fill) == (0 if row["pool_hit"] else 1)
+            # The fill slice (the resize call) lies inside the workload's clock reads around it.
+            for f in fill:
+                assert row["fill_start_ns"] <= f["ts"] and f["ts"] + f["dur"] <= row["fill_start_ns"] + row["fill_ns"]
