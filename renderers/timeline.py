@@ -54,7 +54,7 @@ FAULT_SPANS = ("fill", "copy", "restore_copy")  # innermost spans whose faults t
 CHECKPOINT_ARGS = ["ckpt", "iter", "bytes", "total_ns", "fill_ns", "copy_ns", "other_ns", "cpu_ns", "wait_ns",
                    "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns", "copy_wait_ns", "fault_ns", "fill_fault_ns",
                    "copy_fault_ns", "fault_source", "faults", "fill_faults", "copy_faults", "mmaps", "munmaps",
-                   "pool_hit", "draft"]
+                   "pool_hit", "draft", "spec"]
 ITERATION_ARGS = ["iter", "kind", "span_ns", "checkpoints", "bytes", "fill_ns", "copy_ns", "fault_ns", "other_ns",
                   "cpu_ns", "wait_ns", "tokens", "prompt_tokens", "faults", "mmaps", "munmaps"]
 

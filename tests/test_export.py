@@ -81,8 +81,9 @@ def decode(data: bytes) -> Decoded:
 
 
 def export(tmp_path: Path, *traces, fmt: str = "perfetto", name: str = "out") -> tuple[bytes, str]:
-    out = tmp_path / f"{name}.{fmt}"
-    p = ckptrace("export", *traces, "--format", fmt, "-o", out)
+    """Chrome's format is asked for by the .json name alone (the default for such an -o)."""
+    out = tmp_path / (f"{name}.json" if fmt == "chrome" else f"{name}.perfetto-trace")
+    p = ckptrace("export", *traces, *(["--format", fmt] if fmt != "chrome" else []), "-o", out)
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr
     return out.read_bytes(), p.stderr

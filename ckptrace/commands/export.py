@@ -17,7 +17,7 @@ FORMATS = ("perfetto", "chrome")
 Examples:
   ckptrace export run.parquet -o run.perfetto-trace
   ckptrace export off1.parquet on.parquet off2.parquet -o aba.perfetto-trace
-  ckptrace export run.parquet --format chrome -o run.json
+  ckptrace export run.parquet -o run.json        # .json: Chrome's format
   ckptrace export run.parquet -o /dev/stdout | gzip > run.perfetto-trace.gz
 
 \b
@@ -33,14 +33,16 @@ with a system trace taken at the same time.
 @click.argument("traces", nargs=-1, required=True, metavar="TRACE...")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
               help="File to write (replaced if it exists; /dev/stdout and FIFOs are written into).")
-@click.option("--format", "fmt", type=click.Choice(FORMATS), default="perfetto", show_default=True,
-              help="perfetto: protobuf TrackEvents; chrome: Trace Event JSON (microseconds).")
-def command(traces: tuple[str, ...], output: Path, fmt: str) -> None:
+@click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
+              help="perfetto: protobuf TrackEvents; chrome: Trace Event JSON (microseconds). "
+                   "Default: chrome when -o ends in .json, else perfetto.")
+def command(traces: tuple[str, ...], output: Path, fmt: str | None) -> None:
     """Write TRACE files as a timeline for Perfetto or Chrome's trace viewers."""
     from ckptrace.analyzers import analyze_trace
     from ckptrace.renderers.timeline import build_timeline, recording_notes
     from ckptrace.trace import read_trace
 
+    fmt = fmt or ("chrome" if output.suffix.lower() == ".json" else "perfetto")
     _not_an_input(output, traces)
     check_output(output, what="export")
     analyses = [analyze_trace(read_trace(p)) for p in traces]
