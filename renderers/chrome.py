@@ -47,6 +47,10 @@ def _process(proc: Process, spare) -> list[dict]:
     tid = next(spare)
     out.append(_meta("thread_name", pid, tid, {"name": "ckptrace recording"}))
     out.append(_slice(pid, tid, proc.recording))
+    for lane in proc.lanes:
+        tid = next(spare)
+        out.append(_meta("thread_name", pid, tid, {"name": lane.name}))
+        out += [_slice(pid, tid, s) for s in lane.slices]
     for th in proc.threads:
         out.append(_meta("thread_name", pid, th.tid, {"name": th.name}))
         out += [_slice(pid, th.tid, s) for s in th.slices]

@@ -103,6 +103,8 @@ class _Writer:
         p.track_descriptor.process.process_name = proc.name
         puuid = p.track_descriptor.uuid
         self.slices(self.track(puuid, "ckptrace recording").track_descriptor.uuid, [proc.recording])
+        for lane in proc.lanes:
+            self.slices(self.track(puuid, lane.name).track_descriptor.uuid, lane.slices)
         for th in proc.threads:
             p = self.track()
             t = p.track_descriptor.thread

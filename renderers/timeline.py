@@ -17,6 +17,8 @@ formats show the same slices with the same names and figures.
   runs, 0 between), the bytes held in checkpoint buffers per process, and RSS where recorded.
 - A metadata slice per process covering the recording: label, file, build-id, lost events and
   whether the recording was cut short (then the slice's name says so: what is there is exported).
+- With a request file (`ckptrace drive -o`): each answered request's time to first token as a
+  slice on request lanes of the leg's (first) process, with analyze --requests' breakdown.
 
 Times stay CLOCK_MONOTONIC nanoseconds, as recorded.
 """
@@ -55,6 +57,10 @@ CHECKPOINT_ARGS = ["ckpt", "iter", "bytes", "total_ns", "fill_ns", "copy_ns", "o
                    "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns", "copy_wait_ns", "fault_ns", "fill_fault_ns",
                    "copy_fault_ns", "fault_source", "faults", "fill_faults", "copy_faults", "mmaps", "munmaps",
                    "pool_hit", "draft", "spec"]
+REQUEST_ARGS = ["request", "client", "status", "ttft_ns", "stall_ns", "ckpt_ns", "ckpt_fill_ns", "ckpt_copy_ns",
+                "ckpt_other_ns", "ckpt_fault_ns", "ckpt_cpu_ns", "ckpt_wait_ns", "restore_ns", "restore_copy_ns",
+                "rest_ns", "est_ttft_without_fill_ns", "checkpoints", "cut_spans", "prompt_tokens",
+                "predicted_tokens"]
 ITERATION_ARGS = ["iter", "kind", "span_ns", "checkpoints", "bytes", "fill_ns", "copy_ns", "fault_ns", "other_ns",
                   "cpu_ns", "wait_ns", "tokens", "prompt_tokens", "faults", "mmaps", "munmaps"]
 
@@ -86,6 +92,13 @@ class Counter:
 
 
 @dataclass
+class Lane:
+    """A track of slices that belong to no thread (requests), none overlapping another."""
+    name: str
+    slices: list[Slice]
+
+
+@dataclass
 class Process:
     leg: int  # 0-based position on the command line
     pid: int  # as exported
@@ -94,6 +107,7 @@ class Process:
     threads: list[Thread]
     counters: list[Counter]
     recording: Slice  # the metadata slice
+    lanes: list[Lane] = field(default_factory=list)
 
 
 @dataclass
@@ -102,11 +116,13 @@ class Timeline:
     clock: str = "CLOCK_MONOTONIC"
 
 
-def build_timeline(analyses, paths) -> Timeline:
-    """The timeline of each analysed trace (`analyzers.Analysis`), legs in command-line order."""
+def build_timeline(analyses, paths, requests=None) -> Timeline:
+    """The timeline of each analysed trace (`analyzers.Analysis`), legs in command-line order;
+    `requests`: per leg, its request table (analyzers/requests.py) or None."""
     taken: set[int] = set()
     processes = []
     for leg, (analysis, path) in enumerate(zip(analyses, paths)):
+        first = len(processes)
         events = _with_pids(analysis.trace.events, analysis.trace.meta)
         pids = events["pid"].to_numpy("int64")
         ids = set(pids) | set(int(t) for t in events["tid"].unique())
@@ -116,7 +132,28 @@ def build_timeline(analyses, paths) -> Timeline:
         # A trace with no events still gets its process, for its metadata track.
         for pid in sorted(set(pids.tolist()) or {int(analysis.trace.meta.pid or 0)}):
             processes.append(_process(analysis, events, path, leg, pid, pids, shift, held, rss))
+        if requests is not None and requests[leg] is not None:
+            processes[first].lanes = request_lanes(requests[leg])  # the leg's server: its first process
     return Timeline(processes)
+
+
+def request_lanes(table: pd.DataFrame) -> list[Lane]:
+    """Each answered request's TTFT window (send to first token) as a slice with its breakdown;
+    concurrent requests go to lanes, each to the first lane free at its start."""
+    done = table.loc[table["first_token_ns"].notna()].sort_values(["start_ns", "request"], kind="stable")
+    lanes: list[Lane] = []
+    ends: list[int] = []
+    for (ts, end), args in zip(zip(done["start_ns"].tolist(), done["first_token_ns"].tolist()),
+                               _args(done, REQUEST_ARGS)):
+        s = Slice(int(ts), int(end), f"request {args['request']}", "request", args)
+        free = next((i for i, e in enumerate(ends) if e <= s.ts), None)
+        if free is None:
+            lanes.append(Lane(f"requests: time to first token ({len(lanes) + 1})", []))
+            ends.append(0)
+            free = len(lanes) - 1
+        lanes[free].slices.append(s)
+        ends[free] = s.end
+    return lanes
 
 
 def _with_pids(events: pd.DataFrame, meta) -> pd.DataFrame:

@@ -219,6 +219,33 @@ def test_lost_events_and_a_cut_short_recording_are_marked(tmp_path):
     assert len(ck) == (trace.events["kind"] == "checkpoint").sum()
 
 
+def test_requests_are_slices_with_analyzes_breakdown(tmp_path):
+    """A request file beside the trace (as `drive -o` writes it): each answered request's time to
+    first token is a slice with analyze --requests' figures; concurrent ones on lanes of their own."""
+    trace = tmp_path / "run.parquet"
+    shutil.copy(LEGS[0], trace)
+    ck = analyze_trace(read_trace(trace)).checkpoints.sort_values("start_ns", ignore_index=True)
+    s, e = ck["start_ns"].tolist(), ck["end_ns"].tolist()
+    windows = [(s[0] - 1_000_000, e[0]), ((s[0] + e[0]) // 2, e[2]), (e[3] + 1, e[5]), (s[6], None)]
+    rows = [{"request": i, "client": i % 2, "prompt_tokens": 64, "start_unix_ns": 1, "start_ns": a,
+             "ttft_ns": None if b is None else b - a, "total_ns": None if b is None else b - a + 5_000_000,
+             "status": "ok" if b else "error: ConnectionResetError", "predicted_tokens": 4}
+            for i, (a, b) in enumerate(windows)]
+    (tmp_path / "run.requests.json").write_text(json.dumps(rows))
+    p = ckptrace("analyze", trace, "--requests", tmp_path / "run.requests.json", "--json")
+    assert p.returncode == 0, p.stderr
+    want = sorted((r["request"], r["start_ns"], r["ttft_ns"], r["stall_ns"], r["ckpt_fill_ns"], r["ckpt_ns"])
+                  for r in json.loads(p.stdout)["requests"] if r["ttft_ns"] is not None)
+    d = decode(export(tmp_path, trace)[0])
+    (puuid,) = d.processes()
+    lanes = d.children(puuid, "requests: time to first token")
+    assert len(lanes) == 2  # requests 0 and 1 overlap
+    got = sorted((x["args"]["request"], x["ts"], x["dur"], x["args"]["stall_ns"], x["args"]["ckpt_fill_ns"],
+                  x["args"]["ckpt_ns"]) for u in lanes for x in d.slices[u])
+    assert got == want and len(got) == 3  # the failed request has no window to draw
+    assert all(x["cat"] == ["ckptrace.request"] for u in lanes for x in d.slices[u])
+
+
 def test_stdout_and_bad_input(tmp_path):
     p = subprocess.run([CKPTRACE, "export", LEGS[0], "-o", "/dev/stdout"], capture_output=True, timeout=120)
     assert p.returncode == 0 and len(decode(p.stdout).processes()) == 1
@@ -232,7 +259,14 @@ def test_stdout_and_bad_input(tmp_path):
     assert_one_line_error(ckptrace("export", tmp_path / "junk.parquet", "-o", tmp_path / "x"), "not a ckptrace trace")
     assert_one_line_error(ckptrace("export", copy, "-o", tmp_path), "is a directory")
     assert_one_line_error(ckptrace("export", copy, "--format", "svg", "-o", tmp_path / "x"), "--format", code=2)
-    assert sorted(f.name for f in tmp_path.iterdir()) == ["junk.parquet", "t.parquet"]  # nothing else written
+    later = [{"request": 0, "client": 0, "prompt_tokens": 8, "start_unix_ns": 1, "start_ns": 1 << 62,
+              "ttft_ns": 1000, "total_ns": 2000, "status": "ok", "predicted_tokens": 1}]
+    (tmp_path / "later.json").write_text(json.dumps(later))
+    assert_one_line_error(ckptrace("export", copy, "--requests", tmp_path / "later.json", "-o", tmp_path / "x"),
+                          "later.json")
+    assert_one_line_error(ckptrace("export", copy, copy, "--requests", tmp_path / "later.json", "-o", tmp_path / "x"),
+                          "--requests given 1 times for 2 traces", code=2)
+    assert sorted(f.name for f in tmp_path.iterdir()) == ["junk.parquet", "later.json", "t.parquet"]  # nothing written
 
 
 @pytest.mark.ebpf

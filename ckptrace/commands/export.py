@@ -18,6 +18,7 @@ Examples:
   ckptrace export run.parquet -o run.perfetto-trace
   ckptrace export off1.parquet on.parquet off2.parquet -o aba.perfetto-trace
   ckptrace export run.parquet -o run.json        # .json: Chrome's format
+  ckptrace export run.parquet --requests run.requests.json -o run.perfetto-trace
   ckptrace export run.parquet -o /dev/stdout | gzip > run.perfetto-trace.gz
 
 \b
@@ -33,10 +34,14 @@ with a system trace taken at the same time.
 @click.argument("traces", nargs=-1, required=True, metavar="TRACE...")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
               help="File to write (replaced if it exists; /dev/stdout and FIFOs are written into).")
+@click.option("--requests", "request_files", multiple=True, metavar="FILE",
+              help="Request file (`ckptrace drive -o`) of each TRACE, repeated in TRACE order. Default: "
+                   "NAME.requests.json beside each NAME.parquet, where there is one. Draws each request's "
+                   "time to first token with its checkpoint/restore breakdown.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="perfetto: protobuf TrackEvents; chrome: Trace Event JSON (microseconds). "
                    "Default: chrome when -o ends in .json, else perfetto.")
-def command(traces: tuple[str, ...], output: Path, fmt: str | None) -> None:
+def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...], fmt: str | None) -> None:
     """Write TRACE files as a timeline for Perfetto or Chrome's trace viewers."""
     from ckptrace.analyzers import analyze_trace
     from ckptrace.renderers.timeline import build_timeline, recording_notes
@@ -46,7 +51,7 @@ def command(traces: tuple[str, ...], output: Path, fmt: str | None) -> None:
     _not_an_input(output, traces)
     check_output(output, what="export")
     analyses = [analyze_trace(read_trace(p)) for p in traces]
-    timeline = build_timeline(analyses, traces)
+    timeline = build_timeline(analyses, traces, _request_tables(analyses, traces, request_files))
     if fmt == "perfetto":
         from ckptrace.renderers.perfetto import perfetto_writer as writer
     else:
@@ -68,3 +73,17 @@ def _not_an_input(output: Path, traces: tuple[str, ...]) -> None:
                                     "choose another -o path")
         except OSError:
             continue
+
+
+def _request_tables(analyses, traces: tuple[str, ...], given: tuple[str, ...]) -> list | None:
+    """Each leg's request table (analyze --requests' rows), None for a leg without a file."""
+    from ckptrace.analyzers.requests import request_table
+    from ckptrace.commands.compare import leg_requests
+    from ckptrace.requests_file import requests_path
+
+    frames = leg_requests(traces, given)
+    if frames is None:
+        return None
+    sources = given or tuple(str(requests_path(t)) for t in traces)
+    return [None if f is None else request_table(f, a, source=printable(src))
+            for f, a, src in zip(frames, analyses, sources)]
