@@ -84,6 +84,10 @@ def serve(opts: ServeOptions) -> None:
         raise TargetError("give --pid PID (one or more) or --comm NAME")
     if opts.comm and ("/" in opts.comm or len(opts.comm.encode()) > 255):
         raise TargetError(f"--comm takes a process name (as in /proc/PID/comm), got {printable(opts.comm)!r}")
+    from ckptrace.probes.target import process_of
+
+    for pid in opts.pids:
+        process_of(pid)  # a missing pid, a kernel thread, a zombie: said now, not after the BPF compile
     # Imported here: a bad --listen is said without loading pandas, bcc or the client library.
     from prometheus_client import CollectorRegistry
 

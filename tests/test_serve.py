@@ -144,6 +144,16 @@ def test_no_pid_is_one_line():
     assert_one_line_error(ckptrace("serve"), "give --pid")
 
 
+@pytest.mark.parametrize("args, needle", [
+    (["--pid", "2"], "is a kernel thread"),
+    (["--pid", "4194304"], "no process with PID 4194304"),  # above the kernel's pid_max limit
+    (["--comm", "a/b"], "--comm takes a process name"),
+    (["--pid", "1", "--comm", "x"], "give --pid PID (one or more) or --comm NAME"),
+])
+def test_bad_targets_are_one_line_before_anything_starts(args, needle):
+    assert_one_line_error(ckptrace("serve", "--listen", "127.0.0.1:0", *args), needle)
+
+
 def test_port_in_use_or_an_address_not_here_is_one_line():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
