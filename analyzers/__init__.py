@@ -6,7 +6,7 @@ events -> spans (spans.py) -> checkpoints (checkpoints.py) -> iterations (iterat
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
@@ -15,6 +15,7 @@ from ckptrace.trace import Trace
 from .checkpoints import CHECKPOINT_COLUMNS, checkpoint_table
 from .iterations import ITERATION_COLUMNS, iteration_table
 from .memory import memory_summary
+from .processes import process_label, process_traces
 from .spans import iteration_spans
 from .summary import summarize
 
@@ -29,11 +30,18 @@ class Analysis:
     iterations: pd.DataFrame
     summary: dict
     memory: dict  # checkpoint buffers held and RSS (memory.py)
+    processes: list[dict] = field(default_factory=list)  # each process's breakdown (processes.py)
 
 
-def analyze_trace(trace: Trace) -> Analysis:
+def analyze_trace(trace: Trace, per_process: bool = True) -> Analysis:
     spans = iteration_spans(trace.events)
     checkpoints = checkpoint_table(trace.events, spans)
     iterations = iteration_table(trace.events, spans, checkpoints)
-    return Analysis(trace, checkpoints, iterations, summarize(checkpoints, iterations, trace.meta),
-                    memory_summary(trace.events))
+    a = Analysis(trace, checkpoints, iterations, summarize(checkpoints, iterations, trace.meta),
+                 memory_summary(trace.events))
+    if per_process:
+        parts = process_traces(trace)
+        subs = [(info, a if len(parts) == 1 else analyze_trace(sub, per_process=False)) for info, sub in parts]
+        a.processes = [{**asdict(info), "label": process_label(info), "summary": sub.summary, "memory": sub.memory}
+                       for info, sub in subs]
+    return a

@@ -57,6 +57,7 @@ from ckptrace.trace import Trace
 from ckptrace.units import MIB
 
 from . import Analysis, analyze_trace
+from .processes import process_label, process_traces
 from .summary import WAIT_WARN_SHARE
 
 # metric -> (sample unit, column or columns summed, unit)
@@ -581,3 +582,19 @@ def gate(c: Comparison, fail_on: str, metrics: list[str] | None = None) -> tuple
     tripped = m[m["verdict"].isin(FAIL_ON[fail_on])]
     unjudged = m[~m["verdict"].isin(JUDGED)]
     return tripped, unjudged
+
+
+def compare_per_process(traces: list, **kw) -> list[tuple[str, Comparison]]:
+    """(process label, comparison) for each process label, over the legs that recorded it (split
+    with processes.py), in order of first appearance; a label in only one leg can't be compared."""
+    by_label: dict[str, list] = {}
+    for t in traces:
+        for info, sub in process_traces(t):
+            by_label.setdefault(process_label(info), []).append(sub)
+    out = []
+    for label, legs in by_label.items():
+        if len(legs) < 2:
+            raise AnalysisError(f"process {label!r} is in only one leg: --per-process compares each process "
+                                "label across legs (label them alike: record --pid PID=LABEL)")
+        out.append((label, compare(legs, **kw)))
+    return out

@@ -73,6 +73,7 @@ class ProcessInfo:
     executable: str | None = None
     build_id: str | None = None  # the executable's GNU build-id
     profile: str | None = None  # the probe profile its generation matched (probes/symbols.py)
+    exited_ns: int | None = None  # CLOCK_MONOTONIC when the recorder saw it gone (None: ran to the end)
 
 
 @dataclass

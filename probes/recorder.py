@@ -86,7 +86,7 @@ class Target:
     def info(self) -> ProcessInfo:
         build = next((o.build_id for o in self.plan.objects if o.path == self.plan.target), None)
         return ProcessInfo(pid=self.pid, label=self.label, comm=self.comm, executable=self.plan.target,
-                           build_id=build)
+                           build_id=build, exited_ns=self.ended_ns)
 
 
 class Targets(list):

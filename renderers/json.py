@@ -38,7 +38,7 @@ def records(df: pd.DataFrame) -> list[dict]:
 def analysis_json(analysis) -> dict:
     return {"trace": analysis.trace.meta.to_json(), "checkpoints": records(analysis.checkpoints),
             "iterations": records(analysis.iterations), "summary": analysis.summary,
-            "memory": analysis.memory}
+            "memory": analysis.memory, "processes": analysis.processes}
 
 
 def comparison_json(c) -> dict:

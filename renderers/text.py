@@ -45,7 +45,9 @@ def header_lines(analysis) -> list[str]:
     meta, ev = t.meta, t.events
     dur = _duration_s(meta, ev)
     lines = [wrap(f"trace {printable(t.path or '-')}")]
-    parts = [f"label {printable(t.label)}", f"pid {meta.pid if meta.pid is not None else '-'}",
+    pid = (f"{len(analysis.processes)} processes" if len(analysis.processes) > 1
+           else f"pid {meta.pid if meta.pid is not None else '-'}")
+    parts = [f"label {printable(t.label)}", pid,
              f"duration {dur:.2f} s" if dur is not None else "duration -",
              f"lost events {s['lost_events']}"]
     lines.append(wrap("   ".join(parts)))
@@ -208,10 +210,32 @@ def request_lines(table: pd.DataFrame, s: dict, limit: int | None) -> list[str]:
     return lines
 
 
+def process_lines(processes: list[dict]) -> list[str]:
+    """One row per process of a several-process recording: its own checkpoints, times, memory."""
+    mean = lambda s, k: fmt_ms(s["stats"][k]["mean"])  # noqa: E731
+    mib = lambda b: "-" if b is None else f"{b / MIB:.1f}"  # noqa: E731
+    lines = [wrap("Processes (each its own breakdown: analyze --json 'processes'; ms are means; "
+                  "MiB at peak; * exited before the recording stopped)"),
+             f"{'pid':>7} {'label':16} {'ckpts':>5} {'hits':>5} {'fill':>8} {'copy':>8} {'total':>8} "
+             f"{'held':>7} {'RSS':>7}"]
+    for p in processes:
+        s, m = p["summary"], p["memory"]
+        label = printable(p["label"])
+        label = label if len(label) <= 16 else label[:15] + "~"
+        lines.append(f"{p['pid']:>7} {label:16} {s['checkpoints']:>5} {s['pool_hits']:>5} "
+                     f"{mean(s, 'checkpoint_fill_ns'):>8} {mean(s, 'checkpoint_copy_ns'):>8} "
+                     f"{mean(s, 'checkpoint_total_ns'):>8} {mib(m['peak_held_bytes']):>7} "
+                     f"{mib(m['peak_rss_bytes']):>7}" + ("*" if p.get("exited_ns") else ""))
+    return lines
+
+
 def analysis_report(analysis, limit: int | None = 20, requests: pd.DataFrame | None = None) -> str:
     t0 = time_origin(analysis.trace.meta, analysis.trace.events)
-    blocks = [header_lines(analysis), checkpoint_lines(analysis, limit), iteration_lines(analysis),
-              summary_lines(analysis.summary), memory_lines(analysis.memory, t0, limit)]
+    blocks = [header_lines(analysis)]
+    if len(analysis.processes) > 1:
+        blocks.append(process_lines(analysis.processes))
+    blocks += [checkpoint_lines(analysis, limit), iteration_lines(analysis),
+               summary_lines(analysis.summary), memory_lines(analysis.memory, t0, limit)]
     if requests is not None:
         blocks.append(request_lines(requests, analysis.summary["requests"], limit))
     return "\n\n".join("\n".join(b) for b in blocks)

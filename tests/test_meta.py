@@ -29,7 +29,7 @@ def full_meta() -> TraceMeta:
         open_at_stop=OpenSpans(4, 5), attach_retries=6, fault_sample_every=8, fault_slices_timed=9,
         fault_time_definition="d", events=11, sched_counters=SchedCounters(True, "how"),
         fault_time=FaultTime("m", "d", {"fill": [[4096, 100]]}, 0.5, 1.5),
-        processes=[ProcessInfo(7, "pool-off", "w", "/bin/w", "ab" * 20, "p")],
+        processes=[ProcessInfo(7, "pool-off", "w", "/bin/w", "ab" * 20, "p", 25)],
         extra={"from_a_newer_writer": {"x": [1]}})
 
 

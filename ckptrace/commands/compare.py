@@ -58,6 +58,8 @@ Examples:
       --requests off1.requests.json --requests on.requests.json --requests off2.requests.json
   ckptrace compare base.parquet cand.parquet base2.parquet --fail-on slower \\
       --metrics checkpoint_total_cpu_ns,ttft_p90_ms --format markdown > comment.md
+  # legs that each recorded two servers (record --pid A=east --pid B=west)
+  ckptrace compare off1.parquet on.parquet off2.parquet --per-process
 
 \b
 Exit status: 0 compared (and the gate, if any, passed); 1 an error; 2 a
@@ -82,7 +84,11 @@ usage error; 3 --fail-on tripped (the table is printed first).
 @click.option("--min-effect", "min_effect", type=click.FloatRange(min=0), default=20.0, show_default=True,
               help="Changes up to this many percent read 'within drift' even when the baseline legs agree "
                    "more closely (two legs give one drift estimate).")
-def command(traces, as_json, fmt, request_files, fail_on, gate_metrics, seed, n_boot, min_effect):
+@click.option("--per-process", is_flag=True,
+              help="Compare each process apart: legs that recorded several processes are split by "
+                   "process label (record's --pid PID=LABEL; NAME#RANK for --comm or unlabelled pids), "
+                   "and each label is compared across the legs that hold it.")
+def command(traces, as_json, fmt, request_files, fail_on, gate_metrics, seed, n_boot, min_effect, per_process):
     """Compare baseline and candidate legs, given in run order (A/B/A).
 
     Legs are grouped by their label: the first label is the baseline, the second the candidate.
@@ -104,8 +110,11 @@ def command(traces, as_json, fmt, request_files, fail_on, gate_metrics, seed, n_
         raise click.UsageError("--metrics chooses what --fail-on looks at: give --fail-on too")
     fmt = "json" if as_json else (fmt or "text")
     requests = leg_requests(traces, request_files)
-    c = compare([read_trace(t) for t in traces], seed=seed, n_boot=n_boot, min_effect_pct=min_effect,
-                requests=requests)
+    legs = [read_trace(t) for t in traces]
+    if per_process:
+        _per_process(legs, fmt, requests, fail_on, seed=seed, n_boot=n_boot, min_effect_pct=min_effect)
+        return
+    c = compare(legs, seed=seed, n_boot=n_boot, min_effect_pct=min_effect, requests=requests)
     tripped = unjudged = None
     if fail_on:
         tripped, unjudged = gate(c, fail_on, gate_metrics)
@@ -123,6 +132,24 @@ def command(traces, as_json, fmt, request_files, fail_on, gate_metrics, seed, n_
         echo(compare_report(c))
     if fail_on:
         _gate_lines(fail_on, tripped, unjudged)
+
+
+def _per_process(legs, fmt: str, requests, fail_on, **kw) -> None:
+    """--per-process: one comparison per process label (text sections, or {"processes": [...]})."""
+    from ckptrace.analyzers.compare import compare_per_process
+
+    if requests is not None or fail_on or fmt == "markdown":
+        raise click.UsageError("--per-process compares checkpoint and memory figures only: without "
+                               "request files, --fail-on or --format markdown")
+    parts = compare_per_process(legs, **kw)
+    if fmt == "json":
+        from ckptrace.renderers.json import comparison_json, dumps
+
+        click.echo(dumps({"processes": [{"process": label, **comparison_json(c)} for label, c in parts]}))
+    else:
+        from ckptrace.renderers.text import compare_report
+
+        echo("\n\n".join(f"== process {printable(label)}\n{compare_report(c)}" for label, c in parts))
 
 
 def _gate_lines(fail_on: str, tripped, unjudged) -> None:

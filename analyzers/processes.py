@@ -1,0 +1,42 @@
+"""One trace, several processes: each process's rows as a trace of its own, analysed apart.
+
+A recording of several processes (`record --pid A --pid B`, `--comm NAME`) has a `pid` on every
+row and one `processes` metadata entry per process (its label, comm, executable, build-id). A
+process's sub-trace keeps the recording's label (the leg, for compare) and names the process in
+its `processes` entry; a trace from before version 3 is one process, its `pid` metadata.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from ckptrace.meta import ProcessInfo
+from ckptrace.trace import Trace
+
+
+def process_info(trace: Trace) -> list[ProcessInfo]:
+    """Every process of the trace: its metadata entries, then any pid with rows but no entry."""
+    known = list(trace.meta.processes)
+    if not known and trace.meta.pid is not None:
+        known = [ProcessInfo(pid=trace.meta.pid, label=trace.meta.label, executable=trace.meta.executable)]
+    seen = {p.pid for p in known}
+    extra = sorted(int(p) for p in trace.events["pid"].unique() if int(p) not in seen and int(p) != 0)
+    return known + [ProcessInfo(pid=p, label=f"pid {p}") for p in extra]
+
+
+def process_label(info: ProcessInfo) -> str:
+    return info.label or info.comm or f"pid {info.pid}"
+
+
+def process_traces(trace: Trace) -> list[tuple[ProcessInfo, Trace]]:
+    """(process, its sub-trace) for each process; a one-process trace is itself."""
+    infos = process_info(trace)
+    if len(infos) <= 1:
+        return [(infos[0] if infos else ProcessInfo(pid=0, label=trace.label), trace)]
+    pids = trace.events["pid"].to_numpy()
+    out = []
+    for info in infos:
+        events = trace.events.loc[pids == info.pid].reset_index(drop=True)
+        meta = dataclasses.replace(trace.meta, pid=info.pid, executable=info.executable, processes=[info],
+                                   events=len(events))
+        out.append((info, Trace(events=events, meta=meta, path=trace.path)))
+    return out
