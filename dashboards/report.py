@@ -17,7 +17,7 @@ from ckptrace.errors import CkptraceError
 from ckptrace.output import write_output
 from ckptrace.terminal import printable
 
-from . import panels
+from . import memory, panels
 from .legs import make_legs, plain
 
 # Fixed text only: the <title> is not the user's title on purpose (see module docstring).
@@ -54,6 +54,8 @@ def build_panels(analyses: list, comparison=None, title: str = "ckptrace report"
         ("timeline", panels.timeline_panel(legs)),
         ("distributions", panels.distributions_panel(legs)),
         ("churn", panels.churn_panel(legs)),
+        ("memory", memory.memory_panel(legs)),
+        ("processes", memory.processes_panel(legs)),
         ("summary", panels.summary_panel(legs)),
         ("metadata", panels.metadata_panel(legs)),
     ]

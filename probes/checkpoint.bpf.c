@@ -74,7 +74,10 @@ struct rss_state {
     u32 pid;
     u32 pad;
 };
-BPF_HASH(rss_by_mm, u32, struct rss_state, MAX_TARGETS);
+BPF_HASH(rss_by_mm, u32, struct rss_state, 1024);
+/* A launched command, held before its exec: no RSS rows until it has exec'd (its mm before that
+ * is the recorder's forked child's). tgid -> 1, removed by sched_process_exec. */
+BPF_HASH(rss_before_exec, u32, u32, MAX_TARGETS);
 /* Each traced process's counters as /proc/PID/status showed them at attach, written by the
  * recorder: the starting point before every member has changed once. */
 BPF_HASH(rss_seed, u32, struct rss_state, MAX_TARGETS);
@@ -563,22 +566,31 @@ TRACEPOINT_PROBE(kmem, rss_stat)
     if (m < 0 || m > 3)
         return 0;
     struct rss_state *st = rss_by_mm.lookup(&mm);
-    if (!st) {
-        if (!args->curr)
-            return 0; /* another task's change to an mm not yet seen from its own threads */
+    if (args->curr) {
         u32 tgid = bpf_get_current_pid_tgid() >> 32;
-        if (!targets.lookup(&tgid))
-            return 0;
-        struct rss_state fresh = {};
-        struct rss_state *seed = rss_seed.lookup(&tgid);
-        if (seed)
-            fresh = *seed;
-        fresh.last = -1;
-        fresh.pid = tgid;
-        rss_by_mm.update(&mm, &fresh);
-        st = rss_by_mm.lookup(&mm);
-        if (!st)
-            return 0;
+        if (st && st->pid != tgid) {
+            /* A freed mm's id reused by another process's mm: forget the old one. */
+            rss_by_mm.delete(&mm);
+            st = 0;
+        }
+        if (!st) {
+            if (!targets.lookup(&tgid) || rss_before_exec.lookup(&tgid))
+                return 0;
+            struct rss_state fresh = {};
+            struct rss_state *seed = rss_seed.lookup(&tgid);
+            if (seed) {
+                fresh = *seed; /* the counters at attach belong to the mm it had then: used once */
+                rss_seed.delete(&tgid);
+            }
+            fresh.last = -1;
+            fresh.pid = tgid;
+            rss_by_mm.update(&mm, &fresh);
+            st = rss_by_mm.lookup(&mm);
+            if (!st)
+                return 0;
+        }
+    } else if (!st) {
+        return 0; /* another task's change to an mm not seen from its own threads */
     }
     s64 size = args->size;
     if (m == 0)
@@ -589,6 +601,12 @@ TRACEPOINT_PROBE(kmem, rss_stat)
         st->member[2] = size;
     else
         st->member[3] = size;
+    /* Rows only from the process's own threads on its current mm: not from an mm it exec'd away
+     * from (torn down by the exec after the switch), nor its teardown at exit. A change another
+     * task made (reclaim) shows in the next row its own threads cause. */
+    u32 pid = st->pid;
+    if (!args->curr)
+        return 0;
     s64 rss = st->member[0] + st->member[1] + st->member[3];
     s64 moved = rss - st->last;
     if (st->last >= 0 && moved < RSS_STEP && moved > -RSS_STEP)
@@ -602,9 +620,16 @@ TRACEPOINT_PROBE(kmem, rss_stat)
     __builtin_memset(e, 0, sizeof(*e));
     e->start_ns = e->end_ns = bpf_ktime_get_ns();
     e->bytes = rss > 0 ? rss : 0;
-    e->pid = st->pid;
-    e->tid = args->curr ? (u32)bpf_get_current_pid_tgid() : 0;
+    e->pid = pid;
+    e->tid = (u32)bpf_get_current_pid_tgid();
     e->kind = K_RSS;
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    return 0;
+}
+
+TRACEPOINT_PROBE(sched, sched_process_exec)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    rss_before_exec.delete(&tgid);
     return 0;
 }

@@ -29,6 +29,7 @@ TRACEFS_DIRS = (Path("/sys/kernel/tracing"), Path("/sys/kernel/debug/tracing"))
 TRACEPOINTS = (
     ("exceptions", "page_fault_user"),
     ("kmem", "rss_stat"),
+    ("sched", "sched_process_exec"),
     ("syscalls", "sys_enter_mmap"),
     ("syscalls", "sys_exit_mmap"),
     ("syscalls", "sys_enter_munmap"),

@@ -393,10 +393,13 @@ def _load(bcc, targets: Targets, offsets: dict, sched: dict | None, opts: Record
         for fn in (enter, ret):
             _quietly(f"the kernel rejected the BPF program {fn}", bpf.load_func, fn.encode(), bcc.BPF.KPROBE)
     if not opts.rss_step_mib:
-        bpf.detach_tracepoint(tp=b"kmem:rss_stat")  # bcc attached it with the program: its cost goes too
+        for tp in (b"kmem:rss_stat", b"sched:sched_process_exec"):  # bcc attached them: their cost goes too
+            bpf.detach_tracepoint(tp=tp)
     seeds = bpf["rss_seed"]
     for t in targets:
         bpf["targets"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(1)
+        if not attach:
+            bpf["rss_before_exec"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(1)
         # A running process's counters so far; a launched one starts from zero at its exec.
         members = resident_members(t.pid) if attach else None
         if members is not None and opts.rss_step_mib:
