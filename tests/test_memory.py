@@ -92,3 +92,52 @@ def test_sample_traces_hold_what_the_workload_held():
         assert m["buffers_mapped"] == misses
         assert m["peak_held_bytes"] == summary["slots"] * summary["keep"] * buffer, name
         assert m["end_held_bytes"] == 0 and m["released_bytes"] == misses * buffer
+
+
+def two_servers(a: str, b: str, label: str):
+    """One leg holding two processes, `east` (sample trace a) and `west` (sample trace b), as a
+    recording of two servers would: one pid per row, one `processes` entry each."""
+    import dataclasses
+
+    from ckptrace.meta import ProcessInfo
+    from ckptrace.trace import Trace
+
+    ta, tb = read_trace(SAMPLES / f"{a}.parquet"), read_trace(SAMPLES / f"{b}.parquet")
+    eb = tb.events.copy()
+    eb["pid"] = ta.meta.pid + 1
+    for col in ("ckpt", "iter"):  # ids are unique across a recording's processes
+        eb[col] = eb[col].where(eb[col] == 0, eb[col] + 1_000_000)
+    events = pd.concat([ta.events, eb], ignore_index=True).sort_values("start_ns", kind="stable")
+    procs = [ProcessInfo(ta.meta.pid, "east", "llama-server", ta.meta.executable),
+             ProcessInfo(ta.meta.pid + 1, "west", "llama-server", tb.meta.executable)]
+    meta = dataclasses.replace(ta.meta, pid=None, label=label, processes=procs)
+    return Trace(events=normalize_events(events.reset_index(drop=True)), meta=meta, path=f"{label}.parquet")
+
+
+def test_each_process_of_a_leg_is_analysed_compared_and_drawn_apart():
+    from ckptrace.analyzers import analyze_trace
+    from ckptrace.analyzers.compare import compare_per_process
+    from ckptrace.dashboards.report import build_panels
+    from ckptrace.renderers.text import analysis_report
+
+    off1, on, off2 = (two_servers("1-pool-off", "3-pool-off", "off"), two_servers("2-pool-on", "1-pool-off", "on"),
+                      two_servers("3-pool-off", "1-pool-off", "off"))
+    a = analyze_trace(on)
+    by_label = {p["label"]: p for p in a.processes}
+    alone = {n: analyze_trace(read_trace(SAMPLES / f"{n}.parquet")) for n in ("2-pool-on", "1-pool-off")}
+    for label, name in (("east", "2-pool-on"), ("west", "1-pool-off")):
+        assert by_label[label]["summary"]["checkpoints"] == alone[name].summary["checkpoints"]
+        assert by_label[label]["summary"]["pool_hits"] == alone[name].summary["pool_hits"]
+        assert by_label[label]["memory"]["peak_held_bytes"] == alone[name].memory["peak_held_bytes"]
+    text = analysis_report(a)
+    assert "2 processes" in text and " east " in text and " west " in text
+    parts = dict(compare_per_process([off1, on, off2], n_boot=200))
+    assert list(parts) == ["east", "west"]
+    east = {m["metric"]: m for m in parts["east"].metrics.to_dict("records")}
+    assert east["checkpoint_fill_cpu_ns"]["verdict"] == "faster"  # east's candidate had the pool
+    west_hits = parts["west"].legs["pool_hits"].tolist()
+    assert west_hits == [0, 0, 0]  # west was pool-off in every leg
+    panels = dict(build_panels([analyze_trace(t) for t in (off1, on, off2)]))
+    assert panels["processes"].figure is not None
+    names = {tr.name for tr in panels["memory"].figure.data}
+    assert {"1: off: east", "1: off: west", "2: on: east", "2: on: west"} <= names
