@@ -16,8 +16,10 @@ from ckptrace.trace import Trace
 def process_info(trace: Trace) -> list[ProcessInfo]:
     """Every process of the trace: its metadata entries, then any pid with rows but no entry."""
     known = list(trace.meta.processes)
-    if not known and trace.meta.pid is not None:
-        known = [ProcessInfo(pid=trace.meta.pid, label=trace.meta.label, executable=trace.meta.executable)]
+    if not known and trace.meta.pid is not None:  # before version 3: one process, named by its executable
+        name = (trace.meta.executable or "").rsplit("/", 1)[-1][:15]
+        known = [ProcessInfo(pid=trace.meta.pid, label=f"{name or 'process'}#1", comm=name,
+                             executable=trace.meta.executable)]
     seen = {p.pid for p in known}
     extra = sorted(int(p) for p in trace.events["pid"].unique() if int(p) not in seen and int(p) != 0)
     return known + [ProcessInfo(pid=p, label=f"pid {p}") for p in extra]

@@ -219,7 +219,8 @@ def _resolve_target(pid, command: list[str] | None, comm: str | None, opts: Reco
         except BaseException:
             child.abandon()
             raise
-        return child, Targets([Target(child.pid, opts.label, Path(child.path).name[:15], plan)])
+        name = Path(child.path).name[:15]
+        return child, Targets([Target(child.pid, f"{name}#1", name, plan)])
     wanted = _wait_for_comm(comm, opts) if comm else [pid] if isinstance(pid, int) else list(pid)
     chosen: dict[int, str | None] = {}
     for item in wanted:
@@ -235,8 +236,8 @@ def _resolve_target(pid, command: list[str] | None, comm: str | None, opts: Reco
     for p, label in chosen.items():
         name = comm_of(p)
         seen[name] = seen.get(name, 0) + 1
-        if label is None:  # one process: the recording's label; several: its name and rank
-            label = opts.label if len(chosen) == 1 else f"{name}#{seen[name]}"
+        if label is None:  # its name and rank: the same process label in every leg (compare --per-process)
+            label = f"{name}#{seen[name]}"
         targets.append(Target(p, label, name, symbols.resolve_pid(p)))
     return None, Targets(targets)
 

@@ -29,8 +29,8 @@ Examples:
 )
 @click.option("--pid", "pids", multiple=True, metavar="PID[=LABEL]",
               help="Attach to this running process; repeat it or give a comma list for several. "
-                   "LABEL names the process in analyze/compare (default: its name and rank, "
-                   "e.g. llama-server#2; one process: --label).")
+                   "LABEL names the process in analyze and compare --per-process (default: its name "
+                   "and rank, in the order given (by pid for --comm), e.g. llama-server#2).")
 @click.option("--comm", metavar="NAME", help="Attach to every running process with this name (its "
               "/proc/PID/comm); waits while there is none.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path),
