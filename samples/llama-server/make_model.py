@@ -1,16 +1,24 @@
-"""Write a tiny random-weight mamba GGUF whose llama-server checkpoints are tens of MiB.
+"""Write a tiny random-weight GGUF (mamba, hybrid or SWA) that makes llama-server checkpoints.
 
-A checkpoint holds the whole recurrent state of one sequence, about
-n_layer * d_inner * (d_state + d_conv - 1) * 4 bytes with d_inner = 2 * n_embd. The defaults
-(n_embd 512, 8 layers, d_state 1536) give 48.09 MiB, above glibc's 32 MiB mmap threshold, so
-every fresh checkpoint buffer is a new mmap() whose pages fault during the resize() fill.
+--arch mamba (default): pure recurrent. A checkpoint holds the whole recurrent state of one
+  sequence, n_layer * d_inner * (d_state + d_conv - 1) * 4 bytes with d_inner = 2 * n_embd. The
+  defaults (n_embd 512, 8 layers, d_state 1536) give 48.09 MiB, above glibc's 32 MiB mmap
+  threshold, so every fresh checkpoint buffer is a new mmap() whose pages fault during the fill.
+--arch hybrid: `jamba` (mamba layers + attention layers, dense FFN), every 4th layer attention.
+  A checkpoint (the server's partial state) holds the recurrent layers only: with the defaults
+  6 of 8 layers, 36.07 MiB. The attention layers' KV cache is rolled back, not checkpointed.
+--arch swa: `gemma2` (sliding-window attention on every other layer). A checkpoint holds the
+  sliding-window cache cells of the sequence, n_swa_layers * n_tokens * 4 * n_embd_kv bytes
+  (K and V in f16): it grows with the prompt up to the window (--window), e.g. 8 KiB a token
+  with the defaults (4 SWA layers, n_embd_kv 512).
+Both llama.cpp generations build.sh knows (0.3.36 and upstream 11434) load all three.
 
 The weights are random (the text it writes is noise); the tokenizer is copied from a
 vocab-only GGUF that ships with llama.cpp (default: gpt-2, from the sdist build.sh fetched).
 Needs `gguf==0.19.0` (the version vendored in that sdist): `pip install -e '.[llama]'`.
 
-Usage: python samples/llama-server/make_model.py OUT.gguf [--d-model N] [--layers N]
-       [--d-state N] [--seed N] [--vocab VOCAB.gguf]
+Usage: python samples/llama-server/make_model.py OUT.gguf [--arch mamba|hybrid|swa]
+       [--d-model N] [--layers N] [--d-state N] [--window N] [--seed N] [--vocab VOCAB.gguf]
 """
 
 from __future__ import annotations
@@ -30,10 +38,39 @@ D_CONV = 4
 VOCAB_MEMBER = f"llama_cpp_python-{SDIST_VERSION}/vendor/llama.cpp/models/ggml-vocab-gpt-2.gguf"
 
 
+ARCHS = {"mamba": "mamba", "hybrid": "jamba", "swa": "gemma2"}
+HEAD_DIM = 64  # attention layers: n_head = n_embd / 64 (at least 1)
+ATTN_EVERY = 4  # hybrid: layers 3, 7, 11, ... are attention
+
+
 def state_bytes(d_model: int, layers: int, d_state: int) -> int:
-    """Bytes of one sequence's recurrent state (conv + ssm), i.e. one checkpoint."""
+    """Bytes of one sequence's recurrent state (conv + ssm) over `layers` mamba layers."""
     d_inner = 2 * d_model
     return layers * d_inner * (d_state + D_CONV - 1) * 4
+
+
+def attention_layers(arch: str, layers: int) -> list[bool]:
+    """Per layer: is it attention (hybrid), or sliding-window attention (swa)?"""
+    if arch == "hybrid":
+        return [i % ATTN_EVERY == ATTN_EVERY - 1 for i in range(layers)]
+    if arch == "swa":
+        return [i % 2 == 0 for i in range(layers)]  # gemma2's pattern: even layers slide
+    return [False] * layers
+
+
+def checkpoint_text(arch: str, d_model: int, layers: int, d_state: int) -> str:
+    """What one checkpoint of this model holds, for the message make_model.py prints."""
+    if arch == "swa":
+        n_swa = sum(attention_layers(arch, layers))
+        per_token = n_swa * 4 * n_head(d_model) * HEAD_DIM
+        return f"checkpoint {per_token} bytes a token in the window ({per_token / 1024:.1f} KiB)"
+    recurrent = layers - sum(attention_layers(arch, layers))
+    size = state_bytes(d_model, recurrent, d_state)
+    return f"checkpoint {size} bytes ({size / 2**20:.2f} MiB)"
+
+
+def n_head(d_model: int) -> int:
+    return max(1, d_model // HEAD_DIM)
 
 
 def cache_root() -> str:
@@ -41,10 +78,10 @@ def cache_root() -> str:
 
 
 def find_vocab() -> str:
-    """The gpt-2 vocab GGUF: from an extracted build, else pulled out of the cached sdist."""
+    """The gpt-2 vocab GGUF: from an extracted build (any version), else pulled out of the
+    cached 0.3.36 sdist."""
     root = cache_root()
-    built = sorted(glob.glob(os.path.join(root, f"{SDIST_VERSION}-*", "src", "models",
-                                          "ggml-vocab-gpt-2.gguf")))
+    built = sorted(glob.glob(os.path.join(root, "*-*", "src", "models", "ggml-vocab-gpt-2.gguf")))
     if built:
         return built[0]
     out = os.path.join(root, "vocab", "ggml-vocab-gpt-2.gguf")
@@ -87,52 +124,39 @@ def copy_tokenizer(writer, vocab_path: str) -> int:
     return n_vocab
 
 
-def write_model(out: str, d_model: int, layers: int, d_state: int, seed: int, vocab: str) -> None:
+def write_model(out: str, d_model: int, layers: int, d_state: int, seed: int, vocab: str,
+                arch: str = "mamba", window: int = 512) -> None:
     import gguf
 
     rng = np.random.default_rng(seed)
-    d_inner = 2 * d_model  # llama.cpp supports only this expansion factor
-    dt_rank = math.ceil(d_model / 16)
 
     def normal(*shape: int, std: float = 0.02) -> np.ndarray:
         return (rng.standard_normal(shape, dtype=np.float32) * std).astype(np.float32)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
 
     # Written beside under a name made exclusively (never a predictable one a link could sit
     # at), renamed when complete.
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(out) + ".", suffix=".tmp",
                                dir=os.path.dirname(os.path.abspath(out)))
     os.close(fd)
-    writer = gguf.GGUFWriter(tmp, "mamba")
-    writer.add_name("ckptrace-tiny-mamba")
+    writer = gguf.GGUFWriter(tmp, ARCHS[arch])
+    writer.add_name(f"ckptrace-tiny-{arch}")
     writer.add_context_length(4096)
     writer.add_embedding_length(d_model)
-    writer.add_feed_forward_length(0)
-    writer.add_head_count(0)
     writer.add_block_count(layers)
-    writer.add_ssm_conv_kernel(D_CONV)
-    writer.add_ssm_inner_size(d_inner)
-    writer.add_ssm_state_size(d_state)
-    writer.add_ssm_time_step_rank(dt_rank)
     writer.add_layer_norm_rms_eps(1e-5)
     writer.add_file_type(gguf.LlamaFileType.ALL_F32)
     n_vocab = copy_tokenizer(writer, vocab)
 
-    # numpy shapes are ggml's ne reversed; values keep the recurrence stable (A < 0)
+    # numpy shapes are ggml's ne reversed
     writer.add_tensor("token_embd.weight", normal(n_vocab, d_model))
-    writer.add_tensor("output_norm.weight", np.ones(d_model, dtype=np.float32))
-    a = -np.tile(np.arange(1, d_state + 1, dtype=np.float32), (d_inner, 1))
-    for i in range(layers):
-        p = f"blk.{i}."
-        writer.add_tensor(p + "attn_norm.weight", np.ones(d_model, dtype=np.float32))
-        writer.add_tensor(p + "ssm_in.weight", normal(2 * d_inner, d_model))
-        writer.add_tensor(p + "ssm_conv1d.weight", normal(d_inner, D_CONV, std=0.5))
-        writer.add_tensor(p + "ssm_conv1d.bias", np.zeros(d_inner, dtype=np.float32))
-        writer.add_tensor(p + "ssm_x.weight", normal(dt_rank + 2 * d_state, d_inner))
-        writer.add_tensor(p + "ssm_dt.weight", normal(d_inner, dt_rank, std=0.1))
-        writer.add_tensor(p + "ssm_dt.bias", np.full(d_inner, -4.0, dtype=np.float32))
-        writer.add_tensor(p + "ssm_a", a)
-        writer.add_tensor(p + "ssm_d", np.ones(d_inner, dtype=np.float32))
-        writer.add_tensor(p + "ssm_out.weight", normal(d_model, d_inner))
+    writer.add_tensor("output_norm.weight", ones(d_model))
+    if arch == "swa":
+        write_swa_layers(writer, normal, ones, d_model, layers, window)
+    else:
+        write_recurrent_layers(writer, normal, ones, arch, d_model, layers, d_state)
 
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
@@ -142,23 +166,110 @@ def write_model(out: str, d_model: int, layers: int, d_state: int, seed: int, vo
     os.replace(tmp, out)
 
 
+def write_recurrent_layers(writer, normal, ones, arch: str, d_model: int, layers: int, d_state: int) -> None:
+    """mamba, or jamba's mix of mamba and attention layers (each with a dense FFN)."""
+    d_inner = 2 * d_model  # llama.cpp supports only this expansion factor
+    dt_rank = math.ceil(d_model / 16)
+    attn = attention_layers(arch, layers)
+    heads = next(n for n in range(n_head(d_model), 0, -1) if d_model % n == 0)  # jamba: n_embd / n_head
+    writer.add_ssm_conv_kernel(D_CONV)
+    writer.add_ssm_inner_size(d_inner)
+    writer.add_ssm_state_size(d_state)
+    writer.add_ssm_time_step_rank(dt_rank)
+    if arch == "hybrid":
+        writer.add_feed_forward_length(d_model)
+        writer.add_head_count(heads)
+        writer.add_head_count_kv([heads if a else 0 for a in attn])  # 0 marks a mamba layer
+    else:
+        writer.add_feed_forward_length(0)
+        writer.add_head_count(0)
+    # values keep the recurrence stable (A < 0)
+    a = -np.tile(np.arange(1, d_state + 1, dtype=np.float32), (d_inner, 1))
+    for i in range(layers):
+        p = f"blk.{i}."
+        writer.add_tensor(p + "attn_norm.weight", ones(d_model))
+        if attn[i]:
+            for name in ("attn_q", "attn_k", "attn_v", "attn_output"):
+                writer.add_tensor(p + name + ".weight", normal(d_model, d_model))
+        else:
+            writer.add_tensor(p + "ssm_in.weight", normal(2 * d_inner, d_model))
+            writer.add_tensor(p + "ssm_conv1d.weight", normal(d_inner, D_CONV, std=0.5))
+            writer.add_tensor(p + "ssm_conv1d.bias", np.zeros(d_inner, dtype=np.float32))
+            writer.add_tensor(p + "ssm_x.weight", normal(dt_rank + 2 * d_state, d_inner))
+            writer.add_tensor(p + "ssm_dt.weight", normal(d_inner, dt_rank, std=0.1))
+            writer.add_tensor(p + "ssm_dt.bias", np.full(d_inner, -4.0, dtype=np.float32))
+            writer.add_tensor(p + "ssm_a", a)
+            writer.add_tensor(p + "ssm_d", ones(d_inner))
+            writer.add_tensor(p + "ssm_out.weight", normal(d_model, d_inner))
+            if arch == "hybrid":  # jamba normalises dt, B and C
+                writer.add_tensor(p + "ssm_dt_norm.weight", ones(dt_rank))
+                writer.add_tensor(p + "ssm_b_norm.weight", ones(d_state))
+                writer.add_tensor(p + "ssm_c_norm.weight", ones(d_state))
+        if arch == "hybrid":
+            writer.add_tensor(p + "ffn_norm.weight", ones(d_model))
+            writer.add_tensor(p + "ffn_gate.weight", normal(d_model, d_model))
+            writer.add_tensor(p + "ffn_up.weight", normal(d_model, d_model))
+            writer.add_tensor(p + "ffn_down.weight", normal(d_model, d_model))
+
+
+def write_swa_layers(writer, normal, ones, d_model: int, layers: int, window: int) -> None:
+    """gemma2: attention on every layer, sliding-window on the even ones, dense FFN."""
+    heads = n_head(d_model)
+    q_dim = heads * HEAD_DIM
+    writer.add_feed_forward_length(d_model)
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(heads)
+    writer.add_key_length(HEAD_DIM)
+    writer.add_value_length(HEAD_DIM)
+    writer.add_sliding_window(window)
+    writer.add_attn_logit_softcapping(50.0)
+    writer.add_final_logit_softcapping(30.0)
+    for i in range(layers):
+        p = f"blk.{i}."
+        for name in ("attn_norm", "post_attention_norm", "ffn_norm", "post_ffw_norm"):
+            writer.add_tensor(p + name + ".weight", ones(d_model))
+        for name in ("attn_q", "attn_k", "attn_v"):
+            writer.add_tensor(p + name + ".weight", normal(q_dim, d_model))
+        writer.add_tensor(p + "attn_output.weight", normal(d_model, q_dim))
+        writer.add_tensor(p + "ffn_gate.weight", normal(d_model, d_model))
+        writer.add_tensor(p + "ffn_up.weight", normal(d_model, d_model))
+        writer.add_tensor(p + "ffn_down.weight", normal(d_model, d_model))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
-        description="Write a tiny random-weight mamba GGUF for llama-server checkpoint tests.",
+        description="Write a tiny random-weight GGUF (mamba, hybrid or SWA) for llama-server "
+                    "checkpoint tests.",
         epilog="Examples:\n"
                "  python samples/llama-server/make_model.py /tmp/tiny-mamba.gguf\n"
                "  python samples/llama-server/make_model.py m.gguf --d-model 384 --layers 6 "
-               "--d-state 2048",
+               "--d-state 2048\n"
+               "  python samples/llama-server/make_model.py /tmp/tiny-jamba.gguf --arch hybrid\n"
+               "  python samples/llama-server/make_model.py /tmp/tiny-gemma2.gguf --arch swa --window 256",
         formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", help="path of the GGUF to write")
+    ap.add_argument("--arch", choices=sorted(ARCHS), default="mamba",
+                    help="mamba (default); hybrid: jamba, mamba + attention layers; "
+                         "swa: gemma2, sliding-window attention")
     ap.add_argument("--d-model", type=int, default=512, help="n_embd (default 512)")
     ap.add_argument("--layers", type=int, default=8, help="n_layer (default 8)")
-    ap.add_argument("--d-state", type=int, default=1536, help="SSM state size (default 1536)")
+    ap.add_argument("--d-state", type=int, default=None,
+                    help="SSM state size, mamba and hybrid (default 1536)")
+    ap.add_argument("--window", type=int, default=None,
+                    help="sliding window in tokens, swa only (default 512)")
     ap.add_argument("--seed", type=int, default=0, help="weights RNG seed (default 0)")
     ap.add_argument("--vocab", help="vocab-only GGUF to copy the tokenizer from "
                                     "(default: gpt-2 from the cached sdist)")
     args = ap.parse_args(argv)
-    for name in ("d_model", "layers", "d_state"):
+    if args.arch == "swa" and args.d_state is not None:
+        ap.error("--d-state applies to --arch mamba and hybrid, not swa")
+    if args.arch == "hybrid" and args.layers < ATTN_EVERY:
+        ap.error(f"--arch hybrid needs --layers {ATTN_EVERY} or more (every {ATTN_EVERY}th is attention)")
+    if args.arch != "swa" and args.window is not None:
+        ap.error("--window applies to --arch swa only")
+    args.d_state = 1536 if args.d_state is None else args.d_state
+    args.window = 512 if args.window is None else args.window
+    for name in ("d_model", "layers", "d_state", "window"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be at least 1")
     try:
@@ -167,10 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit("make_model.py: needs the gguf package: pip install 'gguf==0.19.0' "
                  "(or pip install -e '.[llama]')")
     vocab = args.vocab or find_vocab()
-    write_model(args.out, args.d_model, args.layers, args.d_state, args.seed, vocab)
-    size = state_bytes(args.d_model, args.layers, args.d_state)
-    print(f"wrote {args.out}: mamba, n_embd {args.d_model}, {args.layers} layers, "
-          f"d_state {args.d_state}; checkpoint {size} bytes ({size / 2**20:.2f} MiB)",
+    write_model(args.out, args.d_model, args.layers, args.d_state, args.seed, vocab,
+                args.arch, args.window)
+    shape = f"window {args.window}" if args.arch == "swa" else f"d_state {args.d_state}"
+    print(f"wrote {args.out}: {ARCHS[args.arch]}, n_embd {args.d_model}, {args.layers} layers, "
+          f"{shape}; {checkpoint_text(args.arch, args.d_model, args.layers, args.d_state)}",
           file=sys.stderr)
     print(os.path.abspath(args.out))
     return 0
