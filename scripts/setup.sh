@@ -14,8 +14,9 @@ STAMP=$VENV/.ckptrace-setup-stamp
 APT_PACKAGES=(python3-bpfcc bpfcc-tools linux-headers-amd64 bpftool bpftrace python3-venv
               python3-pip g++ make cmake libc6-dev util-linux)
 # Headless Chromium for the dashboard tests; ccache lets the pool-on llama-server build reuse pool-off
-# objects; a real Prometheus scrapes `ckptrace serve` in its tests (run by the test, not as a service).
-APT_TEST_PACKAGES=(chromium fonts-liberation ccache prometheus)
+# objects; a real Prometheus scrapes `ckptrace serve` in its tests (run by the test, not as a service);
+# clang and libc++ for the upstream llama-server builds the tests use (build.sh --libcxx).
+APT_TEST_PACKAGES=(chromium fonts-liberation ccache prometheus clang libc++-dev libc++abi-dev)
 
 step() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }

@@ -99,3 +99,16 @@ def test_demo_llama_server_stops_everything_it_started_on_ctrl_c(tmp_path):
     assert err.strip().splitlines()[-1] == "ckptrace: interrupted", err
     assert "Traceback" not in err
     wait_until(lambda: not any(proc_status(p) for p in started), "the demo's children to be gone", timeout_s=30)
+
+
+@pytest.mark.parametrize("args, line", [
+    (["--model", "swa"], "ckptrace: error: --model applies only with --llama-server"),
+    (["--llama-version", "11434", "--libcxx"],
+     "ckptrace: error: --llama-version and --libcxx apply only with --llama-server"),
+    (["--llama-server", "--iterations", "5"],
+     "ckptrace: error: --iterations applies to the sample workload, not to --llama-server"),
+])
+def test_demo_options_of_the_other_mode_are_refused(tmp_path, args, line):
+    p = ckptrace("demo", "--out", tmp_path / "demo", *args)
+    assert p.returncode == 2 and p.stderr.startswith(line), p.stderr
+    assert not (tmp_path / "demo").exists()  # refused before anything was made
