@@ -193,7 +193,7 @@ def _process(analysis, events: pd.DataFrame, path, leg: int, pid: int, pids: np.
             for tid, ts, end, n in zip(tid_l, ts_l, end_l, rows["faults"].tolist()):
                 faults[tid] += [(ts, n), (end, 0)]
     threads = []
-    for tid in sorted(tids):
+    for tid in sorted(t for t in tids if slices[t]):  # a thread with only point rows (RSS) has no track
         nested, overlapping = nest(slices[tid])
         threads.append(Thread(tid + shift, tid, comm, nested, overlapping, sorted(faults[tid])))
     counters = []
