@@ -4,6 +4,7 @@ Each pair runs the workload (fresh 40 MiB buffers, pool off: every checkpoint a 
 faults and mmaps, the most events per checkpoint) once alone and once with `ckptrace serve
 --pid` attached, alternating which goes first, while this script scrapes /metrics every
 --scrape-s seconds (Prometheus' default is 15 s; 1 s is the harsher case). Reported:
+- the exporter's resident memory (VmRSS) once attached and when the workload ends;
 - slowdown: the ratio of the workload's own median per-checkpoint time on its thread CPU clock,
   served / alone (as bench_overhead.py does for `record`), per pair and the median;
 - the exporter's CPU: its threads' on-CPU time (/proc/PID/task/*/schedstat) while idle (attached, the
@@ -67,6 +68,13 @@ def run_alone(wl: list[str], truth: Path) -> tuple[float, int]:
     return per_checkpoint_cpu_ms(truth)
 
 
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
 def checkpoints_done(truth: Path) -> int:
     try:
         return truth.read_text().count('"type":"checkpoint"')
@@ -91,7 +99,7 @@ def run_served(wl: list[str], truth: Path, idle_s: float, scrape_s: float, warmu
                     r.read()
         th = threading.Thread(target=scrape, daemon=True)
         th.start()
-        c0, t0 = cpu_s(srv.pid), time.monotonic()
+        c0, t0, rss0 = cpu_s(srv.pid), time.monotonic(), rss_mib(srv.pid)
         time.sleep(idle_s)  # the idle cost: drain loop and scrapes, no events
         c1, t1 = cpu_s(srv.pid), time.monotonic()
         p.send_signal(signal.SIGUSR1)
@@ -101,7 +109,7 @@ def run_served(wl: list[str], truth: Path, idle_s: float, scrape_s: float, warmu
             time.sleep(0.01)
         c_warm, t_warm, n_warm = cpu_s(srv.pid), time.monotonic(), checkpoints_done(truth)
         assert p.wait() == 0
-        c2, t2 = cpu_s(srv.pid), time.monotonic()
+        c2, t2, rss2 = cpu_s(srv.pid), time.monotonic(), rss_mib(srv.pid)
         stop.set()
         th.join()
     finally:
@@ -117,7 +125,8 @@ def run_served(wl: list[str], truth: Path, idle_s: float, scrape_s: float, warmu
     return {"ms": ms, "checkpoints": n, "idle_cpu_pct": 100 * idle,
             "busy_cpu_pct": 100 * (c2 - c_warm) / (t2 - t_warm), "rate": (n - n_warm) / (t2 - t_warm),
             "cpu_ms_per_checkpoint": 1000 * ((c2 - c_warm) - idle * (t2 - t_warm)) / (n - n_warm),
-            "warmup_cpu_ms": 1000 * ((c_warm - c1) - idle * (t_warm - t1)), "warmup_checkpoints": n_warm}
+            "warmup_cpu_ms": 1000 * ((c_warm - c1) - idle * (t_warm - t1)), "warmup_checkpoints": n_warm,
+            "rss_start_mib": rss0, "rss_end_mib": rss2}
 
 
 def main() -> None:
@@ -152,7 +161,8 @@ def main() -> None:
                 print(f"pair {i}: alone {row['alone_ms']:.2f} ms  served {row['served_ms']:.2f} ms  ratio "
                       f"{row['ratio']:.3f}  exporter idle {row['idle_cpu_pct']:.2f}%  busy {row['busy_cpu_pct']:.2f}% "
                       f"at {row['rate']:.1f} ckpt/s ({row['cpu_ms_per_checkpoint']:.2f} ms CPU per checkpoint; "
-                      f"first {row['warmup_checkpoints']}: {row['warmup_cpu_ms']:.0f} ms)",
+                      f"first {row['warmup_checkpoints']}: {row['warmup_cpu_ms']:.0f} ms); exporter RSS "
+                      f"{row['rss_start_mib']:.0f} -> {row['rss_end_mib']:.0f} MiB",
                       flush=True)
     med = {k: statistics.median(r[k] for r in rows) for k in
            ("ratio", "idle_cpu_pct", "busy_cpu_pct", "rate", "cpu_ms_per_checkpoint", "warmup_cpu_ms")}

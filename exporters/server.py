@@ -89,13 +89,14 @@ def serve(opts: ServeOptions) -> None:
     for pid in opts.pids:
         process_of(pid)  # a missing pid, a kernel thread, a zombie: said now, not after the BPF compile
     # Imported here: a bad --listen is said without loading pandas, bcc or the client library.
-    from prometheus_client import CollectorRegistry
+    from prometheus_client import CollectorRegistry, ProcessCollector
 
     from ckptrace.exporters.prometheus import CheckpointMetrics
 
     metrics = CheckpointMetrics()
     registry = CollectorRegistry(auto_describe=False)
     registry.register(metrics)
+    ProcessCollector(registry=registry)  # the exporter's own process_cpu_seconds_total, memory, fds
     server, port = bind(host, port, registry)  # a port in use is said before the machine checks
     stop: list[str] = []
     old = {s: signal.signal(s, lambda signum, frame: stop.append(signal.Signals(signum).name))
