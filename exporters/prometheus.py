@@ -211,14 +211,12 @@ def _checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool) -> tuple[dict, 
     kind, ids = ev["kind"], ev["ckpt"]
     part = ((kind == K_FILL) | (kind == K_COPY)) & (ids != 0)
     ck = ev[kind == K_CHECKPOINT]
-    ck_fault = fault[kind == K_CHECKPOINT]
     waiting = part & ~np.isin(ids, ck["ckpt"])
     carry = None
     if waiting.any():
         keep = waiting & (ev["end_ns"] > int(ev["end_ns"].max()) - STALE_CARRY_NS)
         carry = (ev[keep], fault[keep]) if keep.any() else None
-    order = np.argsort(ck["ckpt"], kind="stable")
-    ck, ck_fault = ck[order], ck_fault[order]
+    ck = ck[np.argsort(ck["ckpt"], kind="stable")]
     ck_ids = ck["ckpt"]
     dur = (ev["end_ns"] - ev["start_ns"]).astype("float64")
 
