@@ -201,7 +201,9 @@ def _process(analysis, events: pd.DataFrame, path, leg: int, pid: int, pids: np.
         mine_series = series.loc[series["pid"] == pid]
         if len(mine_series):
             counters.append(Counter(name, "bytes", list(zip(mine_series["t_ns"].tolist(), mine_series[col].tolist()))))
-    label = next((p.label for p in trace.meta.processes if p.pid == pid and p.label), trace.label)
+    # One process: the leg's label; several: each process's own (PID=LABEL, else NAME#RANK).
+    label = trace.label if len(set(pids.tolist())) <= 1 else \
+        next((p.label for p in trace.meta.processes if p.pid == pid and p.label), f"{comm} {pid}")
     name = f"{label} ({os.path.basename(str(path))})"
     if shift:
         name += f", pid {pid}"
