@@ -49,6 +49,10 @@ def decode(data: bytes) -> Decoded:
     trace.ParseFromString(data)
     out, stacks = Decoded(), defaultdict(list)
     interned = defaultdict(dict)  # table -> iid -> string (the file has one packet sequence)
+    last_ts: dict[int, int] = {}
+    # The sequence starts clean, so trace processor keeps the interned names that follow.
+    assert trace.packet[0].sequence_flags == pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
+    assert len({p.trusted_packet_sequence_id for p in trace.packet}) == 1
     for p in trace.packet:
         for table in ("event_names", "event_categories", "debug_annotation_names"):
             for entry in getattr(p.interned_data, table):
@@ -62,6 +66,9 @@ def decode(data: bytes) -> Decoded:
             continue
         out.clocks.add(p.timestamp_clock_id)
         e, stack = p.track_event, stacks[p.track_event.track_uuid]
+        # In file order, each track's events never go back in time: nesting needs no re-sorting.
+        assert p.timestamp >= last_ts.get(e.track_uuid, 0), "a track's events out of order"
+        last_ts[e.track_uuid] = p.timestamp
         if e.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
             args = {}
             for a in e.debug_annotations:
