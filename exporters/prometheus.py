@@ -51,7 +51,8 @@ COUNTERS = {
     "checkpoints": "Checkpoints saved (update_tgt/update_dft calls that copied state).",
     "checkpoint_faults": "Page faults (minor + major) taken inside checkpoints.",
     "pool_hits": "Checkpoints whose buffer did not need to grow (no fill): served by a pool.",
-    "restores": "Checkpoint restores (load_tgt/load_dft), where the server's build has the probe.",
+    "restores": "Checkpoint restores: load_tgt/load_dft calls that copied state in (analyze's restores of "
+                "source checkpoint), where the build has the probes.",
 }
 # Exporter-wide, no labels: one ring buffer serves every process, so a drop is nobody's in particular.
 LOST = ("lost_events", "Events the kernel side dropped, every process together (ring buffer or "
@@ -129,7 +130,7 @@ class CheckpointMetrics(Collector):
             ev, fault = np.concatenate([t.carry[0], ev]), np.concatenate([t.carry[1], fault])
         ck, t.carry = _checkpoints(ev, fault, batch.sched_recorded)
         held = _held_changes(t, ev)
-        restores = int((ev["kind"] == K_RESTORE).sum())
+        restores = _restores(ev)
         with self._lock:
             for name, (col, scale, _, _) in HISTOGRAMS.items():
                 v = ck[col]
@@ -242,6 +243,14 @@ def _checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool) -> tuple[dict, 
             "bytes": ck["bytes"].astype("float64"), "faults": ck["faults"].astype("float64"),
             "pool_hit": n_fill == 0}
     return {c: v[saved] for c, v in cols.items()}, carry
+
+
+def _restores(ev: np.ndarray) -> int:
+    """Checkpoint restores as analyzers/state_path.py counts those of source "checkpoint": a
+    load_tgt/load_dft span that copied state in (its bytes are its copies'). A copy-in outside
+    any restore (prompt cache, slot restore; analyze's source "other") is not counted: telling it
+    from a restore's own copy takes the enclosing span, which may come in a later batch."""
+    return int(((ev["kind"] == K_RESTORE) & (ev["bytes"] > 0)).sum())
 
 
 def _held_changes(t: _Target, events: np.ndarray):
