@@ -101,6 +101,7 @@ class _Writer:
         p = self.track()
         p.track_descriptor.process.pid = proc.pid
         p.track_descriptor.process.process_name = proc.name
+        p.track_descriptor.process.cmdline.extend(proc.cmdline)
         puuid = p.track_descriptor.uuid
         self.slices(self.track(puuid, "ckptrace recording").track_descriptor.uuid, [proc.recording])
         for lane in proc.lanes:

@@ -108,6 +108,7 @@ class Process:
     counters: list[Counter]
     recording: Slice  # the metadata slice
     lanes: list[Lane] = field(default_factory=list)
+    cmdline: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -207,7 +208,11 @@ def _process(analysis, events: pd.DataFrame, path, leg: int, pid: int, pids: np.
     name = f"{label} ({os.path.basename(str(path))})"
     if shift:
         name += f", pid {pid}"
-    return Process(leg, pid + shift, pid, name, threads, counters, _recording(trace, path, pid, events))
+    proc = next((p for p in trace.meta.processes if p.pid == pid), None)
+    exe = (proc and proc.executable) or trace.meta.executable
+    cmdline = trace.meta.command if trace.meta.command and pid == trace.meta.pid else [exe] if exe else []
+    return Process(leg, pid + shift, pid, name, threads, counters, _recording(trace, path, pid, events),
+                   cmdline=[str(c) for c in cmdline])
 
 
 def nest(slices: list[Slice]) -> tuple[list[Slice], list[Slice]]:

@@ -101,6 +101,7 @@ def check_leg(d: Decoded, doc: dict, events) -> None:
     meta = doc["trace"]
     (puuid,) = [u for u, t in d.processes().items() if t.process.pid == meta["pid"]]
     assert meta["label"] in d.tracks[puuid].process.process_name
+    assert list(d.tracks[puuid].process.cmdline) == (meta["command"] or [meta["executable"]])
     threads = d.threads_of(meta["pid"])
     assert set(threads) == set(int(t) for t in events.loc[events["kind"] != "rss", "tid"].unique())
     check_slices(d, threads, doc["checkpoints"], doc["iterations"], events)
