@@ -13,6 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ckptrace.analyzers import analyze_trace
@@ -247,3 +248,53 @@ def test_comm_waits_says_so_then_serves_each_new_process(tmp_path, workload):
         assert srv.wait(60) == 0
         rest = srv.stderr.read()
         assert "Traceback" not in rest and "ckptrace: stopped (SIGTERM)" in rest, rest
+
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "traces"
+
+
+def kernel_records(events) -> "np.ndarray":
+    """A trace's events as the kernel's records (the fields serve's fold reads), and fault_ns (-1: NA),
+    in the ring buffer's order: each row is written when its span ends (a trace is sorted by start)."""
+    events = events.sort_values("end_ns", kind="stable")
+    fields = {"start_ns": "u8", "end_ns": "u8", "ckpt": "u8", "bytes": "u8", "addr": "u8", "faults": "u8",
+              "cpu_ns": "u8", "wait_ns": "u8", "tid": "u4", "kind": "u4", "phase": "u4", "pid": "u4"}
+    rec = np.zeros(len(events), dtype=list(fields.items()))
+    for f in fields:
+        col = events[f]
+        if f in ("kind", "phase"):
+            rec[f] = col.cat.codes.to_numpy()
+        else:
+            rec[f] = col.to_numpy(dtype="int64", na_value=0)
+    return rec, events["fault_ns"].to_numpy(dtype="int64", na_value=-1)
+
+
+@pytest.mark.parametrize("trace", ["1-pool-off.parquet", "2-pool-on.parquet"])
+def test_fold_in_any_batches_equals_analyze(trace):
+    """serve's fold, fed a recorded trace in batches cut anywhere (inside checkpoints too), gives
+    analyze's own counts and sums: its numpy definitions, the carry across batches, held memory."""
+    from ckptrace.exporters.prometheus import CheckpointMetrics
+    from ckptrace.probes.live import LiveBatch
+
+    tr = read_trace(SAMPLES / trace)
+    ck = analyze_trace(tr).checkpoints
+    mem = memory_summary(tr.events)
+    rec, fault = kernel_records(tr.events)
+    rng = np.random.default_rng(7)
+    for cuts in (np.array([], int), np.arange(1, len(rec)), np.sort(rng.choice(len(rec), 25, replace=False))):
+        m = CheckpointMetrics()
+        m.add(1, "x", "")
+        for part_rec, part_fault in zip(np.split(rec, cuts), np.split(fault, cuts)):
+            m.fold(1, LiveBatch(part_rec, part_fault, sched_recorded=True))
+        got = {s.name: s.value for fam in m.collect() for s in fam.samples if s.labels.get("pid") == "1"}
+        assert got["ckptrace_checkpoints_total"] == len(ck) > 0
+        assert got["ckptrace_pool_hits_total"] == ck["pool_hit"].sum()
+        assert got["ckptrace_checkpoint_faults_total"] == ck["faults"].sum()
+        for name, col in (("fill", "fill_ns"), ("copy", "copy_ns"), ("cpu", "cpu_ns"), ("wait", "wait_ns")):
+            assert got[f"ckptrace_checkpoint_{name}_seconds_sum"] == pytest.approx(ck[col].sum() / 1e9, rel=1e-9)
+        measured = ck[ck["fault_source"].isin(["measured", "none"])]
+        assert got["ckptrace_checkpoint_fault_seconds_count"] == len(measured)
+        assert got["ckptrace_checkpoint_fault_seconds_sum"] == pytest.approx(measured["fault_ns"].sum() / 1e9, rel=1e-9)
+        assert got["ckptrace_checkpoint_bytes_sum"] == ck["bytes"].sum()
+        assert got["ckptrace_checkpoint_memory_peak_bytes"] == mem["peak_held_bytes"]
+        assert got["ckptrace_checkpoint_memory_held_bytes"] == mem["end_held_bytes"]
