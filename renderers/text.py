@@ -264,7 +264,9 @@ def _value(x: float, unit: str) -> str:
         return "-"
     if unit == "ns":
         return f"{x / 1e6:.2f}"
-    return f"{x:.2f}" if unit == "ms" else (f"{x:.1f}" if unit == "tok/s" else f"{x:.0f}")
+    if unit in ("ms", "tok/s"):  # TTFT runs to minutes on a loaded machine; tokens/s to fractions
+        return f"{x:.2f}" if abs(x) < 1000 else (f"{x:.1f}" if abs(x) < 100_000 else f"{x:.0f}")
+    return f"{x:.0f}"
 
 
 def _arm_line(c, arm: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import replace
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -22,7 +23,7 @@ from ckptrace.loadgen import make_prompt, run_load
 from ckptrace.samples.llama_server import (build_server, cached_model, free_port, llama_server, log_path,
                                            logged_checkpoints, run_legs, ttft_path)
 from ckptrace.requests_file import read_requests
-from ckptrace.trace import read_trace
+from ckptrace.trace import read_trace, write_trace
 from helpers import assert_one_line_error, assert_pool_faster, ckptrace
 from llama_checks import checkpoint_rows, e2e, fresh_buffer
 
@@ -104,6 +105,79 @@ def test_compare_reads_faster_for_fill(legs):
     p = ckptrace("compare", *(leg["path"] for leg in legs), "--json")
     assert p.returncode == 0, p.stderr
     assert_pool_faster(json.loads(p.stdout))
+
+
+def overlap(rows: pd.DataFrame, lo: int, hi: int) -> int:
+    """Summed intersection of the rows' spans with [lo, hi], by a plain loop (the test's own truth)."""
+    return sum(max(0, min(int(e), hi) - max(int(b), lo)) for b, e in zip(rows["start_ns"], rows["end_ns"]))
+
+
+@e2e
+def test_each_request_stall_adds_up_to_the_checkpoints_in_its_window(legs):
+    """drive's own requests against the trace's own spans, to the ns; and the server's log: every
+    checkpoint it created lies wholly inside some request's window (it saves a prompt's state
+    before that prompt's first token)."""
+    from ckptrace.analyzers import analyze_trace
+    from ckptrace.analyzers.requests import request_table
+
+    for leg in legs:
+        t = request_table(leg["ttft"], analyze_trace(leg["trace"]))
+        assert t["in_recording"].all(), t  # record attached before the load, stopped after it
+        ev = leg["trace"].events
+        saved = ev[(ev["kind"] == "checkpoint") & ev["ckpt"].isin(ev.loc[ev["kind"] == "copy", "ckpt"])]
+        fills, copies = ev[ev["kind"] == "fill"], ev[ev["kind"] == "copy"]
+        assert len(saved) == len(leg["logged"])
+        for r in t.itertuples():
+            lo, hi = r.start_ns, r.first_token_ns
+            assert hi - lo == r.ttft_ns
+            assert r.ckpt_ns == overlap(saved, lo, hi), r
+            assert (r.ckpt_fill_ns, r.ckpt_copy_ns) == (overlap(fills, lo, hi), overlap(copies, lo, hi)), r
+            assert r.stall_ns == r.ckpt_ns + (0 if pd.isna(r.restore_ns) else r.restore_ns)
+            assert r.rest_ns == r.ttft_ns - r.stall_ns and r.est_ttft_without_fill_ns == r.ttft_ns - r.ckpt_fill_ns
+        windows = list(zip(t["start_ns"], t["first_token_ns"]))
+        assert all(any(lo <= b and e <= hi for lo, hi in windows) for b, e in zip(saved["start_ns"], saved["end_ns"]))
+        assert int(t["ckpt_ns"].max()) > 0
+
+
+@e2e
+def test_compare_reports_ttft_and_throughput_with_intervals(legs):
+    """The request files beside the traces are paired; the rows exist with intervals (their
+    verdicts depend on the machine's load, so they are not asserted)."""
+    p = ckptrace("compare", *(leg["path"] for leg in legs), "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    rows = {m["metric"]: m for m in doc["metrics"]}
+    ok = [leg["ttft"][leg["ttft"]["status"] == "ok"]["ttft_ns"].to_numpy("float64") / 1e6 for leg in legs]
+    for q in (50, 90, 99):
+        m = rows[f"ttft_p{q}_ms"]
+        assert m["samples_baseline"] == 2 * REQUESTS and m["samples_candidate"] == REQUESTS
+        assert m["baseline_value"] == pytest.approx(float(pd.Series([*ok[0], *ok[2]]).quantile(q / 100)))
+        assert m["candidate_value"] == pytest.approx(float(pd.Series(ok[1]).quantile(q / 100)))
+        assert m["ci_low_pct"] is not None and m["ci_low_pct"] <= m["change_pct"] <= m["ci_high_pct"], m
+    tp = rows["throughput_tok_s"]
+    t = legs[1]["ttft"]
+    wall_s = float((t["start_ns"] + t["total_ns"]).max() - t["start_ns"].min()) / 1e9
+    assert tp["candidate_value"] == pytest.approx(t["predicted_tokens"].sum() / wall_s)
+    assert (t["predicted_tokens"] == 4).all()  # n_predict, as the server counted
+    assert tp["ci_low_pct"] is not None
+
+
+@e2e
+def test_fail_on_slower_trips_on_a_slower_candidate_and_passes_an_aaa(legs, tmp_path):
+    """pool-on as the baseline, pool-off as the candidate: fill on CPU several times higher by
+    construction. A/A/A (pool-off, pool-off relabelled, pool-off): every fresh buffer faults once
+    per page, so the fault count cannot move."""
+    on, off1, off2 = legs[1]["path"], legs[0]["path"], legs[2]["path"]
+    p = ckptrace("compare", on, off1, off2, "--fail-on", "slower", "--metrics", "checkpoint_fill_cpu_ns")
+    assert p.returncode == 3, (p.stdout, p.stderr)
+    assert "--fail-on slower tripped: checkpoint_fill_cpu_ns slower" in p.stderr
+    relabelled = tmp_path / "2-B.parquet"
+    t = read_trace(off2)
+    write_trace(relabelled, t.events, replace(t.meta, label="B"))
+    p = ckptrace("compare", off1, relabelled, off1, "--fail-on", "any-change", "--metrics", "checkpoint_faults",
+                 "--format", "markdown")
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    assert "Gate `--fail-on any-change` passed." in p.stdout
 
 
 @pytest.mark.llama
