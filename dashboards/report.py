@@ -19,6 +19,7 @@ from ckptrace.terminal import printable
 
 from . import memory, panels
 from .legs import make_legs, plain
+from .requests import requests_panel
 
 # Fixed text only: the <title> is not the user's title on purpose (see module docstring).
 _HEAD = """<!DOCTYPE html>
@@ -40,16 +41,20 @@ _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
 
 def build_panels(analyses: list, comparison=None, title: str = "ckptrace report",
-                 notes: Sequence[str] = ()) -> list[tuple[str, panels.Panel]]:
+                 notes: Sequence[str] = (), requests: list | None = None) -> list[tuple[str, panels.Panel]]:
     """(panel id, Panel) in page order, the header first. Panels without a figure are omitted ones.
 
     `notes`: extra plain-text lines for the header (escaped here), e.g. why there is no comparison.
+    `requests`: per leg, its request table (analyzers.requests.request_table) or None; with any,
+    the requests panel follows the comparison.
     """
     legs = make_legs(analyses, comparison.baseline if comparison is not None else None)
     body = [
         ("comparison", panels.comparison_panel(comparison) if comparison is not None
          else panels.Panel(None, "one label only: nothing to compare" if len({leg.label for leg in legs}) == 1
                            else "no comparison of these labels")),
+        *([("requests", requests_panel(legs, requests))] if requests and any(t is not None for t in requests)
+          else []),
         ("iterations", panels.iterations_panel(legs)),
         ("timeline", panels.timeline_panel(legs)),
         ("distributions", panels.distributions_panel(legs)),
@@ -81,11 +86,12 @@ def render_html(parts: list[tuple[str, panels.Panel]]) -> str:
 
 
 def write_dashboard(analyses: list, comparison, out: Path, title: str = "ckptrace report",
-                    notes: Sequence[str] = ()) -> Path:
+                    notes: Sequence[str] = (), requests: list | None = None) -> Path:
     """Write the dashboard of `analyses` (ckptrace.analyzers.Analysis, in run order) to `out`.
 
     `comparison` (ckptrace.analyzers.compare.Comparison) or None when there is one label.
-    `notes`: plain-text lines shown at the top. Written atomically; returns the path written.
+    `notes`: plain-text lines shown at the top; `requests`: per leg, its request table or None.
+    Written atomically; returns the path written.
     """
     if not analyses:
         raise CkptraceError("no traces to show: give at least one trace file")
@@ -93,6 +99,6 @@ def write_dashboard(analyses: list, comparison, out: Path, title: str = "ckptrac
     if out.is_dir():
         raise CkptraceError(f"{printable(out)}: is a directory; give a file name such as "
                             f"{printable(out / 'report.html')}")
-    data = render_html(build_panels(analyses, comparison, title, notes)).encode("utf-8")
+    data = render_html(build_panels(analyses, comparison, title, notes, requests)).encode("utf-8")
     write_output(out, lambda f: f.write(data), what="report")
     return out

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import click
 
+from ckptrace.commands.compare import leg_requests
 from ckptrace.errors import AnalysisError, CkptraceError
 from ckptrace.output import check_output
 from ckptrace.terminal import printable
@@ -15,6 +16,7 @@ Examples:
   ckptrace dashboard run.parquet -o report.html
   ckptrace dashboard off1.parquet on.parquet off2.parquet -o report.html
   ckptrace dashboard off.parquet on.parquet -o ab.html --title "32 slots"
+  ckptrace dashboard off.parquet -o off.html --requests off.requests.json
 
 \b
 Traces are legs in run order, grouped by label: the first label is the
@@ -26,7 +28,12 @@ nothing from the network and opens from disk in any browser.
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
               help="HTML file to write (replaced if it exists).")
 @click.option("--title", default="ckptrace report", show_default=True, help="Heading shown in the report.")
-def command(traces: tuple[Path, ...], output: Path, title: str) -> None:
+@click.option("--requests", "request_files", multiple=True, metavar="FILE",
+              help="A leg's request file (`ckptrace drive --json -o FILE`), once per trace in the same order "
+                   "(default: NAME.requests.json beside each NAME.parquet, where there is one): adds a panel "
+                   "of each request's checkpoint time inside its time to first token, and TTFT rows to the "
+                   "comparison.")
+def command(traces: tuple[Path, ...], output: Path, title: str, request_files: tuple[str, ...]) -> None:
     """Write a self-contained HTML report of one or more TRACE files."""
     from ckptrace.analyzers import analyze_trace
     from ckptrace.dashboards.report import write_dashboard
@@ -38,14 +45,20 @@ def command(traces: tuple[Path, ...], output: Path, title: str) -> None:
         raise CkptraceError(f"{printable(output)}: the report is HTML; give an -o path ending in .html")
     check_output(output, what="report")
     analyses = [analyze_trace(read_trace(p)) for p in traces]
+    requests = leg_requests(tuple(map(str, traces)), request_files)
+    tables = None
+    if requests is not None:
+        from ckptrace.analyzers.requests import request_table
+        tables = [None if r is None else request_table(r, a, source=f"the request file of {printable(a.trace.path)}")
+                  for a, r in zip(analyses, requests)]
     comparison, notes = None, []
     if len({a.trace.label for a in analyses}) >= 2:
         from ckptrace.analyzers.compare import compare
         try:
-            comparison = compare(analyses)
+            comparison = compare(analyses, requests=requests)
         except AnalysisError as e:
             # The traces are still worth seeing: draw them, and say why there is no comparison.
             notes.append(f"No comparison: {e}")
             click.echo(f"ckptrace: warning: no comparison: {printable(e)}", err=True)
-    path = write_dashboard(analyses, comparison, output, title, notes=notes)
+    path = write_dashboard(analyses, comparison, output, title, notes=notes, requests=tables)
     click.echo(printable(path), err=not named_file)  # never mixed into a report sent to stdout
