@@ -54,6 +54,11 @@ def test_demo_llama_server_records_checks_compares_and_writes_the_report(tmp_pat
     assert (tmp_path / "report.html").stat().st_size > 100_000
     names = ("1-pool-off", "2-pool-on", "3-pool-off")
     assert all((tmp_path / f"{n}.parquet").exists() and (tmp_path / f"{n}.log").exists() for n in names)
+    # the request files drive wrote beside the traces: TTFT p90 pool-on against pool-off, with an interval
+    assert all((tmp_path / f"{n}.requests.json").exists() for n in names)
+    assert all(r["completed"] == r["requests"] == 12 for r in out["requests"]), out["requests"]
+    ttft = {m["metric"]: m for m in out["comparison"]["metrics"]}["ttft_p90_ms"]
+    assert ttft["ci_low_pct"] is not None and ttft["ci_high_pct"] is not None, ttft
     # The demo's own cross-check: every checkpoint the server logged was recorded, with its size.
     for check in out["checks"]:
         recorded = int(check.split("checkpoints ")[1].split(" ")[0])

@@ -58,22 +58,41 @@ def sigterm_raises():
         signal.signal(signal.SIGTERM, old)
 
 
+def request_line(table, summary: dict) -> str:
+    """One line: what the leg's requests felt, and the checkpoints' part of it (analyze --requests)."""
+    st = summary["stats"]
+
+    def pcts(key):
+        return "/".join("-" if st[key][q] is None else f"{st[key][q] / 1e6:.0f}" for q in ("median", "p90", "p99"))
+
+    return (f"requests {summary['completed']} of {summary['requests']} ok; TTFT p50/p90/p99 {pcts('ttft_ns')} ms, "
+            f"checkpoint stall inside it {pcts('stall_ns')} ms, of which fill {pcts('ckpt_fill_ns')} ms")
+
+
 def llama_server_legs(out_dir: Path, say, version: str = "0.3.36", model: str = "mamba",
-                      libcxx: bool = False) -> tuple[list, list[str]]:
-    """Record the llama-server A/B/A legs; return the analyses and one check line per leg."""
+                      libcxx: bool = False) -> tuple[list, list[str], list]:
+    """Record the llama-server A/B/A legs; return the analyses, one check line per leg and each
+    leg's requests (drive's request file, read back)."""
     from ckptrace.analyzers import analyze_trace
-    from ckptrace.samples.llama_server import cached_model, log_path, run_legs
+    from ckptrace.analyzers.requests import request_summary, request_table
+    from ckptrace.requests_file import read_requests
+    from ckptrace.samples.llama_server import cached_model, log_path, run_legs, ttft_path
     from ckptrace.trace import read_trace
 
     with sigterm_raises():
         say(f"model: make_model.py --arch {model} (its default shape)")
         paths = run_legs(out_dir, say=say, version=version, libcxx=libcxx, model=cached_model(arch=model))
-    analyses, checks = [], []
+    analyses, checks, requests = [], [], []
     for i, path in enumerate(paths, 1):
         analyses.append(analyze_trace(read_trace(path)))
         checks.append(server_log_check(analyses[-1], log_path(path)))
         say(textwrap.fill(checks[-1], 80, initial_indent=f"  check leg {i}: ", subsequent_indent="    "))
-    return analyses, checks
+        requests.append(read_requests(ttft_path(path)))
+        table = request_table(requests[-1], analyses[-1])
+        analyses[-1].summary["requests"] = request_summary(table, analyses[-1].trace)
+        say(textwrap.fill(request_line(table, analyses[-1].summary["requests"]), 80,
+                          initial_indent="    ", subsequent_indent="    "))
+    return analyses, checks, requests
 
 
 @click.command(epilog="""\b
@@ -133,8 +152,9 @@ def command(ctx, out_dir: Path | None, llama: bool, llama_version: str, model: s
     if llama:
         what = f"llama-server {llama_version}{' (clang+libc++)' if libcxx else ''}, {model} model"
         say(f"ckptrace demo: a real {what}, pool-off / pool-on / pool-off, in {out_dir}")
-        analyses, checks = llama_server_legs(out_dir, say, llama_version, model, libcxx)
-        finish(analyses, checks, out_dir, as_json, f"ckptrace demo: {what}, pool-off / pool-on / pool-off")
+        analyses, checks, requests = llama_server_legs(out_dir, say, llama_version, model, libcxx)
+        finish(analyses, checks, out_dir, as_json, f"ckptrace demo: {what}, pool-off / pool-on / pool-off",
+               requests)
         return
     from ckptrace.analyzers import analyze_trace
     from ckptrace.probes.recorder import RecordOptions, record
@@ -160,19 +180,29 @@ def command(ctx, out_dir: Path | None, llama: bool, llama_version: str, model: s
            "ckptrace demo: sample workload, pool-off / pool-on / pool-off")
 
 
-def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, title: str) -> None:
-    """Compare the legs, write the dashboard, print the comparison (or the JSON summary)."""
+def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, title: str,
+           requests: list | None = None) -> None:
+    """Compare the legs, write the dashboard, print the comparison (or the JSON summary).
+
+    `requests`: each leg's request file, read (llama-server legs): TTFT rows and panel."""
     from ckptrace.analyzers.compare import compare
     from ckptrace.renderers.json import comparison_json
     from ckptrace.renderers.text import compare_report
     from ckptrace.dashboards.report import write_dashboard
 
-    comparison = compare(analyses)
+    comparison = compare(analyses, requests=requests)
+    tables = None
+    if requests is not None:
+        from ckptrace.analyzers.requests import request_table
+        tables = [request_table(r, a) for a, r in zip(analyses, requests)]
     report = write_dashboard(analyses, comparison, out_dir / "report.html", title=title,
-                             notes=[f"leg {i}: {c}" for i, c in enumerate(checks, 1)])
+                             notes=[f"leg {i}: {c}" for i, c in enumerate(checks, 1)], requests=tables)
     if as_json:
-        click.echo(json.dumps({"traces": [a.trace.path for a in analyses], "checks": checks,
-                               "comparison": comparison_json(comparison), "report": str(report)}, default=str))
+        doc = {"traces": [a.trace.path for a in analyses], "checks": checks,
+               "comparison": comparison_json(comparison), "report": str(report)}
+        if requests is not None:
+            doc["requests"] = [a.summary["requests"] for a in analyses]
+        click.echo(json.dumps(doc, default=str))
         return
     click.echo("")
     echo(compare_report(comparison))
