@@ -266,3 +266,28 @@ def test_markdown_shows_hostile_labels_as_code_only(tmp_path):
     outside = re.sub(r"(`+).+?\1", "", md, flags=re.S)  # every code span and block removed
     assert "@someone" not in outside and "<img" not in outside
     assert "\n# h" not in md
+
+
+def test_dashboard_requests_panel_draws_the_tables_values(tmp_path):
+    from ckptrace.dashboards.report import build_panels
+
+    legs = legs_with_requests(tmp_path, [OFF1, ON, OFF2])
+    requests_path(legs[1]).unlink()
+    p = ckptrace("dashboard", *legs, "-o", tmp_path / "r.html")
+    assert p.returncode == 0, p.stderr
+    html = (tmp_path / "r.html").read_text()
+    assert "ckptrace-requests" in html and "TTFT without fill (est.)" in html
+    analyses = [analyze_trace(read_trace(x)) for x in legs]
+    tables = [request_table(read_requests(requests_path(x)), a) if requests_path(x).exists() else None
+              for x, a in zip(legs, analyses)]
+    panels = dict(build_panels(analyses, None, requests=tables))
+    fig = panels["requests"].figure
+    bars = [t for t in fig.data if t.type == "bar"]
+    assert len(bars) == 2 * 4  # two legs with a file, four parts each
+    for leg_bars, table in zip((bars[:4], bars[4:]), (tables[0], tables[2])):
+        rows = table[table["in_recording"]]
+        fill = next(b for b in leg_bars if b.name == "checkpoint fill")
+        assert np.allclose(np.asarray(fill.y, "float64"), rows["ckpt_fill_ns"].to_numpy("float64") / 1e6, rtol=1e-6)
+        total = sum(np.asarray(b.y, "float64") for b in leg_bars)
+        assert np.allclose(total, rows["stall_ns"].to_numpy("float64") / 1e6, rtol=1e-6)
+    assert any("no request file for 2" in n for n in panels["requests"].notes)
