@@ -13,8 +13,9 @@ stalls every request in flight, not only the one whose prompt it saves.
   span wholly inside, prorated for one cut by the window's edge (`cut_spans` counts those). NA
   where not recorded, never 0.
 - `restore_ns`, `restore_copy_ns`: time inside the window in `restore` spans (the server loading
-  a checkpoint back) and in their state copies (`restore_copy`, part of `restore_ns`). NA when
-  the trace's probes could not see restores (recorded before they existed).
+  a checkpoint back) and in their state copies (`restore_copy`, part of `restore_ns`; a copy
+  outside any restore span, where load_tgt was not probed, counts as restore time itself). NA
+  when the trace's probes could not see restores (recorded before they existed).
 - `stall_ns = ckpt_ns + restore_ns` (restores counted when recorded); `rest_ns = ttft_ns - stall_ns`:
   everything else (queueing, the prompt's own decode, sampling, HTTP).
 - `est_ttft_without_fill_ns = ttft_ns - ckpt_fill_ns`: an *estimate* of the TTFT had no
@@ -63,7 +64,7 @@ REQUEST_COLUMNS: dict[str, object] = {
 # Summary distributions (p50 = median, p90, p99) over the requests with a breakdown.
 SUMMARY_FIGURES = ("ttft_ns", "stall_ns", "ckpt_ns", "ckpt_fill_ns", "restore_ns", "est_ttft_without_fill_ns")
 # Probe points whose presence means restores were watched (probes/symbols.py names).
-RESTORE_POINTS = frozenset({"load_tgt", "load_dft", "restore_copy", "state_set"})
+RESTORE_POINTS = frozenset({"load_tgt", "load_dft", "state_restore"})
 BLOCK = 4_000_000  # window x span cells per step: about 32 MB of overlaps at a time
 
 
@@ -156,8 +157,10 @@ def request_table(requests: pd.DataFrame, analysis, source: str = "request file"
     copy_total, _, _, copy_vals = _overlap(ws, we, copies, {"fault": per_span(copies, "copy_fault_ns", "copy_ns")})
     watched = restores_recorded(trace)
     restore = select(ev, kind_mask(ev, "restore"), ["start_ns", "end_ns"])
-    restore_copy = select(ev, kind_mask(ev, "restore_copy"), ["start_ns", "end_ns"])
-    rs_total, _, rs_cut, _ = _overlap(ws, we, restore, {})
+    restore_copy = select(ev, kind_mask(ev, "restore_copy"), ["start_ns", "end_ns", "phase"])
+    # A copy outside any restore span (a build whose load_tgt was not probed) is restore time of its own.
+    alone = restore_copy[(restore_copy["phase"].astype(str) != "restore").to_numpy()]
+    rs_total, _, rs_cut, _ = _overlap(ws, we, pd.concat([restore, alone[["start_ns", "end_ns"]]]), {})
     rc_total, _, _, _ = _overlap(ws, we, restore_copy, {})
 
     stall = ck_total + (rs_total if watched else 0)

@@ -291,3 +291,28 @@ def test_dashboard_requests_panel_draws_the_tables_values(tmp_path):
         total = sum(np.asarray(b.y, "float64") for b in leg_bars)
         assert np.allclose(total, rows["stall_ns"].to_numpy("float64") / 1e6, rtol=1e-6)
     assert any("no request file for 2" in n for n in panels["requests"].notes)
+
+
+def test_restores_count_as_stall_nested_copies_once():
+    """A trace with restores (trace format 3 kinds): a restore span and its nested copy count
+    once; a copy outside any restore span (load_tgt not probed) counts as restore time itself."""
+    from ckptrace.meta import TraceMeta
+    from ckptrace.trace import Trace
+    from test_analyzers import make_events
+
+    ms = 1_000_000
+    ev = make_events([
+        dict(kind="checkpoint", tid=1, start_ns=10 * ms, end_ns=20 * ms, ckpt=1, bytes=4096),
+        dict(kind="copy", tid=1, start_ns=12 * ms, end_ns=20 * ms, ckpt=1, bytes=4096, phase="checkpoint"),
+        dict(kind="restore", tid=1, start_ns=30 * ms, end_ns=40 * ms),
+        dict(kind="restore_copy", tid=1, start_ns=31 * ms, end_ns=39 * ms, phase="restore"),
+        dict(kind="restore_copy", tid=1, start_ns=50 * ms, end_ns=54 * ms, phase="none"),
+    ])
+    a = analyze_trace(Trace(ev, TraceMeta(label="r", attach_ns=1, stop_ns=100 * ms), "r.parquet"))
+    reqs = pd.DataFrame([request(0, 5 * ms, 60 * ms), request(1, 35 * ms, 17 * ms)])
+    from ckptrace.requests_file import COLUMNS
+    t = request_table(reqs.astype({k: v for k, v in COLUMNS.items() if k in reqs}), a).set_index("request")
+    assert (t.loc[0, "ckpt_ns"], t.loc[0, "restore_ns"], t.loc[0, "restore_copy_ns"]) == (10 * ms, 14 * ms, 12 * ms)
+    assert t.loc[0, "stall_ns"] == 24 * ms and t.loc[0, "rest_ns"] == 36 * ms
+    # from inside the restore (35 ms) to 52 ms: 5 ms of it, 4 of its copy, 2 of the lone copy
+    assert (t.loc[1, "restore_ns"], t.loc[1, "restore_copy_ns"], t.loc[1, "cut_spans"]) == (7 * ms, 6 * ms, 2)
