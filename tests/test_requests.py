@@ -316,3 +316,27 @@ def test_restores_count_as_stall_nested_copies_once():
     assert t.loc[0, "stall_ns"] == 24 * ms and t.loc[0, "rest_ns"] == 36 * ms
     # from inside the restore (35 ms) to 52 ms: 5 ms of it, 4 of its copy, 2 of the lone copy
     assert (t.loc[1, "restore_ns"], t.loc[1, "restore_copy_ns"], t.loc[1, "cut_spans"]) == (7 * ms, 6 * ms, 2)
+
+
+def test_drive_writes_the_request_file_it_prints(tmp_path):
+    """`drive -o FILE` writes what `--json` prints, and read_requests takes it back as it is."""
+    import http.server
+    import threading
+
+    from test_llama_server import FakeCompletion
+
+    handler = type("Handler", (FakeCompletion,), {"prompts": [], "lock": threading.Lock()})
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    try:
+        out = tmp_path / "run.requests.json"
+        p = ckptrace("drive", f"http://127.0.0.1:{srv.server_address[1]}", "--clients", "2", "--requests", "3",
+                     "--n-predict", "2", "--json", "-o", out)
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    assert p.returncode == 0, p.stderr
+    assert json.loads(out.read_text()) == json.loads(p.stdout)
+    r = read_requests(out)
+    assert list(r["request"]) == [0, 1, 2] and (r["predicted_tokens"] == 2).all() and (r["status"] == "ok").all()
+    assert_one_line_error(ckptrace("drive", "http://127.0.0.1:1", "-o", tmp_path), "is a directory", code=1)
