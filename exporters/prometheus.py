@@ -63,8 +63,8 @@ GAUGES = {
     "checkpoint_memory_peak_bytes": "High-water mark of checkpoint_memory_held_bytes since ckptrace attached.",
 }
 STALE_CARRY_NS = 60_000_000_000  # a fill/copy whose checkpoint never returned (an exception) is dropped
-K_CHECKPOINT, K_FILL, K_COPY, K_MUNMAP, K_RESTORE = (KINDS.index(k) for k in
-                                                     ("checkpoint", "fill", "copy", "munmap", "restore"))
+K_CHECKPOINT, K_FILL, K_COPY, K_MMAP, K_MUNMAP, K_RESTORE = (
+    KINDS.index(k) for k in ("checkpoint", "fill", "copy", "mmap", "munmap", "restore"))
 SYSCALL_KINDS = [KINDS.index(k) for k in ("mmap", "munmap", "mremap")]
 
 
@@ -99,11 +99,12 @@ class _Hist:
 @dataclass
 class _Target:
     labels: tuple[str, str, str]
+    fill_probed: bool = True
     hists: dict[str, _Hist] = field(default_factory=lambda: {n: _Hist(h[2]) for n, h in HISTOGRAMS.items()})
     counters: dict[str, int] = field(default_factory=lambda: dict.fromkeys(COUNTERS, 0))
     buffers: HeldBuffers = field(default_factory=HeldBuffers)  # analyzers/memory.py's rule, kept across batches
     peak_bytes: int = 0
-    carry: tuple | None = None  # (rows, fault_ns) of fills/copies whose checkpoint has not returned yet
+    carry: tuple | None = None  # (rows, fault_ns) of fills/copies/mmaps whose checkpoint has not returned yet
     ended_ns: int | None = None  # when its process exited; served once more after that
     scraped_after_end: bool = False
 
@@ -116,9 +117,10 @@ class CheckpointMetrics(Collector):
         self._targets: dict[int, _Target] = {}
         self._lost = 0
 
-    def add(self, pid: int, label: str, build_id: str) -> None:
+    def add(self, pid: int, label: str, build_id: str, fill_probed: bool = True) -> None:
+        """A process to serve; `fill_probed` False: its build has no growth probe (derived fill)."""
         with self._lock:
-            self._targets[pid] = _Target((str(pid), label, build_id or ""))
+            self._targets[pid] = _Target((str(pid), label, build_id or ""), fill_probed=fill_probed)
 
     def fold(self, pid: int, batch) -> None:
         """Add one batch of a process's events (probes/live.py LiveBatch)."""
@@ -126,11 +128,11 @@ class CheckpointMetrics(Collector):
         if t is None:
             return  # a process detached since (its last events come after it was served)
         ev, fault = batch.events, batch.fault_ns
+        held = _held_changes(t, ev)  # on the new rows only: carried mmaps were applied when they came
+        restores = _restores(ev)
         if t.carry is not None:
             ev, fault = np.concatenate([t.carry[0], ev]), np.concatenate([t.carry[1], fault])
-        ck, t.carry = _checkpoints(ev, fault, batch.sched_recorded)
-        held = _held_changes(t, ev)
-        restores = _restores(ev)
+        ck, t.carry = _checkpoints(ev, fault, batch.sched_recorded, t.fill_probed)
         with self._lock:
             for name, (col, scale, _, _) in HISTOGRAMS.items():
                 v = ck[col]
@@ -197,7 +199,7 @@ class CheckpointMetrics(Collector):
             yield fam
 
 
-def _checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool) -> tuple[dict, tuple | None]:
+def _checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool, fill_probed: bool = True) -> tuple[dict, tuple | None]:
     """Per checkpoint of the batch, as analyzers/checkpoints.py defines it (the test holds the
     two to each other): {column: float array, -1 = not recorded}, and the rows to carry.
 
@@ -206,11 +208,14 @@ def _checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool) -> tuple[dict, 
     with at least one state copy; fill_ns/copy_ns the summed wall time of its fill/copy rows (0
     when none: a fill-less checkpoint is a pool hit); cpu/wait its own span's; fault_ns its
     fills' and copies' fault time summed, not recorded when any part was not measured (analyze
-    estimates those; serve leaves them out). A checkpoint's row comes at its return, after its
-    fills and copies (one thread, one ring buffer: in order), so a batch may end between them:
-    those rows wait for it, dropped after STALE_CARRY_NS (a checkpoint that never returned)."""
+    estimates those; serve leaves them out). A build without a growth probe (`fill_probed`
+    False) gets analyze's derived fill: the checkpoint minus its copies, its faults minus theirs,
+    a pool hit when it neither faulted nor mapped memory, fault time not recorded. A
+    checkpoint's row comes at its return, after its fills, copies and mmaps (one thread, one ring
+    buffer: in order), so a batch may end between them: those rows wait for it, dropped after
+    STALE_CARRY_NS (a checkpoint that never returned)."""
     kind, ids = ev["kind"], ev["ckpt"]
-    part = ((kind == K_FILL) | (kind == K_COPY)) & (ids != 0)
+    part = ((kind == K_FILL) | (kind == K_COPY) | (kind == K_MMAP)) & (ids != 0)
     ck = ev[kind == K_CHECKPOINT]
     waiting = part & ~np.isin(ids, ck["ckpt"])
     carry = None
@@ -221,27 +226,33 @@ def _checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool) -> tuple[dict, 
     ck_ids = ck["ckpt"]
     dur = (ev["end_ns"] - ev["start_ns"]).astype("float64")
 
-    def summed(kind_code: int):
+    def summed(kind_code: int) -> dict[str, np.ndarray]:
+        """Per checkpoint: rows of this kind, their wall time, faults, fault time, unmeasured parts."""
         rows = part & (kind == kind_code) & ~waiting
         pos = np.searchsorted(ck_ids, ids[rows])
-        n, total, missing = (np.zeros(len(ck_ids)) for _ in range(3))
-        np.add.at(n, pos, 1)
-        np.add.at(total, pos, dur[rows])
         f = fault[rows]
-        np.add.at(missing, pos, f < 0)
-        ftotal = np.zeros(len(ck_ids))
-        np.add.at(ftotal, pos, np.maximum(f, 0))
-        return n, total, ftotal, missing
+        out = {}
+        for name, v in (("n", 1.0), ("ns", dur[rows]), ("faults", ev["faults"][rows].astype("float64")),
+                        ("fault_ns", np.maximum(f, 0).astype("float64")), ("missing", (f < 0).astype("float64"))):
+            out[name] = np.zeros(len(ck_ids))
+            np.add.at(out[name], pos, v)
+        return out
 
-    n_fill, fill_ns, fill_fault, fill_missing = summed(K_FILL)
-    n_copy, copy_ns, copy_fault, copy_missing = summed(K_COPY)
-    saved = n_copy > 0  # an update that copied no state saved nothing: not a checkpoint
-    fault_ns = np.where((fill_missing + copy_missing) > 0, -1.0, fill_fault + copy_fault)
+    fill, copy, mmaps = summed(K_FILL), summed(K_COPY), summed(K_MMAP)["n"]
+    total = (ck["end_ns"] - ck["start_ns"]).astype("float64")
+    faults = ck["faults"].astype("float64")
+    if fill_probed:
+        fill_ns, pool_hit = fill["ns"], fill["n"] == 0
+        fault_ns = np.where((fill["missing"] + copy["missing"]) > 0, -1.0, fill["fault_ns"] + copy["fault_ns"])
+    else:
+        fill_ns = np.maximum(total - copy["ns"], 0)
+        pool_hit = (np.maximum(faults - copy["faults"], 0) == 0) & (mmaps == 0)
+        fault_ns = np.full(len(ck), -1.0)  # the fill's own fault time is not measured
+    saved = copy["n"] > 0  # an update that copied no state saved nothing: not a checkpoint
     clock = (lambda c: ck[c].astype("float64")) if sched else (lambda c: np.full(len(ck), -1.0))
-    cols = {"total_ns": (ck["end_ns"] - ck["start_ns"]).astype("float64"), "fill_ns": fill_ns,
-            "copy_ns": copy_ns, "fault_ns": fault_ns, "cpu_ns": clock("cpu_ns"), "wait_ns": clock("wait_ns"),
-            "bytes": ck["bytes"].astype("float64"), "faults": ck["faults"].astype("float64"),
-            "pool_hit": n_fill == 0}
+    cols = {"total_ns": total, "fill_ns": fill_ns, "copy_ns": copy["ns"], "fault_ns": fault_ns,
+            "cpu_ns": clock("cpu_ns"), "wait_ns": clock("wait_ns"), "bytes": ck["bytes"].astype("float64"),
+            "faults": faults, "pool_hit": pool_hit}
     return {c: v[saved] for c, v in cols.items()}, carry
 
 
