@@ -94,6 +94,11 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
         problems.append(f"{partial + open_} spans were cut off at attach or stop and dropped "
                         f"({partial} partial, {open_} open at stop): the first or last iteration "
                         "may be incomplete")
+    if getattr(meta, "map_full", 0):
+        problems.append(f"{meta.map_full} thread events were not seen (the recorder's per-thread map was "
+                        "full): some threads' checkpoints or iterations may be missing")
+    if getattr(meta, "complete", True) is False:
+        problems.append(f"cut short: {meta.cut_short or 'the recorder did not finish this trace'}")
     reliability = "; ".join(problems) if problems else "no events lost and no spans cut off"
     notes = []
     if fault_sources["not recorded"]:
@@ -148,6 +153,8 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
         "wait_share": shares["checkpoints"],
         "prefill_wait_share": shares["prefill iterations"],
         "lost_events": lost,
+        "complete": getattr(meta, "complete", True) is not False,
+        "map_full": getattr(meta, "map_full", 0),
         "partial_spans": partial,
         "open_at_stop": open_,
         "reliable": not problems,

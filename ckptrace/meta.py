@@ -108,6 +108,15 @@ class TraceMeta:
     sched_counters: SchedCounters | None = None  # None: a version 1 trace
     fault_time: FaultTime | None = None
     processes: list[ProcessInfo] = field(default_factory=list)  # version 3: each traced process
+    # Version 3 (ckptrace/stream.py). A finished trace is complete; a stream a killed recorder
+    # left is not, and says so in one line.
+    complete: bool = True
+    cut_short: str | None = None
+    map_full: int = 0  # thread events not seen: the kernel's per-thread map was full
+    max_threads: int | None = None  # that map's size (--max-threads)
+    threads_seen: int | None = None  # threads the map took in, and removed again when they exited
+    threads_pruned: int | None = None
+    threads_peak: int | None = None  # most threads in the map at once (sampled at each flush)
     # The file's own format stamp as read; write_trace stamps the writer's.
     format: str | None = None
     version: int | None = None

@@ -165,19 +165,61 @@ def _replace(real: str, folder_id, write: Writer, shown, what: str, mode: int | 
         os.close(dfd)
 
 
-def _write_temp(dfd: int, write: Writer, shown, what: str, prefix: str, suffix: str, mode: int) -> str:
+def create_in_place(path: str | os.PathLike, head: bytes, *, what: str = "output") -> int | None:
+    """A new regular file starting with `head` put at `path` now, by the rules above (a regular file
+    there is replaced by a rename, nothing is written through a link), and its descriptor for appending.
+    None where `path` is written into directly (a FIFO, a terminal, /dev/null, our stdout): those
+    can't hold a file that grows and is replaced at the end."""
+    target, folder_id = _resolve(os.fspath(path), what)
+    if isinstance(target, int):
+        return None
+    try:
+        st = os.stat(target, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    except OSError as e:
+        raise _error(path, what, e) from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        if _writable_in_place(st):
+            return None
+        if stat.S_ISDIR(st.st_mode):
+            raise OutputError(f"{printable(path)}: is a directory; give a file name for the {what}",
+                              errno.EISDIR)
+        raise _refused(path, st, what)
+    folder, name = os.path.split(target)
+    dfd = _open_folder(folder, folder_id, path, what)
+    try:
+        fd, tmp = _create_temp(dfd, path, what, f".{name}.", ".tmp")
+        try:
+            view = memoryview(head)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, _default_mode() if st is None else stat.S_IMODE(st.st_mode))
+            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+        except OSError as e:
+            os.close(fd)
+            os.unlink(tmp, dir_fd=dfd)
+            raise _error(path, what, e) from None
+    finally:
+        os.close(dfd)
+    return fd
+
+
+def _create_temp(dfd: int, shown, what: str, prefix: str, suffix: str) -> tuple[int, str]:
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
     for _ in range(100):
         name = f"{prefix}{secrets.token_hex(6)}{suffix}"
         try:
-            fd = os.open(name, flags, 0o600, dir_fd=dfd)
-            break
+            return os.open(name, flags, 0o600, dir_fd=dfd), name
         except FileExistsError:
             continue
         except OSError as e:
             raise _error(shown, what, e) from None
-    else:
-        raise OutputError(f"{printable(shown)}: could not create a temp file beside it", errno.EEXIST)
+    raise OutputError(f"{printable(shown)}: could not create a temp file beside it", errno.EEXIST)
+
+
+def _write_temp(dfd: int, write: Writer, shown, what: str, prefix: str, suffix: str, mode: int) -> str:
+    fd, name = _create_temp(dfd, shown, what, prefix, suffix)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)

@@ -3,6 +3,8 @@
 Plain pandas reads it without ckptrace: `pd.read_parquet(path)` gives the events and
 `.attrs["ckptrace"]` the metadata (pandas >= 2.1 restores attrs from Parquet). The same JSON
 is also stored under the schema key `ckptrace` for pyarrow and other readers.
+While recording, and after a recorder that was killed, the file is instead an Arrow IPC stream
+of the same columns (ckptrace/stream.py); both read here, the stream as a cut-short trace.
 """
 from __future__ import annotations
 
@@ -20,7 +22,8 @@ from ckptrace.errors import TraceFormatError
 from ckptrace.meta import TraceMeta
 from ckptrace.output import write_output
 from ckptrace.terminal import printable
-from ckptrace.validate import check_column, check_events, check_table, open_regular
+from ckptrace import stream
+from ckptrace.validate import budget_rows, check_column, check_events, check_table, check_types, open_regular
 
 FORMAT = "ckptrace-trace"
 VERSION = 3
@@ -116,16 +119,32 @@ def write_trace(path: str | os.PathLike, events: pd.DataFrame, meta: TraceMeta) 
 
 def trace_writer(events: pd.DataFrame, meta: TraceMeta):
     """A function writing the trace of `events` and `meta` into a binary file object."""
-    events = normalize_events(events)
-    doc = {**meta.to_json(), "format": FORMAT, "version": VERSION, "min_reader_version": MIN_READER_VERSION}
-    table = pa.Table.from_pandas(events, preserve_index=False)
-    blob = json.dumps(doc, default=_plain)
-    md = dict(table.schema.metadata or {})
-    md[META_KEY.encode()] = blob.encode()
-    # pandas restores DataFrame.attrs from this key, so plain read_parquet sees the metadata.
-    md[b"PANDAS_ATTRS"] = json.dumps({META_KEY: json.loads(blob)}).encode()
-    table = table.replace_schema_metadata(md)
+    table = pa.Table.from_pandas(normalize_events(events), preserve_index=False)
+    table = table.replace_schema_metadata(trace_schema(meta, table.schema).metadata)
     return lambda f: pq.write_table(table, f, compression="zstd")
+
+
+def trace_schema(meta: TraceMeta, schema: pa.Schema | None = None, pandas_attrs: bool = True) -> pa.Schema:
+    """The events' Arrow schema carrying `meta`, stamped with this writer's format version
+    (`pandas_attrs`: a second copy for pandas' read_parquet, which a stream's readers don't use)."""
+    schema = schema or event_schema()
+    doc = {**meta.to_json(), "format": FORMAT, "version": VERSION, "min_reader_version": MIN_READER_VERSION}
+    blob = json.dumps(doc, default=_plain)
+    md = dict(schema.metadata or {})
+    md[META_KEY.encode()] = blob.encode()
+    if pandas_attrs:  # pandas restores DataFrame.attrs from this key: plain read_parquet sees the metadata
+        md[b"PANDAS_ATTRS"] = json.dumps({META_KEY: json.loads(blob)}).encode()
+    return schema.with_metadata(md)
+
+
+def event_schema() -> pa.Schema:
+    """The Arrow schema of COLUMNS (kind and phase as dictionaries of their names)."""
+    return pa.Schema.from_pandas(empty_events(), preserve_index=False)
+
+
+def to_batch(events: pd.DataFrame, schema: pa.Schema) -> pa.RecordBatch:
+    """Events (any subset of COLUMNS) as one record batch of `schema`."""
+    return pa.RecordBatch.from_pandas(normalize_events(events), schema=schema, preserve_index=False)
 
 
 def _plain(value):
@@ -150,7 +169,12 @@ def read_meta(path: str | os.PathLike) -> TraceMeta:
     path = Path(path)
     try:
         with open_regular(path) as source:
-            schema = pq.read_schema(source)
+            if source.read(4) == stream.STREAM_MAGIC:
+                source.seek(0)
+                schema = stream.open_stream(path, source).schema
+            else:
+                source.seek(0)
+                schema = pq.read_schema(source)
     except (pa.ArrowException, OSError) as e:
         raise TraceFormatError(
             f"{path}: not a ckptrace trace (not a readable Parquet file: {_first_line(e)})"
@@ -186,6 +210,8 @@ def read_meta(path: str | os.PathLike) -> TraceMeta:
 
 def read_trace(path: str | os.PathLike) -> Trace:
     meta = read_meta(path)
+    if stream.is_stream(path):
+        return _read_stream(path, meta)
     # Column by column: peak memory is the frame plus one decoded column, not twice the frame.
     cols = {}
     shown = printable(path)
@@ -216,6 +242,32 @@ def read_trace(path: str | os.PathLike) -> Trace:
 
     check_events(df, shown)
     return Trace(events=df, meta=meta, path=str(path))
+
+
+def _read_stream(path, meta: TraceMeta) -> Trace:
+    """A cut-short trace (a stream a killed recorder left): every batch up to the last complete one."""
+    shown = printable(path)
+    try:
+        with open_regular(path) as source:
+            reader = stream.open_stream(path, source)
+            check_types(reader.schema, COLUMNS, shown)
+            table, progress, torn = stream.read_stream_table(path, reader, budget_rows(source.size(), COLUMNS))
+        cols = {}
+        for col in COLUMNS:
+            if col in table.schema.names:
+                values = table.column(col)
+                check_column(col, values, COLUMNS[col], shown)
+                cols[col] = values.to_pandas()
+        del table
+        df = normalize_events(pd.DataFrame(cols, copy=False))
+    except (pa.ArrowException, OSError) as e:
+        raise TraceFormatError(f"{path}: trace is damaged ({_first_line(e)})") from None
+    except (ValueError, TypeError) as e:
+        raise TraceFormatError(f"{path}: a column has the wrong type ({_first_line(e)})") from None
+    if df["kind"].isna().any():
+        raise TraceFormatError(f"{path}: trace has event kinds this version does not know")
+    check_events(df, shown)
+    return Trace(events=df, meta=stream.cut_short_meta(meta, progress, torn, df), path=str(path))
 
 
 def _first_line(e: BaseException) -> str:

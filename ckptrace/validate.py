@@ -66,7 +66,33 @@ def open_regular(path, what: str = "trace") -> pa.NativeFile:
 
 def check_table(pf: pq.ParquetFile, columns: dict, size: int, shown: str) -> None:
     """Before decoding: each column's Parquet type, and the memory the events would take."""
-    schema = pf.schema_arrow
+    check_types(pf.schema_arrow, columns, shown)
+    md = pf.metadata
+    rows = md.num_rows
+    row_bytes = sum(_itemsize(d) for d in columns.values())
+    stored = sum(md.row_group(i).column(j).total_uncompressed_size
+                 for i in range(md.num_row_groups) for j in range(md.num_columns))
+    need = 2 * rows * row_bytes + stored  # the frame, a copy while typing it, the decoded pages
+    budget = memory_budget(size)
+    if need > budget:
+        raise TraceFormatError(
+            f"{shown}: {rows} events would take about {need >> 20} MiB of memory from a {size >> 10} KiB "
+            f"file; ckptrace reads at most {budget >> 20} MiB here ({EXPANSION}x the file, at least "
+            f"{MIN_BUDGET >> 20} MiB, at most half the available memory): a damaged or hostile trace?")
+
+
+def memory_budget(size: int) -> int:
+    """Memory a trace file of `size` bytes may expand to when read."""
+    return min(max(EXPANSION * size, MIN_BUDGET), _available() // 2)
+
+
+def budget_rows(size: int, columns: dict) -> int:
+    """Rows a file of `size` bytes may hold (a stream, whose row count is known only as it is read)."""
+    return memory_budget(size) // (3 * sum(_itemsize(d) for d in columns.values()))
+
+
+def check_types(schema: pa.Schema, columns: dict, shown: str) -> None:
+    """Each known column's Arrow type is the one written (text, true/false or integers)."""
     for name in columns:
         if name not in schema.names:
             continue  # read_meta has said which columns must be there
@@ -79,18 +105,6 @@ def check_table(pf: pq.ParquetFile, columns: dict, size: int, shown: str) -> Non
         if not ok:
             want = "text" if name in TEXT_COLUMNS else "true/false" if name in BOOL_COLUMNS else "integers"
             raise TraceFormatError(f"{shown}: column {name} holds {t}, not {want}")
-    md = pf.metadata
-    rows = md.num_rows
-    row_bytes = sum(_itemsize(d) for d in columns.values())
-    stored = sum(md.row_group(i).column(j).total_uncompressed_size
-                 for i in range(md.num_row_groups) for j in range(md.num_columns))
-    need = 2 * rows * row_bytes + stored  # the frame, a copy while typing it, the decoded pages
-    budget = min(max(EXPANSION * size, MIN_BUDGET), _available() // 2)
-    if need > budget:
-        raise TraceFormatError(
-            f"{shown}: {rows} events would take about {need >> 20} MiB of memory from a {size >> 10} KiB "
-            f"file; ckptrace reads at most {budget >> 20} MiB here ({EXPANSION}x the file, at least "
-            f"{MIN_BUDGET >> 20} MiB, at most half the available memory): a damaged or hostile trace?")
 
 
 def check_column(name: str, values: pa.ChunkedArray, dtype, shown: str) -> None:

@@ -65,6 +65,8 @@ def build_panels(analyses: list, comparison=None, title: str = "ckptrace report"
         ("metadata", panels.metadata_panel(legs)),
     ]
     page_notes = [plain(n) for n in notes] + [n for _, p in body for n in p.notes]
+    page_notes += [f"{leg.name}: cut short: {plain(leg.meta.cut_short or 'the recorder did not finish this trace')}"
+                   for leg in legs if leg.meta.complete is False]
     page_notes += [f"Panel '{pid}' omitted: {p.omitted}." for pid, p in body if p.figure is None]
     return [("header", panels.header_panel(title, legs, comparison, page_notes))] + body
 

@@ -10,6 +10,7 @@
  *   MAJ_FLT_OFF     installed headers are for another kernel version, so never take it from them)
  *   RINGBUF_PAGES   ring buffer size in pages (power of two)
  *   SCHED_COUNTERS  1: read the scheduler counters below (0 on a kernel without them)
+ *   MAX_THREADS     entries of the per-thread map; a thread's entry goes when it exits
  *   SUM_EXEC_RUNTIME_OFF, EXEC_START_OFF, RUN_DELAY_OFF, NVCSW_OFF, NIVCSW_OFF   task_struct offsets
  *   SE_CFS_RQ_OFF, CFS_RQ_RQ_OFF, RQ_CLOCK_OFF, RQ_CLOCK_TASK_OFF       to find the thread's rq
  */
@@ -63,7 +64,7 @@ struct armed {
     u64 t0;
 };
 
-BPF_HASH(threads, u32, struct tstate, 8192);
+BPF_HASH(threads, u32, struct tstate, MAX_THREADS);
 BPF_HASH(targets, u32, u32, MAX_TARGETS); /* the processes traced: tgid -> 1 */
 /* Resident bytes per traced mm, as kmem:rss_stat reports them member by member. Keyed by the
  * tracepoint's mm_id (a hash of the mm pointer), learnt from events the process's own threads
@@ -166,12 +167,29 @@ static __always_inline int target_tid(u32 *tid)
     return 1;
 }
 
+static __always_inline u64 counter(u32 idx)
+{
+    u64 *v = counters.lookup(&idx);
+    return v ? *v : 0;
+}
+
 static __always_inline struct tstate *state_of(u32 tid)
 {
+    struct tstate *s = threads.lookup(&tid);
+    if (s)
+        return s;
     struct tstate zero = {};
-    struct tstate *s = threads.lookup_or_try_init(&tid, &zero);
+    if (threads.insert(&tid, &zero) == 0) {
+        count(C_THREADS_SEEN);
+        u32 peak = C_THREADS_PEAK;
+        u64 *p = counters.lookup(&peak);
+        u64 live = counter(C_THREADS_SEEN) - counter(C_THREADS_PRUNED);
+        if (p && live > *p)
+            *p = live; /* racy between CPUs by one thread at most: a gauge, not an account */
+    }
+    s = threads.lookup(&tid);
     if (!s)
-        count(C_LOST); /* the per-thread map is full: what this thread does next is not seen */
+        count(C_MAP_FULL); /* what this thread does next is not seen, and that is said */
     return s;
 }
 
@@ -631,5 +649,22 @@ TRACEPOINT_PROBE(sched, sched_process_exec)
 {
     u32 tgid = bpf_get_current_pid_tgid() >> 32;
     rss_before_exec.delete(&tgid);
+    return 0;
+}
+
+/* ---- a thread's entry leaves the map when the thread exits, so the map holds live threads ---- */
+
+TRACEPOINT_PROBE(sched, sched_process_exit)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s)
+        return 0;
+    if (s->ckpt || s->iter || s->dec_open)
+        count(C_ABANDONED); /* exited inside a span: it never returns */
+    if (threads.delete(&tid) == 0)
+        count(C_THREADS_PRUNED);
     return 0;
 }

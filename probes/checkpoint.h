@@ -39,8 +39,13 @@ enum ckpt_counter {
     C_LOST = 0,      /* ring buffer full: event dropped */
     C_PARTIAL = 1,   /* a return whose entry was not seen (attached mid-span): dropped */
     C_NEXT_ID = 2,   /* id allocator for checkpoints and iterations */
-    C_ABANDONED = 3, /* an entry that never returned before the next one (exception) */
-    N_COUNTERS = 4,
+    C_ABANDONED = 3, /* an entry that never returned before the next one (exception), or a
+                      * thread that exited inside a span */
+    C_MAP_FULL = 4,  /* the per-thread map was full: that thread's event was not seen */
+    C_THREADS_SEEN = 5,   /* threads taken into the per-thread map */
+    C_THREADS_PRUNED = 6, /* ... and removed again when they exited */
+    C_THREADS_PEAK = 7,   /* most threads in the map at once */
+    N_COUNTERS = 8,
 };
 
 struct ckpt_event {

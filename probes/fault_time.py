@@ -27,6 +27,8 @@ DEFINITION = ("fault_ns = span cpu_ns - on-CPU time of the same work on already-
               "fault, else NA")
 MAX_CAL_BYTES = 128 << 20  # past this, resident time grows linearly with size
 MAX_SIZES = 8
+SKETCH_SIZES = 4096  # distinct span sizes kept while recording (quantiles past this)
+MAX_CARRY = 4096  # checkpoints whose fill/copy came in an earlier batch than the checkpoint row
 REPEATS = 3
 RESIDENT_MAX_SHARE = 1 / 3  # calibration error stays under a quarter of what is recorded
 
@@ -41,6 +43,26 @@ def calibration_sizes(bytes_: pd.Series) -> list[int]:
     if len(sizes) > MAX_SIZES:
         sizes = np.unique(np.quantile(sizes, np.linspace(0, 1, MAX_SIZES), method="nearest"))
     return [int(s) for s in sizes]
+
+
+class SizeSketch:
+    """The sizes of faulting fills and copies seen so far, bounded: what calibration_sizes needs of a
+    recording, kept as it streams by instead of every event."""
+
+    def __init__(self):
+        self.sizes = np.empty(0, dtype="int64")
+
+    def add(self, bytes_: np.ndarray) -> None:
+        """The sizes of some faulting fills and copies."""
+        if not len(bytes_):
+            return
+        sizes = np.unique(np.concatenate([self.sizes, np.clip(bytes_.astype("int64"), 4096, MAX_CAL_BYTES)]))
+        if len(sizes) > SKETCH_SIZES:
+            sizes = np.unique(np.quantile(sizes, np.linspace(0, 1, SKETCH_SIZES), method="nearest"))
+        self.sizes = sizes
+
+    def calibration_sizes(self) -> list[int]:
+        return calibration_sizes(pd.Series(self.sizes))
 
 
 def calibrate(sizes: list[int]) -> dict[str, list[list[int]]]:
@@ -80,9 +102,10 @@ def resident_ns(points: list[list[int]], bytes_: np.ndarray) -> np.ndarray:
     return np.where(b > sizes[-1], ns[-1] * b / sizes[-1], inside)
 
 
-def span_fault_ns(events: pd.DataFrame, cal: dict[str, list[list[int]]]) -> pd.Series:
+def span_fault_ns(events: pd.DataFrame, cal: dict[str, list[list[int]]], carry: dict | None = None) -> pd.Series:
     """fault_ns per row: fills and copies from their cpu_ns, checkpoints as the sum of theirs,
-    0 for any span without faults, NA where not measured."""
+    0 for any span without faults, NA where not measured. Batch by batch, in recording order,
+    `carry` (a dict kept between calls) holds the parts of checkpoints whose row is yet to come."""
     out = pd.Series(pd.NA, index=events.index, dtype="Int64")
     spans = ~events["kind"].isin(["mmap", "munmap", "mremap"]) & events["cpu_ns"].notna()
     out[spans & (events["faults"] == 0)] = 0
@@ -101,11 +124,26 @@ def span_fault_ns(events: pd.DataFrame, cal: dict[str, list[list[int]]]) -> pd.S
                             "fault_ns": out[parts.index], "missing": out[parts.index].isna()})
     agg = by_ckpt.groupby("ckpt").agg(faults=("faults", "sum"), fault_ns=("fault_ns", "sum"),
                                       missing=("missing", "any"))
+    if carry is not None:
+        agg = _with_carry(agg, carry, events.loc[events["kind"] == "checkpoint", "ckpt"])
     ck = events[(events["kind"] == "checkpoint") & spans & (events["faults"] > 0)]
     a = agg.reindex(ck["ckpt"])
     whole = (a["faults"].to_numpy() == ck["faults"].to_numpy()) & ~a["missing"].fillna(True).to_numpy()
     out[ck.index[whole]] = a["fault_ns"].to_numpy()[whole].astype("int64")
     return out
+
+
+def _with_carry(agg: pd.DataFrame, carry: dict, ended: pd.Series) -> pd.DataFrame:
+    """`agg` plus the carried parts; the parts of checkpoints not ended in this batch carried on."""
+    if carry:
+        old = pd.DataFrame.from_dict(carry, orient="index", columns=["faults", "fault_ns", "missing"])
+        agg = pd.concat([agg.astype({"fault_ns": "int64"}), old.astype({"fault_ns": "int64"})])
+        agg = agg.groupby(level=0).agg(faults=("faults", "sum"), fault_ns=("fault_ns", "sum"),
+                                       missing=("missing", "any"))
+    pending = agg[~agg.index.isin(ended.to_numpy())].tail(MAX_CARRY)
+    carry.clear()
+    carry.update({int(k): (int(r.faults), int(r.fault_ns), bool(r.missing)) for k, r in pending.iterrows()})
+    return agg
 
 
 def record_fault_time(events: pd.DataFrame) -> tuple[pd.Series, FaultTime]:
@@ -114,8 +152,13 @@ def record_fault_time(events: pd.DataFrame) -> tuple[pd.Series, FaultTime]:
         return (pd.Series(pd.NA, index=events.index, dtype="Int64"),
                 FaultTime(definition="not measured: the on-CPU time was not recorded"))
     faulting = events[events["kind"].isin(["fill", "copy"]) & (events["faults"] > 0)]
+    cal, how = calibration(calibration_sizes(faulting["bytes"]))
+    return span_fault_ns(events, cal), how
+
+
+def calibration(sizes: list[int]) -> tuple[dict[str, list[list[int]]], FaultTime]:
+    """The resident times of `sizes` and the metadata `fault_time` saying how they were measured."""
     t0 = time.monotonic()
-    cal = calibrate(calibration_sizes(faulting["bytes"]))
-    return span_fault_ns(events, cal), FaultTime(
-        METHOD, DEFINITION, resident_ns=cal, resident_max_share=round(RESIDENT_MAX_SHARE, 4),
-        calibration_s=round(time.monotonic() - t0, 3))
+    cal = calibrate(sizes)
+    return cal, FaultTime(METHOD, DEFINITION, resident_ns=cal, resident_max_share=round(RESIDENT_MAX_SHARE, 4),
+                          calibration_s=round(time.monotonic() - t0, 3))

@@ -1,6 +1,13 @@
-"""Load checkpoint.bpf.c into the kernel, attach it to one or more processes, and stream their events to a trace."""
+"""Load checkpoint.bpf.c into the kernel, attach it to one or more processes, and stream their
+events to a trace.
+
+Events go to disk as they come (ckptrace/stream.py: a batch at least every FLUSH_S), so the
+recorder's memory does not grow with the recording and a killed recorder leaves a cut-short trace.
+A clean stop rewrites the stream, batch by batch, into the finished Parquet trace."""
 from __future__ import annotations
 
+import array
+import itertools
 import ctypes
 import datetime as dt
 import platform
@@ -14,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 
 from ckptrace import __version__
 from ckptrace.errors import EbpfUnavailable, TargetError
@@ -23,7 +32,8 @@ from ckptrace.probes.target import alive, comm_of, process_of, processes_named, 
 from ckptrace.probes.launch import HeldChild
 from ckptrace.output import OutputError, check_output, write_new, write_output
 from ckptrace.terminal import printable
-from ckptrace.trace import KINDS, PHASES, trace_writer
+from ckptrace.stream import CUT_SHORT, Recording, StreamFull, batches
+from ckptrace.trace import KINDS, OPTIONAL, PHASES, event_schema, normalize_events, to_batch, trace_schema
 
 BPF_SOURCE = Path(__file__).with_name("checkpoint.bpf.c")
 
@@ -40,8 +50,10 @@ OUTER_POINTS = ("update_tgt", "update_dft", "update_slots")  # spans other probe
 SCHED_COLUMNS = ("cpu_ns", "wait_ns", "nvcsw", "nivcsw")
 # Indices of the kernel's `counters` array (checkpoint.h enum ckpt_counter; C_NEXT_ID is the
 # kernel's id allocator, never read here). tests/test_enums.py holds these to the header.
-C_LOST, C_PARTIAL, C_ABANDONED = 0, 1, 3
+C_LOST, C_PARTIAL, C_ABANDONED, C_MAP_FULL, C_THREADS_SEEN, C_THREADS_PRUNED, C_THREADS_PEAK = 0, 1, 3, 4, 5, 6, 7
 K_CHECKPOINT, K_ITERATION = KINDS.index("checkpoint"), KINDS.index("iteration")
+K_FILL, K_COPY = KINDS.index("fill"), KINDS.index("copy")
+SYSCALL_KINDS = [KINDS.index(k) for k in ("mmap", "munmap", "mremap", "rss")]  # instants: no span counters
 
 FAULT_SAMPLE_CHOICES = (0, 1, 2, 4, 8, 16, 64)
 SLICE_S = 0.25  # fault timing is on for one slice of this length in every --fault-sample slices
@@ -57,7 +69,10 @@ NO_CHECKPOINT_HINT_S = 30.0
 # Each stops a recording the same way, the trace written; the reason recorded is the value.
 STOP_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hangup",
                 signal.SIGQUIT: "quit"}
-POLL_S = 0.05  # drain period; events are submitted without wakeups
+POLL_S = 0.1  # drain period; events are submitted without wakeups (2 MiB of ring: 130k events/s)
+FLUSH_S = 0.5  # a batch goes to disk at least this often (what a killed recorder can lose)
+ROW_GROUP_ROWS = 1 << 17  # rows per Parquet row group in the finished trace
+MAX_THREADS = 8192  # default size of the kernel's per-thread map
 MAX_TARGETS = 64  # processes one recording follows (the kernel's `targets` map)
 COMM_POLL_S = 0.5  # --comm: how often to look for a process of that name while none runs
 
@@ -69,6 +84,7 @@ class RecordOptions:
     duration_s: float | None = None
     fault_sample: int = 0  # the legacy per-fault interval, off: fault_ns needs no per-fault program
     ringbuf_pages: int = 512
+    max_threads: int = MAX_THREADS  # entries of the kernel's per-thread map (threads alive at once)
     status: bool = True  # live status line (only drawn on a terminal)
     no_checkpoint_hint_s: float = NO_CHECKPOINT_HINT_S
     rss_step_mib: int = 1  # an `rss` row when a process's RSS moved by this much (0: not recorded)
@@ -147,9 +163,17 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
             child.abandon()
         raise
 
-    session = _Session(bpf, opts, sched_recorded=sched is not None)
     meta = _trace_meta(opts, targets, command, attach_retries)
     meta.sched_counters = SchedCounters(sched is not None, sched_note)
+    meta.processes = [t.info() for t in targets]  # in the stream's header too
+    try:
+        out = Recording(opts.output, trace_schema(meta, pandas_attrs=False))
+    except BaseException:
+        bpf.cleanup()
+        if child:
+            child.abandon()
+        raise
+    session = _Session(bpf, opts, out, sched_recorded=sched is not None)
     _say(_start_line(opts, targets, child, command, attached, meta.sched_counters))
 
     stop_reason = "interrupted"
@@ -175,21 +199,28 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
         meta.exit_code = child.exit_code if child else None
         meta.stop_ns = time.monotonic_ns()
         session.drain()
+        session.flush()
         session.clear_status()
-        events = session.frame()
-        events["fault_ns"], meta.fault_time = _fault_time(events)
-        _note_stop(meta, session, events, stop_reason)
+        _note_stop(meta, session, "disk full" if session.full else stop_reason)
         targets.any_alive()  # who had gone by the end
         meta.processes = [t.info() for t in targets]
-        written, why_not = _write_or_rescue(opts.output, events, meta)
-        bpf.cleanup()
-        for s, h in old.items():
-            signal.signal(s, h)
+        try:
+            if session.full and out.in_place:
+                written, why_not = _rescue_full(opts.output, out, session, meta)
+            else:
+                written, why_not = _finish(opts.output, out, session, meta)
+        finally:
+            out.close()
+            bpf.cleanup()
+            for s, h in old.items():
+                signal.signal(s, h)
+    if session.full:
+        raise TargetError(why_not)
     if why_not:
         raise TargetError(f"{why_not}; the recording was saved to {written}")
-    result = RecordResult(Path(opts.output), len(events), int((events["kind"] == "checkpoint").sum()),
-                          int((events["kind"] == "iteration").sum()), meta.lost_events, stop_reason,
-                          meta.exit_code, meta)
+    result = RecordResult(Path(opts.output), session.rows, int(session.counts[K_CHECKPOINT]),
+                          int(session.counts[K_ITERATION]), meta.lost_events,
+                          "disk full" if session.full else stop_reason, meta.exit_code, meta)
     _say(_end_line(result))
     return result
 
@@ -200,6 +231,8 @@ def _preflight(opts: RecordOptions):
         raise TargetError(f"--fault-sample must be one of {', '.join(map(str, FAULT_SAMPLE_CHOICES))}")
     if opts.ringbuf_pages < 1 or opts.ringbuf_pages & (opts.ringbuf_pages - 1):
         raise TargetError(f"--ringbuf-pages must be a power of two, got {opts.ringbuf_pages}")
+    if not 1 <= opts.max_threads <= 1 << 20:
+        raise TargetError(f"--max-threads must be from 1 to {1 << 20}, got {opts.max_threads}")
     check_output(opts.output, what="trace")  # a refused -o is said now, not after the recording
     kernel.require_privileges()
     bcc = kernel.import_bcc()
@@ -297,21 +330,23 @@ def _trace_meta(opts: RecordOptions, targets: Targets, command: list[str] | None
         attach_retries=attach_retries,
         fault_sample_every=opts.fault_sample,
         fault_time_definition=FAULT_TIME_DEFINITION if opts.fault_sample else None,
+        complete=False,  # what the stream says until the finished trace replaces it
+        cut_short=CUT_SHORT,
+        max_threads=opts.max_threads,
     )
 
 
-def _note_stop(meta: TraceMeta, session: _Session, events: pd.DataFrame, stop_reason: str) -> None:
+def _note_stop(meta: TraceMeta, session: _Session, stop_reason: str) -> None:
     """What the recording learned by its end: counters, spans left open, how it stopped."""
-    counters = [int(v.value) for v in session.bpf["counters"].values()]
     open_ckpt, open_iter = session.open_spans()
-    meta.first_event_ns = int(events["start_ns"].min()) if len(events) else None
+    for key, value in session.progress().items():
+        if hasattr(meta, key):
+            setattr(meta, key, value)
+    meta.first_event_ns = session.first_ns
     meta.stop_reason = stop_reason
-    meta.lost_events = counters[C_LOST]
-    meta.partial_spans = counters[C_PARTIAL]
-    meta.abandoned_spans = counters[C_ABANDONED]
     meta.open_at_stop = OpenSpans(open_ckpt, open_iter)
     meta.fault_slices_timed = session.fault_slices
-    meta.events = int(len(events))
+    meta.events = session.rows
 
 
 def _start_line(opts: RecordOptions, targets: Targets, child, command, attached: int,
@@ -340,35 +375,121 @@ def _end_line(r: RecordResult) -> str:
         notes.append(f"{meta.partial_spans} partial spans dropped (entered before recording)")
     if meta.open_at_stop.total:
         notes.append(f"{meta.open_at_stop.total} spans still open at stop, dropped")
+    if meta.map_full:
+        notes.append(f"{meta.map_full} thread events not seen: the per-thread map was full "
+                     f"({meta.max_threads} threads; raise --max-threads)")
     return (f"ckptrace: wrote {r.path}: {r.checkpoints} checkpoints, {r.iterations} iterations, "
             f"{r.events} events, {meta.lost_events} lost (stopped: {r.stop_reason}{tail})"
             + ("; " + "; ".join(notes) if notes else ""))
 
 
-def _fault_time(events: pd.DataFrame) -> tuple[pd.Series, FaultTime]:
-    """Fault time per span; a calibration that can't run (no memory) leaves it NA, never the trace."""
+def _calibrate(session: _Session, meta: TraceMeta) -> dict | None:
+    """Fault-time calibration for the spans' sizes; None (fault_ns NA) where it can't run."""
+    if not session.sched_recorded:
+        meta.fault_time = FaultTime(definition="not measured: the on-CPU time was not recorded")
+        return None
     try:
-        return fault_time.record_fault_time(events)
+        cal, meta.fault_time = fault_time.calibration(session.sizes.calibration_sizes())
+        return cal
     except (OSError, MemoryError, ValueError) as e:
-        return (pd.Series(pd.NA, index=events.index, dtype="Int64"),
-                FaultTime(definition=f"not measured: calibration failed ({e})"))
+        meta.fault_time = FaultTime(definition=f"not measured: calibration failed ({e})")
+        return None
 
 
-def _write_or_rescue(path: Path, events: pd.DataFrame, meta: TraceMeta) -> tuple[Path, str | None]:
+def _finish(path: Path, out: Recording, session: _Session, meta: TraceMeta) -> tuple[Path, str | None]:
+    """The finished trace from the stream, in place of the stream (or rescued elsewhere)."""
+    write, n = _finisher(out, session, meta)
+    return _write_or_rescue(path, write, n)
+
+
+def _finisher(out: Recording, session: _Session, meta: TraceMeta):
+    """A writer of the finished trace: the stream and what the disk had no room for, batch by
+    batch, with fault_ns; and its event count."""
+    cal = _calibrate(session, meta)
+    meta.complete, meta.cut_short = True, None
+    meta.events = session.rows + session.dropped
+    schema = trace_schema(meta)
+
+    def write(f):
+        with pq.ParquetWriter(f, schema, compression="zstd") as w:
+            for table in _finished_tables(out, session.unwritten, cal, session.batch_min_start, schema):
+                w.write_table(table)
+    return write, meta.events
+
+
+def _rescue_full(path: Path, out: Recording, session: _Session, meta: TraceMeta) -> tuple[Path | None, str]:
+    """The disk filled while streaming: the stream at `path` stays (cut short, readable); the whole
+    recording goes to a rescue folder if one has room. Returns the copy and the one-line error."""
+    shown = printable(str(path))
+    head = f"cannot write the trace {shown}: {session.full.strerror or 'write failed'}; recording stopped"
+    write, n = _finisher(out, session, meta)
+    written, failures = _rescue(write)
+    if written is None:
+        return None, (f"{head}: {shown} holds the {session.rows} events written before, as a cut-short trace; "
+                      f"the {session.dropped} after them are lost: no copy could be saved ({'; '.join(failures)})")
+    return written, (f"{head}; the whole recording ({n} events) was saved to {written}; {shown} holds the "
+                     f"first {session.rows}, as a cut-short trace")
+
+
+def _finished_tables(out: Recording, unwritten: list[pa.RecordBatch], cal: dict | None, min_starts: array.array,
+                     schema: pa.Schema):
+    """The stream's rows with fault_ns, in (start_ns, end_ns) order, a row group at a time.
+    A batch's rows come when their span ended; a row is let out once no later batch can hold an
+    earlier start (the suffix minimum of the batches' first starts), so memory holds only the
+    rows of spans still open across flushes, not the recording."""
+    later = np.minimum.accumulate(np.asarray(min_starts, dtype="int64")[::-1])[::-1]
+    carry: dict = {}
+    held = pd.DataFrame()
+    ready: list[pd.DataFrame] = []
+    n_ready = 0
+    flushed = (b for b, _ in batches(out.read()) if b.num_rows)  # not the header's empty batch
+    for i, b in enumerate(itertools.chain(flushed, unwritten)):
+        df = normalize_events(b.to_pandas())
+        df["fault_ns"] = fault_time.span_fault_ns(df, cal, carry) if cal else pd.array([pd.NA] * len(df), "Int64")
+        held = pd.concat([held, df], ignore_index=True) if len(held) else df
+        cut = later[i + 1] if i + 1 < len(later) else np.iinfo("int64").max
+        go = held["start_ns"].to_numpy() < cut
+        if go.any():
+            ready.append(held[go])
+            n_ready += int(go.sum())
+            held = held[~go].reset_index(drop=True)
+        if n_ready >= ROW_GROUP_ROWS:
+            yield _sorted_table(ready, schema)
+            ready, n_ready = [], 0
+    if len(held):
+        ready.append(held)
+    if ready:
+        yield _sorted_table(ready, schema)
+
+
+def _sorted_table(parts: list[pd.DataFrame], schema: pa.Schema) -> pa.Table:
+    df = pd.concat(parts, ignore_index=True).sort_values(["start_ns", "end_ns"], kind="stable")
+    return pa.Table.from_batches([to_batch(df, schema.remove_metadata())]).replace_schema_metadata(schema.metadata)
+
+
+def _write_or_rescue(path: Path, write, rows: int) -> tuple[Path, str | None]:
     """Write the trace; if that fails (disk full, folder gone), write it where there is room.
     Returns where it went and why not to `path` (None when it did)."""
-    write = trace_writer(events, meta)
     try:
         return write_output(path, write, what="trace"), None
-    except OutputError as first:
-        failures = [str(first)]
+    except OutputError as e:
+        first = e
+    written, failures = _rescue(write)
+    if written is None:
+        raise TargetError(f"{first}; no copy could be saved either ({'; '.join(failures)}): "
+                          f"the recording ({rows} events) is lost")
+    return written, str(first)
+
+
+def _rescue(write) -> tuple[Path | None, list[str]]:
+    """The trace written into the first folder with room: its path, or None and each folder's failure."""
+    failures = []
     for folder in dict.fromkeys([tempfile.gettempdir(), "/dev/shm", "/var/tmp", "/tmp"]):
         try:
-            return write_new(folder, "ckptrace-rescued-", ".parquet", write, what="rescued trace"), failures[0]
+            return write_new(folder, "ckptrace-rescued-", ".parquet", write, what="rescued trace"), failures
         except OutputError as e:
             failures.append(f"{folder}: {e.reason}")
-    raise TargetError(f"{failures[0]}; no copy could be saved either ({'; '.join(failures[1:])}): "
-                      f"the recording ({len(events)} events) is lost")
+    return None, failures
 
 
 def _say(text: str) -> None:
@@ -386,6 +507,7 @@ def _load(bcc, targets: Targets, offsets: dict, sched: dict | None, opts: Record
         f"-DMAJ_FLT_OFF={int(offsets['maj_flt'])}",
         f"-DRINGBUF_PAGES={int(pages)}",
         f"-DSCHED_COUNTERS={int(sched is not None)}",
+        f"-DMAX_THREADS={int(opts.max_threads)}",
     ]
     cflags += [f"-D{name.upper()}_OFF={int(off)}" for name, off in (sched or {}).items()]
     bpf = kernel.load_bpf(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
@@ -462,12 +584,15 @@ def _attach(bpf, plan, target: int) -> tuple[int, int]:
 
 
 class _Session:
-    """Ring buffer consumer: keeps raw events, counts for the status line, knows when to stop."""
+    """Ring buffer consumer: raw events until the next flush, running counts and aggregates for
+    the status line and the stop, knows when to stop. Holds no more than one flush of events."""
 
-    def __init__(self, bpf, opts: RecordOptions, sched_recorded: bool):
+    def __init__(self, bpf, opts: RecordOptions, out: Recording, sched_recorded: bool):
         self.bpf = bpf
         self.sched_recorded = sched_recorded
         self.opts = opts
+        self.out = out
+        self.schema = event_schema()
         self.layout = bpf["event_layout"].Leaf
         self.dtype = np.dtype(self.layout)
         self.kind_off = self.layout.kind.offset
@@ -475,6 +600,15 @@ class _Session:
         self.chunks: list[bytes] = []
         self.counts = np.zeros(len(KINDS), dtype=np.int64)
         self.ckpt_faults = 0
+        self.rows = 0  # events on disk
+        self.dropped = 0  # events not written (disk full)
+        self.first_ns: int | None = None
+        self.batch_min_start = array.array("q")  # per batch on disk: its earliest start_ns
+        self.sizes = fault_time.SizeSketch()
+        self.threads_peak = 0
+        self.full: StreamFull | None = None
+        self.unwritten: list[pa.RecordBatch] = []  # what the full disk did not take
+        self.last_flush = time.monotonic()
         self.stop_reason: str | None = None
         self.tty = opts.status and sys.stderr.isatty()
         self.fault_on = False
@@ -518,6 +652,10 @@ class _Session:
             time.sleep(POLL_S)
             self.bpf.ring_buffer_consume()
             now = time.monotonic()
+            if now - self.last_flush >= FLUSH_S:
+                self.flush()
+                if self.full:
+                    return "disk full"
             if self.stop_reason:
                 return self.stop_reason
             if self.opts.duration_s and now - t0 >= self.opts.duration_s:
@@ -534,10 +672,72 @@ class _Session:
                      "with recurrent state or SWA make them, checkpoints may be disabled "
                      "(--ctx-checkpoints 0), or no prompt has been processed yet")
 
+    def counters(self) -> list[int]:
+        return [int(v.value) for v in self.bpf["counters"].values()]
+
+    def progress(self) -> dict:
+        """The kernel's counters now, as the trace's metadata names them."""
+        c = self.counters()
+        self.threads_peak = max(self.threads_peak, c[C_THREADS_PEAK])
+        return {"lost_events": c[C_LOST], "partial_spans": c[C_PARTIAL], "abandoned_spans": c[C_ABANDONED],
+                "map_full": c[C_MAP_FULL], "threads_seen": c[C_THREADS_SEEN],
+                "threads_pruned": c[C_THREADS_PRUNED], "threads_peak": self.threads_peak,
+                "events": self.rows}
+
+    def flush(self) -> None:
+        """The events since the last flush, as one batch on disk (none if there were none)."""
+        self.last_flush = time.monotonic()
+        if not self.chunks:
+            return
+        arr = np.frombuffer(b"".join(self.chunks), dtype=self.dtype)
+        self.chunks = []
+        arr = arr[np.lexsort((arr["end_ns"], arr["start_ns"]))]
+        batch = self.batch(arr)
+        kind = arr["kind"]
+        self.sizes.add(arr["bytes"][((kind == K_FILL) | (kind == K_COPY)) & (arr["faults"] > 0)])
+        first = int(arr["start_ns"][0])
+        self.batch_min_start.append(first)
+        self.first_ns = first if self.first_ns is None else min(self.first_ns, first)
+        if not self.full:
+            try:
+                self.out.writer.append(batch, {**self.progress(), "events": self.rows + len(arr)})
+                self.rows += len(arr)
+                return
+            except StreamFull as e:
+                self.full = e
+        self.unwritten.append(batch)  # for a rescue copy: at most this flush and the final drain
+        self.dropped += len(arr)
+
+    def batch(self, arr: np.ndarray) -> pa.RecordBatch:
+        """Kernel events (sorted) as a record batch of the trace's columns, straight from the
+        array (no DataFrame: this runs twice a second for as long as the recording lasts)."""
+        n = len(arr)
+        kind = arr["kind"].astype("int8")
+        not_span = np.isin(kind, SYSCALL_KINDS) | (not self.sched_recorded)
+        cols = []
+        for field in self.schema:
+            name, t = field.name, field.type
+            if pa.types.is_dictionary(t):
+                codes = kind if name == "kind" else arr[name].astype("int8")
+                cols.append(pa.DictionaryArray.from_arrays(codes, pa.array(KINDS if name == "kind" else PHASES,
+                                                                           t.value_type)))
+            elif name in SCHED_COLUMNS:
+                cols.append(pa.array(arr[name].astype("int64"), type=t, mask=not_span))
+            elif name in arr.dtype.names:
+                cols.append(pa.array(arr[name].astype(t.to_pandas_dtype()), type=t))
+            elif name in OPTIONAL:
+                cols.append(pa.nulls(n, t))  # fault_ns: filled in when the trace is finished
+            else:
+                cols.append(pa.array(np.zeros(n, dtype=t.to_pandas_dtype()), type=t))
+        return pa.RecordBatch.from_arrays(cols, schema=self.schema)
+
     def draw_status(self, elapsed: float) -> None:
-        lost = int(self.bpf["counters"][ctypes.c_int(C_LOST)].value)
-        text = (f"{elapsed:7.1f} s  checkpoints {self.counts[K_CHECKPOINT]}  iterations {self.counts[K_ITERATION]}  "
-                f"checkpoint faults {self.ckpt_faults}  lost {lost}")
+        c = self.counters()
+        seen = f"{elapsed:7.1f} s  checkpoints {self.counts[K_CHECKPOINT]}  iterations {self.counts[K_ITERATION]}  "
+        faults = f"checkpoint faults {self.ckpt_faults}"
+        # A full thread map is never silent: it comes before what the 79 columns might cut.
+        text = (seen + f"lost {c[C_LOST]}  map full {c[C_MAP_FULL]}  {faults}" if c[C_MAP_FULL]
+                else seen + f"{faults}  lost {c[C_LOST]}")
         sys.stderr.write("\r" + text[:79].ljust(79))
         sys.stderr.flush()
         self.status_drawn = True
@@ -554,17 +754,3 @@ class _Session:
     def open_spans(self) -> tuple[int, int]:
         states = list(self.bpf["threads"].values())
         return sum(1 for s in states if s.ckpt), sum(1 for s in states if s.iter)
-
-    def frame(self) -> pd.DataFrame:
-        arr = np.frombuffer(b"".join(self.chunks), dtype=self.dtype)
-        df = pd.DataFrame({name: arr[name] for name in self.dtype.names if arr[name].ndim == 1})  # not padding
-        df["kind"] = pd.Categorical.from_codes(df["kind"].astype("int64"), categories=KINDS)
-        df["phase"] = pd.Categorical.from_codes(df["phase"].astype("int64"), categories=PHASES)
-        df["draft"] = df["draft"].astype(bool)
-        # Syscall rows are instants of another kind: they carry no span counters.
-        not_span = df["kind"].isin(["mmap", "munmap", "mremap", "rss"]).to_numpy()
-        for col in SCHED_COLUMNS:
-            values = pd.array(df[col].to_numpy().astype("int64"), dtype="Int64")
-            values[not_span | (not self.sched_recorded)] = pd.NA
-            df[col] = values
-        return df.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)

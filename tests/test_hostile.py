@@ -281,14 +281,19 @@ def kept_in(folder) -> str:
         return ""
 
 
-def record_on_full_disks(folders, workload, out, tmpdir):
+# 9 s of iterations, 0.3 s apart: each flush's batch takes over 1 KiB, so the stream outgrows a
+# 16 KiB folder (its header fits) and the disk fills while streaming.
+STREAM_FILLS = ["--iterations", "30", "--ckpt-mib", "8", "--gap-us", "300000"]
+
+
+def record_on_full_disks(folders, workload, out, tmpdir, workload_args=None):
     """`record` in a private mount namespace where each of `folders` is a full 16 KiB tmpfs;
     prints what each folder holds afterwards (on stdout, one `ls -A` per folder)."""
     script = FULL + "for d in $FOLDERS; do echo \"$d: $(ls -A \"$d\")\"; done; exit $rc"
     keep = str(REPO) if any(kept_in(f) for f in folders) else ""
     return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh",
                            *map(str, folders), "--", *CLI, "record", "--quiet", "-o", str(out), "--",
-                           str(workload), "--iterations", "3"],
+                           str(workload), *(workload_args or ["--iterations", "3"])],
                           capture_output=True, text=True, timeout=180,
                           env={**os.environ, "TMPDIR": str(tmpdir), "FOLDERS": " ".join(map(str, folders)),
                                "KEEP": keep})
@@ -298,14 +303,20 @@ def record_on_full_disks(folders, workload, out, tmpdir):
 def test_full_output_folder_and_tmpdir_rescue_the_recording_elsewhere(require_root_ebpf, workload, tmp_path):
     out_dir, tmpdir = tmp_path / "out", tmp_path / "tmpdir"
     out_dir.mkdir(), tmpdir.mkdir()
-    r = record_on_full_disks([out_dir, tmpdir], workload, out_dir / "t.parquet", tmpdir)
+    r = record_on_full_disks([out_dir, tmpdir], workload, out_dir / "t.parquet", tmpdir, STREAM_FILLS)
     line = assert_one_error_line(r, after_recording=True)
-    assert "No space left on device" in line and "the recording was saved to " in line
-    assert r.stdout.splitlines() == [f"{out_dir}: ", f"{tmpdir}: "]  # nothing empty left behind
-    rescued = Path(line.split("saved to ")[1])
+    # The stream at -o filled its disk: recording stops, the stream stays (readable, cut short:
+    # the folder is gone with its namespace) and the whole recording goes where there is room.
+    assert "No space left on device; recording stopped" in line and "the whole recording (" in line
+    assert "as a cut-short trace" in line
+    assert r.stdout.splitlines() == [f"{out_dir}: t.parquet", f"{tmpdir}: "]  # no temp file left behind
+    rescued = Path(line.split("saved to ")[1].split(";")[0])
     try:
         from ckptrace.trace import read_trace
-        assert (read_trace(rescued).events["kind"] == "checkpoint").sum() == 2
+        t = read_trace(rescued)
+        n = int(line.split("the whole recording (")[1].split(" events")[0])
+        assert len(t.events) == n and (t.events["kind"] == "checkpoint").sum() >= 1
+        assert t.meta.complete and t.meta.stop_reason == "disk full"
         assert stat.S_IMODE(rescued.stat().st_mode) == 0o666 & ~_umask()
     finally:
         rescued.unlink()
@@ -314,10 +325,15 @@ def test_full_output_folder_and_tmpdir_rescue_the_recording_elsewhere(require_ro
 @pytest.mark.ebpf
 def test_nowhere_to_write_says_the_recording_is_lost(require_root_ebpf, workload):
     everywhere = ["/tmp", "/dev/shm", "/var/tmp"]  # the output and TMPDIR are in /tmp
-    r = record_on_full_disks(everywhere, workload, "/tmp/t.parquet", "/tmp")
+    r = record_on_full_disks(everywhere, workload, "/tmp/t.parquet", "/tmp", STREAM_FILLS)
     line = assert_one_error_line(r, after_recording=True)
-    assert "is lost" in line and line.count("No space left on device") == 4
-    assert r.stdout.splitlines() == [f"{d}: {kept_in(d)}" for d in everywhere]
+    assert "are lost: no copy could be saved" in line and line.count("No space left on device") == 4
+    assert "/tmp/t.parquet holds the " in line  # the stream, cut short where the disk filled
+    expected = []
+    for d in everywhere:
+        names = sorted(n for n in (kept_in(d), "t.parquet" if d == "/tmp" else "") if n)
+        expected += [f"{d}: {names[0] if names else ''}", *names[1:]]
+    assert r.stdout.splitlines() == expected
 
 
 @pytest.mark.ebpf

@@ -30,6 +30,8 @@ def full_meta() -> TraceMeta:
         fault_time_definition="d", events=11, sched_counters=SchedCounters(True, "how"),
         fault_time=FaultTime("m", "d", {"fill": [[4096, 100]]}, 0.5, 1.5),
         processes=[ProcessInfo(7, "pool-off", "w", "/bin/w", "ab" * 20, "p", 25)],
+        complete=False, cut_short="c", map_full=12, max_threads=13, threads_seen=14, threads_pruned=15,
+        threads_peak=16,
         extra={"from_a_newer_writer": {"x": [1]}})
 
 

@@ -281,6 +281,7 @@ def test_stop_by_signal_keeps_what_was_recorded(tmp_path, workload, sig, reason)
         assert rec.returncode == 0 and "Traceback" not in err, err
     trace = read_trace(trace_path)
     assert trace.meta.stop_reason == reason
+    assert trace.meta.complete and trace.meta.version == 3 and trace_path.read_bytes()[:4] == b"PAR1"
     assert (trace.events["kind"] == "checkpoint").sum() >= 2
     # the command we started was stopped by our SIGTERM, not left behind (nor SIGKILLed)
     assert trace.meta.exit_code == -signal.SIGTERM
@@ -323,16 +324,14 @@ def test_a_killed_recorder_takes_its_command_with_it(tmp_path, workload, sigterm
     wait_until(lambda: not proc_status(child), "the launched command to die with its recorder")
 
 
-def test_unwritable_output_is_rescued(tmp_path, workload):
-    p = ckptrace("record", "--quiet", "-o", "/proc/ckptrace-test.parquet", "--", workload, "--iterations", "3")
-    last = p.stderr.strip().splitlines()[-1]  # it recorded first, so the error is the last line
-    assert p.returncode != 0 and "Traceback" not in p.stderr
-    assert last.startswith("ckptrace: error: cannot write the trace /proc/ckptrace-test.parquet: ")
-    rescued = Path(last.split("saved to ")[1].strip())
-    try:
-        assert (read_trace(rescued).events["kind"] == "checkpoint").sum() == 2
-    finally:
-        rescued.unlink()
+def test_unwritable_output_is_refused_before_the_command_runs(tmp_path, workload):
+    """The stream is created at -o before the command starts: a path no file can be made at is
+    one line then, with nothing run and nothing recorded to lose."""
+    truth = tmp_path / "t.jsonl"
+    p = ckptrace("record", "--quiet", "-o", "/proc/ckptrace-test.parquet", "--", workload, "--iterations", "3",
+                 "--truth", truth)
+    assert_one_line_error(p, "cannot write the trace /proc/ckptrace-test.parquet: ")
+    assert not truth.exists()  # the held command never ran
 
 
 def test_duration(tmp_path, workload):
@@ -542,25 +541,30 @@ def test_no_status_line_when_not_a_terminal_or_quiet(tmp_path, workload):
 
 
 def test_the_trace_is_written_atomically(tmp_path, workload):
-    """-o is replaced only when the whole trace is written: while recording (paused inside a
-    checkpoint, by construction) and after the recorder is SIGKILLed, the old file is untouched;
-    a finished recording leaves nothing else in the folder."""
+    """-o is never written through: when recording starts, the stream replaces the old file by a
+    rename (a hard link to the old file keeps its bytes); it reads as a cut-short trace while
+    recording (paused inside a checkpoint, by construction) and after the recorder is SIGKILLed;
+    a finished recording replaces it with the complete trace and leaves nothing else behind."""
     out = tmp_path / "out.parquet"
     out.write_bytes(b"OLD")
+    os.link(out, tmp_path / "old")
     with recorder(out, "--", workload, "--pause-in-checkpoint", "--iterations", "3") as rec:
         child = launched_pid(rec.start_line)
         wait_until(lambda: "paused in checkpoint" in rec.stderr.readline(), "the workload's pause")
-        assert out.read_bytes() == b"OLD"
+        live = read_trace(out)
+        assert live.meta.complete is False and live.meta.cut_short and live.meta.version == 3
         rec.kill()
         rec.wait(30)
     wait_until(lambda: not proc_status(child), "the launched command to die with its recorder")
-    assert out.read_bytes() == b"OLD"
+    assert (tmp_path / "old").read_bytes() == b"OLD"
+    assert read_trace(out).meta.complete is False
     with recorder(out, "--", workload, "--pause-in-checkpoint", "--iterations", "3") as rec:
         child = launched_pid(rec.start_line)
         wait_until(lambda: "paused in checkpoint" in rec.stderr.readline(), "the workload's pause")
-        assert out.read_bytes() == b"OLD"
         os.kill(child, signal.SIGUSR1)
         _, err = rec.communicate(timeout=60)
         assert rec.returncode == 0, err
-    assert (read_trace(out).events["kind"] == "checkpoint").sum() == 2  # launched: the paused one too
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.parquet"]
+    done = read_trace(out)
+    assert (done.events["kind"] == "checkpoint").sum() == 2  # launched: the paused one too
+    assert done.meta.complete and done.meta.cut_short is None and out.read_bytes()[:4] == b"PAR1"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old", "out.parquet"]

@@ -34,7 +34,8 @@ Examples:
 @click.option("--comm", metavar="NAME", help="Attach to every running process with this name (its "
               "/proc/PID/comm); waits while there is none.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path),
-              required=True, help="Trace file to write (Parquet).")
+              required=True, help="Trace file: an Arrow stream while recording (a killed recorder leaves it, cut "
+                   "short), replaced by the finished Parquet trace at the end.")
 @click.option("--label", default="", help="Name of this leg, e.g. pool-off (compare groups legs by it).")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
               help="Stop after this many seconds.")
@@ -45,6 +46,9 @@ Examples:
 @click.option("--ringbuf-pages", type=click.IntRange(min=1, max=1 << 18), default=512, show_default=True,
               help="Size of the BPF ring buffer in 4 KiB pages, a power of two (512 = 2 MiB). A full "
                    "buffer drops events and counts them as lost.")
+@click.option("--max-threads", type=click.IntRange(min=1, max=1 << 20), default=8192, show_default=True,
+              help="Threads of the target the kernel follows at once (an exited thread's entry is "
+                   "freed). Events of threads past it are not seen and are counted (map full).")
 @click.option("--hint-after", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
               help="Say why, if no checkpoint has been seen after this many seconds.")
 @click.option("--rss-step", type=click.IntRange(min=0, max=1 << 20), default=1, show_default=True,
@@ -53,22 +57,23 @@ Examples:
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout at the end.")
 @click.option("--quiet", is_flag=True, help="No live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
-def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, hint_after, rss_step, as_json,
-            quiet, command):
+def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, max_threads, hint_after, rss_step,
+            as_json, quiet, command):
     """Record checkpoint, iteration, fault, mmap and RSS events of one or more processes.
 
     Give one of --pid PID (repeatable), --comm NAME or -- COMMAND [ARGS...]. Each process keeps
     its pid, label, executable and build-id (trace metadata `processes`); every row has its pid.
     A process that exits ends its part; recording stops when all have exited, on Ctrl-C,
-    SIGTERM or --duration, and always writes a complete trace. Needs root.
+    SIGTERM or --duration, and always writes a complete trace; events reach the file at least
+    twice a second, so a killed recorder leaves a cut-short one. Needs root.
     """
     if sum(map(bool, (pids, comm, command))) != 1:
         raise click.UsageError("give exactly one of --pid PID, --comm NAME or -- COMMAND [ARGS...]")
     from ckptrace.probes.recorder import RecordOptions, record
 
     opts = RecordOptions(output=output, label=label, duration_s=duration,
-                         fault_sample=int(fault_sample), ringbuf_pages=ringbuf_pages, status=not quiet,
-                         no_checkpoint_hint_s=hint_after, rss_step_mib=rss_step)
+                         fault_sample=int(fault_sample), ringbuf_pages=ringbuf_pages, max_threads=max_threads,
+                         status=not quiet, no_checkpoint_hint_s=hint_after, rss_step_mib=rss_step)
     result = record(opts, pid=_pid_list(pids) if pids else None, command=list(command) if command else None,
                     comm=comm)
     if as_json:

@@ -79,6 +79,8 @@ static void usage(FILE * f) {
             "  --pause-in-checkpoint   the first checkpoint prints 'paused in checkpoint pid=PID'\n"
             "                          after its fill and waits for SIGUSR1 (attach tests)\n"
             "  --exit-code N           exit status at the end (0)\n"
+            "  --gap-us U              sleep between update_slots() calls, us (0): a steady rate\n"
+            "  --thread-churn N        per iteration, N short-lived threads each mmap/munmap once (0)\n"
             "  --help                  this text\n",
             prog);
 }
@@ -94,12 +96,14 @@ struct options {
     bool pause_in_checkpoint = false;
     bool mremap = false;
     int exit_code = 0;
+    int64_t gap_us = 0;
+    int32_t thread_churn = 0;
 };
 
 static options parse_options(int argc, char ** argv) {
     enum {
         O_SLOTS = 1000, O_ITER, O_DPP, O_CKPT, O_GROW, O_POOL, O_KEEP, O_PROMPT, O_DECODE_US,
-        O_NOISE, O_TRUTH, O_WAIT, O_PAUSE, O_MREMAP, O_EXIT, O_DRAFT, O_HELP, O_REQUEST
+        O_NOISE, O_TRUTH, O_WAIT, O_PAUSE, O_MREMAP, O_EXIT, O_DRAFT, O_HELP, O_REQUEST, O_GAP, O_CHURN
     };
     static const struct option longopts[] = {
         {"slots", required_argument, nullptr, O_SLOTS},
@@ -120,6 +124,8 @@ static options parse_options(int argc, char ** argv) {
         {"draft", no_argument, nullptr, O_DRAFT},
         {"help", no_argument, nullptr, O_HELP},
         {"request-prefills", required_argument, nullptr, O_REQUEST},
+        {"gap-us", required_argument, nullptr, O_GAP},
+        {"thread-churn", required_argument, nullptr, O_CHURN},
         {nullptr, 0, nullptr, 0},
     };
     options o;
@@ -160,6 +166,8 @@ static options parse_options(int argc, char ** argv) {
             case O_DRAFT: o.sp.draft = true; break;
             case O_REQUEST: o.sp.request_prefills = (int32_t) parse_int("--request-prefills", optarg, 0, 1000000); break;
             case O_HELP: usage(stdout); exit(0);
+            case O_GAP: o.gap_us = parse_int("--gap-us", optarg, 0, 10000000); break;
+            case O_CHURN: o.thread_churn = (int32_t) parse_int("--thread-churn", optarg, 0, 256); break;
             case ':': usage_error("%s needs a value", argv[optind - 1]);
             default: usage_error("unknown option '%s'", argv[optind - 1]);
         }
@@ -305,6 +313,23 @@ static void grow_a_mapping(FILE * truth) {
     munmap(q, to);
 }
 
+// --thread-churn: threads that live for one mmap/munmap each, so a tracer's per-thread state
+// must be freed when they exit (their mmap makes them known to it).
+static void churn_threads(int32_t n) {
+    std::vector<std::thread> ts;
+    for (int32_t i = 0; i < n; i++) {
+        ts.emplace_back([] {
+            void * p = mmap(nullptr, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            if (p != MAP_FAILED) {
+                munmap(p, 1 << 16);
+            }
+        });
+    }
+    for (auto & t : ts) {
+        t.join();
+    }
+}
+
 static double median(std::vector<int64_t> v) {
     if (v.empty()) {
         return 0.0;
@@ -396,6 +421,10 @@ int main(int argc, char ** argv) {
             write_iteration(truth, it);
             write_memory(truth, *srv, it.iter);
         }
+        churn_threads(o.thread_churn);
+        if (o.gap_us) {
+            usleep((useconds_t) o.gap_us);
+        }
     }
     const int64_t wall = now_ns() - t0;
     const int64_t minflt = thread_faults() - f0;
@@ -415,11 +444,13 @@ int main(int argc, char ** argv) {
                 "{\"type\":\"summary\",\"checkpoints\":%lld,\"iterations\":%lld,\"prefill_iterations\":%lld,"
                 "\"pool\":%s,\"slots\":%d,\"keep\":%d,\"draft\":%s,\"ckpt_bytes_first\":%zu,\"grow_bytes\":%zu,"
                 "\"wall_ns\":%lld,\"minflt_total\":%lld,\"pool_hits\":%lld,\"pool_hwm\":%zu,"
-                "\"pool_byte_cap\":%zu,\"noise_threads\":%d,\"noise_calls\":%lld,\"pid\":%d,\"exit_code\":%d}\n",
+                "\"pool_byte_cap\":%zu,\"noise_threads\":%d,\"noise_calls\":%lld,\"pid\":%d,\"exit_code\":%d,"
+                "\"churn_threads\":%lld}\n",
                 (long long) n_ckpt, (long long) o.iterations, (long long) n_prefill, o.pool ? "true" : "false",
                 o.sp.n_slots, o.sp.n_keep, o.sp.draft ? "true" : "false", bytes_first, o.sp.grow_bytes,
                 (long long) wall, (long long) minflt, (long long) n_hits, ps.n_hwm, pool.byte_cap(),
-                o.noise_threads, (long long) nz.calls.load(), (int) getpid(), o.exit_code);
+                o.noise_threads, (long long) nz.calls.load(), (int) getpid(), o.exit_code,
+                (long long) o.thread_churn * o.iterations);
         fclose(truth);
     }
     fprintf(stderr,
