@@ -103,14 +103,16 @@ def test_kill_9_leaves_a_cut_short_trace_with_every_flushed_event(tmp_path, work
 @pytest.mark.usefixtures("require_root_ebpf")
 def test_exited_threads_leave_the_kernel_map(tmp_path, workload):
     """480 threads that each live for one mmap: the map takes each in and frees it at exit, so it
-    never holds more than the threads alive at once (8 churning + main + the sampling slack)."""
+    never holds more than the threads alive at once (8 churning + main; the kernel's peak gauge
+    may overshoot by one when two CPUs add a thread at the same instant)."""
     r = record_with_truth(tmp_path, [str(workload), "--iterations", "60", "--ckpt-mib", "8",
                                      "--thread-churn", "8"])
     m = r.trace.meta
     churned = int(r.truth["summary"]["churn_threads"].iat[0])
     assert churned == 480
     assert m.threads_seen >= churned + 1 and m.threads_pruned >= churned
-    assert 2 <= m.threads_peak <= 8 + 2 and m.map_full == 0 and m.max_threads == 8192
+    # All 8 are alive at once each iteration (the workload waits for the 8th's mmap), never more.
+    assert 8 + 1 <= m.threads_peak <= 8 + 2 and m.map_full == 0 and m.max_threads == 8192
     mm = r.trace.events[(r.trace.events["kind"] == "mmap") & (r.trace.events["bytes"] == 1 << 16)]
     assert mm["tid"].nunique() >= churned  # each churning thread was seen
 
@@ -118,6 +120,8 @@ def test_exited_threads_leave_the_kernel_map(tmp_path, workload):
 @pytest.mark.ebpf
 @pytest.mark.usefixtures("require_root_ebpf")
 def test_a_full_thread_map_is_counted_and_said(tmp_path, workload):
+    """A map of 2 threads and 4 churning + main alive at once: threads past it are not seen, and
+    that is counted in the metadata, said at the end and in analyze's reliability line."""
     out = tmp_path / "m.parquet"
     p = ckptrace("record", "--quiet", "--max-threads", "2", "-o", out, "--", workload, "--iterations", "9",
                  "--ckpt-mib", "8", "--thread-churn", "4")

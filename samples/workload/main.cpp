@@ -314,12 +314,18 @@ static void grow_a_mapping(FILE * truth) {
 }
 
 // --thread-churn: threads that live for one mmap/munmap each, so a tracer's per-thread state
-// must be freed when they exit (their mmap makes them known to it).
+// must be freed when they exit (their mmap makes them known to it). All N have mapped before any
+// unmaps and exits: N + 1 threads are known to the tracer at once, every iteration.
 static void churn_threads(int32_t n) {
+    std::atomic<int32_t> mapped{0};
     std::vector<std::thread> ts;
     for (int32_t i = 0; i < n; i++) {
-        ts.emplace_back([] {
+        ts.emplace_back([&mapped, n] {
             void * p = mmap(nullptr, 1 << 16, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+            mapped++;
+            while (mapped.load() < n) {
+                usleep(100);
+            }
             if (p != MAP_FAILED) {
                 munmap(p, 1 << 16);
             }
