@@ -49,12 +49,7 @@ def write_output(path: str | os.PathLike, write: Writer, *, what: str = "output"
     if isinstance(target, int):
         _write_direct(os.dup(target), path, write, what)
         return Path(path)
-    try:
-        st = os.stat(target, follow_symlinks=False)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise _error(path, what, e) from None
+    st = _lstat(target, path, what)
     if st is None or stat.S_ISREG(st.st_mode):
         _replace(target, folder_id, write, path, what, None if st is None else stat.S_IMODE(st.st_mode))
     elif _writable_in_place(st):
@@ -69,6 +64,16 @@ def write_output(path: str | os.PathLike, write: Writer, *, what: str = "output"
     else:
         raise _refused(path, st, what)
     return Path(path)
+
+
+def _lstat(target: str, path, what: str) -> os.stat_result | None:
+    """The name itself (a link not followed); None if nothing is there."""
+    try:
+        return os.stat(target, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        raise _error(path, what, e) from None
 
 
 def _refused(path, st: os.stat_result, what: str) -> OutputError:
@@ -173,12 +178,7 @@ def create_in_place(path: str | os.PathLike, head: bytes, *, what: str = "output
     target, folder_id = _resolve(os.fspath(path), what)
     if isinstance(target, int):
         return None
-    try:
-        st = os.stat(target, follow_symlinks=False)
-    except FileNotFoundError:
-        st = None
-    except OSError as e:
-        raise _error(path, what, e) from None
+    st = _lstat(target, path, what)
     if st is not None and not stat.S_ISREG(st.st_mode):
         if _writable_in_place(st):
             return None
