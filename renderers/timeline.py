@@ -260,18 +260,11 @@ def _build_id(meta, pid: int) -> str | None:
     return (proc and proc.build_id) or next((o.build_id for o in meta.objects if o.path == exe), None)
 
 
-def _complete(meta) -> tuple[bool, str]:
-    """Whether the recording ended cleanly, and the note when it did not (trace format 3)."""
-    complete = getattr(meta, "complete", meta.extra.get("complete", True))
-    note = getattr(meta, "cut_short", meta.extra.get("cut_short", "")) or ""
-    return complete is not False, str(note)
-
-
 def _recording(trace, path, pid: int, events: pd.DataFrame) -> Slice:
     meta = trace.meta
     start = meta.attach_ns or meta.first_event_ns or (int(events["start_ns"].min()) if len(events) else 0)
     end = meta.stop_ns or (int(events["end_ns"].max()) if len(events) else start)
-    complete, note = _complete(meta)
+    complete, note = meta.complete, meta.cut_short or ""
     flags = []
     if not complete:
         flags.append("cut short")

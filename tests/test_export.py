@@ -16,7 +16,8 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from ckptrace.analyzers import analyze_trace
 from ckptrace.renderers.json import analysis_json
 from ckptrace.trace import read_trace, write_trace
-from helpers import CKPTRACE, assert_one_line_error, ckptrace, go, load_truth, recorder, waiting_workload
+from helpers import (CKPTRACE, assert_one_line_error, ckptrace, go, launched_pid, load_truth, proc_status, recorder,
+                     wait_for_truth, wait_until, waiting_workload)
 
 TRACES = Path(__file__).resolve().parent.parent / "samples" / "traces"
 LEGS = [TRACES / f"{leg}.parquet" for leg in ("1-pool-off", "2-pool-on", "3-pool-off")]
@@ -209,9 +210,7 @@ def test_the_same_trace_twice_is_two_processes(tmp_path):
 def test_lost_events_and_a_cut_short_recording_are_marked(tmp_path):
     trace = read_trace(LEGS[0])
     trace.meta.lost_events = 7
-    trace.meta.extra.update(complete=False, cut_short="the recorder was killed")  # trace format 3's fields
-    if hasattr(trace.meta, "complete"):
-        trace.meta.complete, trace.meta.cut_short = False, "the recorder was killed"
+    trace.meta.complete, trace.meta.cut_short = False, "the recorder was killed"
     damaged = tmp_path / "damaged.parquet"
     write_trace(damaged, trace.events, trace.meta)
     data, err = export(tmp_path, damaged)
@@ -321,3 +320,32 @@ def test_export_of_a_fresh_recording_of_two_processes(tmp_path, workload):
             # The fill slice (the resize call) lies inside the workload's clock reads around it.
             for f in fill:
                 assert row["fill_start_ns"] <= f["ts"] and f["ts"] + f["dur"] <= row["fill_start_ns"] + row["fill_ns"]
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_export_of_a_recording_cut_short_by_sigkill(tmp_path, workload):
+    """The file a SIGKILLed recorder leaves (a stream readable up to its last flush) exports as it
+    is: every checkpoint read from it is a slice, and the metadata track says it was cut short."""
+    out, truth = tmp_path / "killed.parquet", tmp_path / "t.jsonl"
+    with recorder(out, "--", workload, "--iterations", "1000000", "--ckpt-mib", "8", "--truth", truth) as rec:
+        child = launched_pid(rec.start_line)
+        wait_for_truth(truth, 4)
+        # Killed once the stream holds checkpoints (it is flushed every half second).
+        wait_until(lambda: out.exists() and (read_trace(out).events["kind"] == "checkpoint").sum() >= 2,
+                   "2 checkpoints flushed to the stream")
+        rec.kill()
+        rec.wait(30)
+    wait_until(lambda: not proc_status(child), "the launched command to die with its recorder")
+    p = ckptrace("analyze", out, "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    assert doc["trace"]["complete"] is False
+    data, err = export(tmp_path, out)
+    assert f"ckptrace: warning: killed.parquet: cut short ({doc['trace']['cut_short']})" in err
+    d = decode(data)
+    (puuid,) = d.processes()
+    (rec_slice,) = d.slices[d.children(puuid, "ckptrace recording")[0]]
+    assert "(cut short" in rec_slice["name"] and rec_slice["args"]["complete"] is False
+    threads = d.threads_of(doc["trace"]["pid"])
+    check_slices(d, threads, doc["checkpoints"], doc["iterations"], read_trace(out).events)
