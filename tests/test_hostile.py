@@ -163,6 +163,7 @@ def victim():
 @pytest.mark.parametrize("args", [
     ["analyze", SAMPLES / "1-pool-off.parquet", "--csv", "{theirs}"],
     ["dashboard", SAMPLES / "1-pool-off.parquet", "-o", "{theirs}/r.html"],
+    ["export", SAMPLES / "1-pool-off.parquet", "-o", "{theirs}/r.html"],
     ["record", "-o", "{theirs}/t.parquet", "--", "/bin/true"],
 ])
 def test_root_never_writes_through_a_symlink_another_user_planted(victim, args):
