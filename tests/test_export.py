@@ -3,6 +3,7 @@ Chrome JSON parsed, each checked slice by slice against `analyze --json` of the 
 a fresh recording, against the workload's own clock)."""
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import subprocess
@@ -172,6 +173,21 @@ def test_perfetto_export_of_an_aba_matches_analyze(tmp_path):
         values = [v for _, v in d.counters[d.children(uuid, "held checkpoint memory")[0]]]
         rises = sum(b > a for a, b in zip([0, *values], values))
         assert rises == misses and values[-1] == 0  # the workload frees every buffer before it exits
+
+def test_packets_written_in_chunks_make_the_same_file(monkeypatch):
+    """Serialized traces concatenate into one: the file written 100 packets at a time is the
+    same bytes as the one written at once."""
+    from ckptrace.renderers import perfetto
+    from ckptrace.renderers.timeline import build_timeline
+
+    timeline = build_timeline([analyze_trace(read_trace(p)) for p in LEGS], LEGS)
+    whole, chunked = io.BytesIO(), io.BytesIO()
+    perfetto.perfetto_writer(timeline)(whole)
+    monkeypatch.setattr(perfetto, "CHUNK", 100)
+    perfetto.perfetto_writer(timeline)(chunked)
+    assert len(decode(whole.getvalue()).tracks) > 10
+    assert chunked.getvalue() == whole.getvalue()
+
 
 def test_chrome_export_matches_analyze(tmp_path):
     data, _ = export(tmp_path, LEGS[0], LEGS[1], fmt="chrome")
