@@ -8,6 +8,7 @@ reported per pair, then the median ratio with its min..max spread. Run as root:
 
     .venv/bin/python benchmarks/bench_overhead.py --pairs 6                    # record's defaults
     .venv/bin/python benchmarks/bench_overhead.py --pairs 6 --fault-sample 1   # + legacy interval
+    .venv/bin/python benchmarks/bench_overhead.py --pairs 6 --rss-step 0       # without RSS rows
 """
 from __future__ import annotations
 
@@ -35,11 +36,12 @@ def per_checkpoint_ms(truth: Path, metric: str, clock: str) -> float:
     return float(col.median()) / 1e6
 
 
-def run(workload_argv: list[str], truth: Path, traced: bool, fault_sample: str, tmp: Path) -> None:
+def run(workload_argv: list[str], truth: Path, traced: bool, fault_sample: str, tmp: Path,
+        rss_step: str = "1") -> None:
     argv = [*workload_argv, "--truth", str(truth)]
     if traced:
         argv = [sys.executable, "-m", "ckptrace", "record", "--quiet", "--fault-sample", fault_sample,
-                "-o", str(tmp / "bench.parquet"), "--", *argv]
+                "--rss-step", rss_step, "-o", str(tmp / "bench.parquet"), "--", *argv]
     subprocess.run(argv, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -50,6 +52,7 @@ def main() -> None:
     ap.add_argument("--ckpt-mib", type=int, default=64)
     ap.add_argument("--pool", choices=["on", "off"], default="off")
     ap.add_argument("--fault-sample", default="0")
+    ap.add_argument("--rss-step", default="1", help="record's --rss-step (MiB; 0 = no RSS rows)")
     ap.add_argument("--metric", choices=["total", "fill", "copy"], default="total")
     ap.add_argument("--clock", choices=["cpu", "wall"], default="cpu")
     ap.add_argument("--json", action="store_true")
@@ -66,7 +69,7 @@ def main() -> None:
             got = {}
             for traced in order:
                 truth = tmp / f"{i}-{traced}.jsonl"
-                run(wl, truth, traced, args.fault_sample, tmp)
+                run(wl, truth, traced, args.fault_sample, tmp, args.rss_step)
                 got[traced] = per_checkpoint_ms(truth, args.metric, args.clock)
             rows.append({"pair": i, "untraced_ms": got[False], "traced_ms": got[True],
                          "ratio": got[True] / got[False]})
@@ -75,7 +78,7 @@ def main() -> None:
                       f"ratio {got[True] / got[False]:.3f}", flush=True)
     ratios = [r["ratio"] for r in rows]
     result = {"metric": f"median per-checkpoint {args.metric} time ({args.clock} clock)", "pairs": rows,
-              "fault_sample": args.fault_sample, "ckpt_mib": args.ckpt_mib, "pool": args.pool,
+              "fault_sample": args.fault_sample, "rss_step": args.rss_step, "ckpt_mib": args.ckpt_mib, "pool": args.pool,
               "ratio_median": statistics.median(ratios), "ratio_min": min(ratios), "ratio_max": max(ratios)}
     if args.json:
         print(json.dumps(result, indent=2))
