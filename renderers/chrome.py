@@ -5,7 +5,7 @@ The JSON object form: `{"traceEvents": [...], "displayTimeUnit": "ns", "otherDat
 - `ph: "X"` is a slice: `ts` and `dur` in microseconds (CLOCK_MONOTONIC, with three decimals, so
   nanoseconds survive), `cat` the row kind (`ckptrace.fill`...), `args` its figures.
 - `ph: "C"` is a counter sample: held checkpoint memory and RSS per process, page faults of the
-  fill/copy spans per thread (its own counter name, since JSON counters belong to a process).
+  fill/copy/restore copy spans per thread (its own counter name, since JSON counters belong to a process).
 - The metadata slice is on a thread of its own named "ckptrace recording" (a tid far above every
   real one); slices that would cross another's boundary go to one "overlapping" thread per thread.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from .timeline import Process, Slice, Timeline
+from .timeline import Process, Slice, Timeline, fault_counter_name
 
 CATEGORY = "ckptrace"
 SPARE_TID = (1 << 31) - 1  # extra threads count down from here: far above any real or moved id
@@ -58,7 +58,7 @@ def _process(proc: Process, spare) -> list[dict]:
             tid = next(spare)
             out.append(_meta("thread_name", pid, tid, {"name": f"{th.name} {th.real_tid} (overlapping spans)"}))
             out += [_slice(pid, tid, s) for s in th.overlapping]
-        name = f"page faults in fill/copy (tid {th.real_tid})"
+        name = fault_counter_name(th.real_tid)
         out += [{"ph": "C", "name": name, "pid": pid, "ts": _us(ts), "args": {"faults": v}} for ts, v in th.faults]
     for c in proc.counters:
         out += [{"ph": "C", "name": c.name, "pid": pid, "ts": _us(ts), "args": {c.unit: v}} for ts, v in c.points]

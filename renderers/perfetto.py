@@ -9,7 +9,7 @@ package's trace builder and its own protos.
   with the times as recorded.
 - Tracks: a process track per (leg, pid) with a thread track per thread; slices are TYPE_SLICE_BEGIN
   / TYPE_SLICE_END pairs in nesting order; counters are counter tracks under the process (held
-  checkpoint memory, RSS) or the thread (page faults of its fill / copy spans); the metadata slice
+  checkpoint memory, RSS) or the thread (page faults of its fill / copy / restore copy spans); the metadata slice
   is on a "ckptrace recording" track under the process.
 - One packet sequence; event names, categories and argument names are interned (each string
   once, then its id), packets are written 10,000 at a time (serialized traces concatenate into one
@@ -20,7 +20,7 @@ from __future__ import annotations
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
-from .timeline import Counter, Process, Slice, Timeline
+from .timeline import Counter, Process, Slice, Timeline, fault_counter_name
 
 MONOTONIC = pb.BuiltinClock.BUILTIN_CLOCK_MONOTONIC  # 3
 SEQUENCE_ID = 1
@@ -116,7 +116,7 @@ class _Writer:
                 self.slices(self.track(puuid, f"{th.name} {th.real_tid}: overlapping {s.name}").track_descriptor.uuid,
                             [s])
             if th.faults:
-                self.counter(tuuid, Counter(f"page faults in fill/copy (tid {th.real_tid})", "count", th.faults))
+                self.counter(tuuid, Counter(fault_counter_name(th.real_tid), "count", th.faults))
         for c in proc.counters:
             self.counter(puuid, c)
 

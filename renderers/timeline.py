@@ -13,8 +13,9 @@ formats show the same slices with the same names and figures.
   exported row by row. A slice that would cross another's boundary (never seen: the kernel emits
   properly nested calls per thread) goes to an "overlapping" track beside its thread rather than
   being cut.
-- Counters: the page faults of each fill / copy span on its thread (the span's fault count while it
-  runs, 0 between), the bytes held in checkpoint buffers per process, and RSS where recorded.
+- Counters: the page faults of each fill / copy / restore copy span on its thread (its fault count
+  while it runs, 0 between), the bytes held in checkpoint buffers per process, and RSS where
+  recorded.
 - A metadata slice per process covering the recording: label, file, build-id, lost events and
   whether the recording was cut short (then the slice's name says so: what is there is exported).
 - With a request file (`ckptrace drive -o`): each answered request's time to first token as a
@@ -53,6 +54,11 @@ DEFAULT_ARGS = ["ckpt", "bytes", "draft", "faults", "cpu_ns", "wait_ns", "fault_
 FROM_ANALYSIS = ("checkpoint", "iteration")  # exported from the analysis tables, not raw rows
 POINT_KINDS = ("rss",)  # rows that are a value at an instant, not a span
 FAULT_SPANS = ("fill", "copy", "restore_copy")  # innermost spans whose faults the counter shows
+
+
+def fault_counter_name(tid: int) -> str:
+    """The name of a thread's fault counter (the real tid: counters have no thread id of their own)."""
+    return f"page faults in fill/copy/restore (tid {tid})"
 CHECKPOINT_ARGS = ["ckpt", "iter", "bytes", "total_ns", "fill_ns", "copy_ns", "other_ns", "cpu_ns", "wait_ns",
                    "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns", "copy_wait_ns", "fault_ns", "fill_fault_ns",
                    "copy_fault_ns", "fault_source", "faults", "fill_faults", "copy_faults", "mmaps", "munmaps",
@@ -198,7 +204,8 @@ def _process(analysis, events: pd.DataFrame, path, leg: int, pid: int, pids: np.
         nested, overlapping = nest(slices[tid])
         threads.append(Thread(tid + shift, tid, comm, nested, overlapping, sorted(faults[tid])))
     counters = []
-    for name, series, col in (("held checkpoint memory", held, "held_bytes"), ("resident memory (RSS)", rss, "rss_bytes")):
+    for name, series, col in (("held checkpoint memory", held, "held_bytes"),
+                              ("resident memory (RSS)", rss, "rss_bytes")):
         mine_series = series.loc[series["pid"] == pid]
         if len(mine_series):
             counters.append(Counter(name, "bytes", list(zip(mine_series["t_ns"].tolist(), mine_series[col].tolist()))))
