@@ -75,6 +75,17 @@ def comparison_markdown(c, fail_on: str | None = None, tripped: pd.DataFrame | N
         out += ["", "Pool hits and misses apart, each against the baseline (medians):", ""]
         out += _table([{**m, "unit": "ns"} for m in c.pool.to_dict("records")],
                       lambda m: f"{m['class']} {POOL_NAMES[m['metric']]}", set())
+    memory = getattr(c, "memory", None)
+    if memory is not None and len(memory):
+        names = {"held_peak_mib": "held checkpoint MiB at peak", "rss_peak_mib": "RSS MiB at peak"}
+        out += ["", "Memory (one figure per leg, arms' mean; drift: spread of the baseline legs):", "",
+                "| metric | baseline | candidate | change | drift | per leg |", "|---|---:|---:|---:|---:|---|"]
+        for r in memory.to_dict("records"):
+            f = lambda v: "-" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.1f}"  # noqa: E731
+            change = "-" if math.isnan(r["change_mib"]) else f"{r['change_mib']:+.1f}"
+            out.append(f"| {names.get(r['metric'], r['metric'])} | {f(r['baseline_value'])} | "
+                       f"{f(r['candidate_value'])} | {change} | {f(r['drift_mib'])} | "
+                       f"{' '.join(f(v) for v in r['legs_mib'])} |")
     out += ["", f"Each arm summarised by its {c.statistic}; 95% bootstrap intervals of the change ({c.n_boot} "
                 f"resamples, seed {c.seed}); times in ms.", ""]
     for leg in legs:
