@@ -138,7 +138,11 @@ def check_slices(d: Decoded, threads: dict[int, int], checkpoints: list, iterati
     assert sorted((s["tid"], s["ts"], s["dur"], s["args"]["kind"]) for s in by_kind["ckptrace.iteration"]) == its
     for s in by_kind["ckptrace.checkpoint"]:
         if s["args"]["iter"]:
-            assert s["parent"]["cat"] == ["ckptrace.iteration"] and s["parent"]["args"]["iter"] == s["args"]["iter"]
+            # Inside its iteration; directly, or in the create_checkpoint span that makes it (format 3).
+            parent = s["parent"]
+            if parent["cat"] == ["ckptrace.create"]:
+                parent = parent["parent"]
+            assert parent["cat"] == ["ckptrace.iteration"] and parent["args"]["iter"] == s["args"]["iter"]
     # Raw spans: one slice per row, fill and copy inside their checkpoint, a fill's mmap inside it.
     for kind, name in RAW_KINDS.items():
         rows = events[(events["kind"] == kind) & events["tid"].isin(list(threads))]
