@@ -1,4 +1,4 @@
-"""The timeline (timeline.py) as Chrome Trace Event JSON, for chrome://tracing, Catapult and older tools.
+"""The timeline (timeline.py) as Chrome Trace Event JSON, for DevTools' Performance panel, Catapult and older tools.
 
 The JSON object form: `{"traceEvents": [...], "displayTimeUnit": "ns", "otherData": {...}}`.
 - `ph: "M"` names each process (`process_name`, `process_sort_index` in leg order) and thread.

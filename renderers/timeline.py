@@ -8,7 +8,7 @@ formats show the same slices with the same names and figures.
   are moved above Linux's largest pid (2^22) so the viewers keep the legs apart; the real ids
   stay in the names and arguments.
 - Thread tracks hold slices, nested as the calls were: iteration (update_slots, or decode to
-  decode) > checkpoint > fill / copy > mmap / munmap. Checkpoints and iterations come from the
+  decode) > (create_checkpoint >) checkpoint > fill / copy > mmap / munmap. Checkpoints and iterations come from the
   analysis (the same rows, ids and figures `analyze --json` gives); every other span kind is
   exported row by row. A slice that would cross another's boundary (never seen: the kernel emits
   properly nested calls per thread) goes to an "overlapping" track beside its thread rather than
