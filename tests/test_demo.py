@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ckptrace.trace import read_trace
 from helpers import CKPTRACE, assert_pool_faster, ckptrace, load_truth, proc_status, wait_until, within_clock
@@ -21,6 +22,10 @@ def test_demo_records_checks_compares_and_writes_the_report(tmp_path):
     out = json.loads(p.stdout)
     assert_pool_faster(out["comparison"])
     assert (tmp_path / "report.html").stat().st_size > 100_000
+    # The legs as one Perfetto timeline (what `ckptrace export` writes; test_export.py checks its content).
+    assert out["perfetto"] == str(tmp_path / "aba.perfetto-trace")
+    timeline = pb.Trace.FromString((tmp_path / "aba.perfetto-trace").read_bytes())
+    assert sum(p.track_descriptor.HasField("process") for p in timeline.packet) == 3
     assert len(out["traces"]) == 3 and all((tmp_path / f).exists() for f in
                                            ("1-pool-off.parquet", "2-pool-on.parquet", "3-pool-off.parquet"))
     # The demo's own cross-check, every figure of it: the recording beside the workload's truth,

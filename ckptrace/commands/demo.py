@@ -189,6 +189,9 @@ def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, titl
     from ckptrace.renderers.json import comparison_json
     from ckptrace.renderers.text import compare_report
     from ckptrace.dashboards.report import write_dashboard
+    from ckptrace.output import write_output
+    from ckptrace.renderers.perfetto import perfetto_writer
+    from ckptrace.renderers.timeline import build_timeline
 
     comparison = compare(analyses, requests=requests)
     tables = None
@@ -197,9 +200,12 @@ def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, titl
         tables = [request_table(r, a) for a, r in zip(analyses, requests)]
     report = write_dashboard(analyses, comparison, out_dir / "report.html", title=title,
                              notes=[f"leg {i}: {c}" for i, c in enumerate(checks, 1)], requests=tables)
+    timeline = write_output(out_dir / "aba.perfetto-trace",
+                            perfetto_writer(build_timeline(analyses, [a.trace.path for a in analyses], tables)),
+                            what="Perfetto timeline")
     if as_json:
         doc = {"traces": [a.trace.path for a in analyses], "checks": checks,
-               "comparison": comparison_json(comparison), "report": str(report)}
+               "comparison": comparison_json(comparison), "report": str(report), "perfetto": str(timeline)}
         if requests is not None:
             doc["requests"] = [a.summary["requests"] for a in analyses]
         click.echo(json.dumps(doc, default=str))
@@ -207,3 +213,4 @@ def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, titl
     click.echo("")
     echo(compare_report(comparison))
     echo(f"\nreport: {report.resolve()}")
+    echo(f"timeline for ui.perfetto.dev: {timeline.resolve()}")
