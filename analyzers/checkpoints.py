@@ -23,6 +23,12 @@
 - `faults`: the whole checkpoint's fault count; `fill_faults`/`copy_faults` those of its spans.
 - `mmaps`/`munmaps`: syscalls made while the checkpoint was open on its thread.
 - `iter`: the iteration it falls in (see spans.py), 0 when none.
+- `spec`: made for a speculative round (an update_tgt outside create_checkpoint, trace format 3).
+- `fill_source`: "measured" (the growth was probed: a fill row, or none for a pool hit) or
+  "derived" (a build with the growth inlined, no probe point: see the trace's `profile`). A derived
+  fill is the checkpoint's total minus its copy, in wall time, on-CPU time, wait and faults; its
+  other_ns is then 0 (folded into the fill), its fill fault time not recorded (NA), and it is a
+  pool hit when it neither faulted nor mapped memory.
 """
 from __future__ import annotations
 
@@ -35,6 +41,7 @@ from ckptrace.trace import empty_frame
 from .spans import CLOCK_COLUMNS, NA_INT, assign_iterations, kind_mask, select, sum_by
 
 FAULT_SOURCES = ["none", "measured", "estimated", "not recorded"]  # a checkpoint takes the last of its spans'
+FILL_SOURCES = ["measured", "derived", "not recorded"]
 
 CHECKPOINT_COLUMNS: dict[str, object] = {
     "ckpt": np.dtype("int64"),
@@ -59,6 +66,8 @@ CHECKPOINT_COLUMNS: dict[str, object] = {
     "mmaps": np.dtype("int64"),
     "munmaps": np.dtype("int64"),
     "pool_hit": np.dtype("bool"),
+    "spec": np.dtype("bool"),
+    "fill_source": pd.CategoricalDtype(FILL_SOURCES),
 }
 
 
@@ -88,10 +97,12 @@ def _per_checkpoint(spans: pd.DataFrame) -> pd.DataFrame:
                          **{c: sum_by(spans[c], keys) for c in ("cpu_ns", "wait_ns", "fault_ns")}})
 
 
-def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
-    """One row per checkpoint (CHECKPOINT_COLUMNS), sorted by start_ns; `spans` from iteration_spans(events)."""
+def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame, fill_probed: bool = True) -> pd.DataFrame:
+    """One row per checkpoint (CHECKPOINT_COLUMNS), sorted by start_ns; `spans` from iteration_spans(events);
+    `fill_probed` False (no growth probe in the build) derives the fill (see the docstring)."""
     ck = select(events, kind_mask(events, "checkpoint"),
-                ["ckpt", "tid", "iter", "start_ns", "end_ns", "bytes", "draft", "faults", "cpu_ns", "wait_ns"])
+                ["ckpt", "tid", "iter", "start_ns", "end_ns", "bytes", "draft", "faults", "cpu_ns", "wait_ns",
+                 "spec"])
     if not len(ck):
         return empty_frame(CHECKPOINT_COLUMNS)
     dup = ck["ckpt"].duplicated()
@@ -133,6 +144,23 @@ def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     t["mmaps"] = ids.map(sys["ckpt"][is_mmap].value_counts()).fillna(0).astype("int64")
     t["munmaps"] = ids.map(sys["ckpt"][~is_mmap].value_counts()).fillna(0).astype("int64")
 
+    t["fill_source"] = "measured"
+    if not fill_probed:
+        _derive_fill(t)
     t["iter"] = assign_iterations(t, spans)
     t = t[list(CHECKPOINT_COLUMNS)].astype(CHECKPOINT_COLUMNS)
     return t.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)
+
+
+def _derive_fill(t: pd.DataFrame) -> None:
+    """The fill of a build without a growth probe: the checkpoint minus its copy (in place)."""
+    t["fill_ns"] = (t["total_ns"] - t["copy_ns"]).clip(lower=0)
+    t["other_ns"] = 0
+    t["fill_faults"] = (t["faults"] - t["copy_faults"]).clip(lower=0)
+    for c in ("cpu_ns", "wait_ns"):
+        t[f"fill_{c}"] = (t[c] - t[f"copy_{c}"]).astype(NA_INT)
+    t["fill_fault_ns"] = pd.array([pd.NA] * len(t), dtype=NA_INT)
+    t["fault_ns"] = t["fill_fault_ns"] + t["copy_fault_ns"]
+    t["fault_source"] = np.where(t["fill_faults"] > 0, "not recorded", t["fault_source"].astype(str))
+    t["pool_hit"] = (t["fill_faults"] == 0) & (t["mmaps"] == 0)
+    t["fill_source"] = "derived"

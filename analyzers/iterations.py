@@ -1,7 +1,8 @@
 """One row per server iteration (see spans.py for where iterations come from): what its checkpoints
 cost, prefill or decode.
 
-Kind rule: an iteration is `prefill` when it made at least one checkpoint or its batches carried
+Kind rule: an iteration is `prefill` when it made at least one checkpoint that is not speculative
+(`spec`: a speculative round saves state before decoding drafted tokens) or its batches carried
 prompt tokens (`prompt_tokens > 0`, tokens that ask for no logits); otherwise `decode`.
 
 Per iteration: `fill_ns`, `copy_ns`, `fault_ns` (= `fill_fault_ns` + `copy_fault_ns`, NA when a
@@ -56,8 +57,10 @@ def iteration_table(events: pd.DataFrame, spans: pd.DataFrame, checkpoints: pd.D
     if not len(spans):
         return empty_frame(ITERATION_COLUMNS)
     ck = checkpoints.loc[checkpoints["iter"] != 0]
+    ck = ck.assign(prompt_checkpoint=~ck["spec"])
     per = ck.groupby("iter").agg(fill_ns=("fill_ns", "sum"), copy_ns=("copy_ns", "sum"),
-                                 checkpoints=("ckpt", "size"), bytes=("bytes", "sum"), faults=("faults", "sum"))
+                                 checkpoints=("ckpt", "size"), bytes=("bytes", "sum"), faults=("faults", "sum"),
+                                 prompt_checkpoints=("prompt_checkpoint", "sum"))
     summed = ("fault_ns", "fill_fault_ns", "copy_fault_ns", "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns", "copy_wait_ns")
     for c in summed:
         per[c] = sum_by(ck[c], ck["iter"])
@@ -79,6 +82,6 @@ def iteration_table(events: pd.DataFrame, spans: pd.DataFrame, checkpoints: pd.D
         t[c] = t[c].astype(NA_INT).mask(zero, 0)
     t["span_ns"] = t["end_ns"] - t["start_ns"]
     t["other_ns"] = t["span_ns"] - t["fill_ns"] - t["copy_ns"]
-    prefill = (t["checkpoints"] > 0) | (t["prompt_tokens"] > 0)
+    prefill = (t["iter"].map(per["prompt_checkpoints"]).fillna(0) > 0) | (t["prompt_tokens"] > 0)
     t["kind"] = pd.Categorical.from_codes(np.where(prefill.to_numpy(), 0, 1), dtype=ITERATION_COLUMNS["kind"])
     return t[list(ITERATION_COLUMNS)].astype(ITERATION_COLUMNS).reset_index(drop=True)

@@ -65,6 +65,16 @@ class FaultTime:
 
 
 @dataclass
+class ProfileInfo:
+    """The llama.cpp generation the target's probe points matched (probes/symbols.py PROFILES)."""
+    name: str = "unknown"  # "llama_decode", "0.3.36", "11434" or "unknown"
+    generation: str = "not matched"  # in words
+    matched: list[str] = field(default_factory=list)  # the profile's points found ("fill": any growth)
+    missing: list[str] = field(default_factory=list)  # the profile's points not found
+    source: dict[str, str] = field(default_factory=dict)  # each point found -> the profile describing it
+
+
+@dataclass
 class ProcessInfo:
     """One recorded process (version 3; a trace of several processes has one per process)."""
     pid: int
@@ -117,6 +127,7 @@ class TraceMeta:
     threads_seen: int | None = None  # threads the map took in, and removed again when they exited
     threads_pruned: int | None = None
     threads_peak: int | None = None  # most threads in the map at once (sampled at each flush)
+    profile: ProfileInfo | None = None  # version 3: the generation matched; None: not recorded
     # The file's own format stamp as read; write_trace stamps the writer's.
     format: str | None = None
     version: int | None = None

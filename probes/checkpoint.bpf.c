@@ -13,6 +13,11 @@
  *   MAX_THREADS     entries of the per-thread map; a thread's entry goes when it exits
  *   SUM_EXEC_RUNTIME_OFF, EXEC_START_OFF, RUN_DELAY_OFF, NVCSW_OFF, NIVCSW_OFF   task_struct offsets
  *   SE_CFS_RQ_OFF, CFS_RQ_RQ_OFF, RQ_CLOCK_OFF, RQ_CLOCK_TASK_OFF       to find the thread's rq
+ *   BATCH_TOKENS_OFF, BATCH_OUTPUT_OFF   llama_batch_ext's token vector: its offset in the struct,
+ *                   and offsetof(token, output)
+ *   TOKEN_SIZE_STDCXX, TOKEN_SIZE_LIBCXX  sizeof(llama_batch_ext::token) by standard library
+ * Per process, the `targets` map's value holds TARGET_* flags (checkpoint.h) the recorder set from
+ * its probe plan.
  */
 #include <uapi/linux/ptrace.h>
 #include "checkpoint.h"
@@ -40,6 +45,16 @@ struct tstate {
     u64 iter;          /* open update_slots call, 0 = none */
     u64 ckpt;          /* open update_tgt/update_dft call, 0 = none */
     struct span it, ck, ph, dec;
+    struct span cr, ax, rc; /* create_checkpoint; restore/spec_state/prompt_save; set_data_ext */
+    u64 cr_bytes;      /* state bytes the checkpoints inside the open create_checkpoint copied */
+    u64 ax_bytes;      /* bytes the open restore / prompt save copied */
+    u64 ax_vec;        /* common_speculative_get_state's std::vector<uint8_t> & (its size at return) */
+    u32 cr_open;
+    u32 ax_kind;       /* 0, K_RESTORE, K_SPEC_STATE or K_PROMPT_SAVE */
+    u32 ax_draft;
+    u32 ax_in_copy;    /* a state copy inside a prompt save is open */
+    u32 rc_open;
+    u32 ck_spec;
     u64 ck_bytes;
     u64 ph_bytes;
     u64 ph_addr;
@@ -65,7 +80,7 @@ struct armed {
 };
 
 BPF_HASH(threads, u32, struct tstate, MAX_THREADS);
-BPF_HASH(targets, u32, u32, MAX_TARGETS); /* the processes traced: tgid -> 1 */
+BPF_HASH(targets, u32, u32, MAX_TARGETS); /* the processes traced: tgid -> TARGET_* flags */
 /* Resident bytes per traced mm, as kmem:rss_stat reports them member by member. Keyed by the
  * tracepoint's mm_id (a hash of the mm pointer), learnt from events the process's own threads
  * raise, so changes made to it by another task (reclaim) count too. */
@@ -82,6 +97,7 @@ BPF_HASH(rss_before_exec, u32, u32, MAX_TARGETS);
 /* Each traced process's counters as /proc/PID/status showed them at attach, written by the
  * recorder: the starting point before every member has changed once. */
 BPF_HASH(rss_seed, u32, struct rss_state, MAX_TARGETS);
+BPF_PERCPU_ARRAY(zero_state, struct tstate, 1); /* the initial value: too big for the BPF stack */
 BPF_ARRAY(counters, u64, N_COUNTERS);
 BPF_ARRAY(event_layout, struct ckpt_event, 1); /* lets user space read the layout from the compiler */
 BPF_PERCPU_ARRAY(armed_fault, struct armed, 1);
@@ -89,6 +105,12 @@ struct logits_buf {
     u8 b[256];
 };
 BPF_PERCPU_ARRAY(scratch, struct logits_buf, 1);
+#define BATCH_SCAN 256 /* tokens of a llama_batch_ext whose output flag is read */
+#define TOKEN_SIZE_MAX (TOKEN_SIZE_STDCXX > TOKEN_SIZE_LIBCXX ? TOKEN_SIZE_STDCXX : TOKEN_SIZE_LIBCXX)
+struct tokens_buf {
+    u8 b[BATCH_SCAN * TOKEN_SIZE_MAX];
+};
+BPF_PERCPU_ARRAY(token_scratch, struct tokens_buf, 1);
 /* Submitted without wakeup: the recorder drains on its own clock, so the traced thread never pays
  * for waking it (or gets preempted by it on a small machine). */
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
@@ -173,13 +195,24 @@ static __always_inline u64 counter(u32 idx)
     return v ? *v : 0;
 }
 
+/* The calling process's TARGET_* flags (0 for a process not traced). */
+static __always_inline u32 target_flags(void)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    u32 *f = targets.lookup(&tgid);
+    return f ? *f : 0;
+}
+
 static __always_inline struct tstate *state_of(u32 tid)
 {
     struct tstate *s = threads.lookup(&tid);
     if (s)
         return s;
-    struct tstate zero = {};
-    if (threads.insert(&tid, &zero) == 0) {
+    u32 idx = 0;
+    struct tstate *zero = zero_state.lookup(&idx); /* the initial state: too big for the stack */
+    if (!zero)
+        return 0;
+    if (threads.insert(&tid, zero) == 0) {
         count(C_THREADS_SEEN);
         u32 peak = C_THREADS_PEAK;
         u64 *p = counters.lookup(&peak);
@@ -206,6 +239,16 @@ static __always_inline u32 phase_of(struct tstate *s)
 {
     if (s->ckpt)
         return s->phase ? s->phase : P_CHECKPOINT;
+    if (s->rc_open)
+        return P_RESTORE_COPY;
+    if (s->ax_kind == K_RESTORE)
+        return P_RESTORE;
+    if (s->ax_kind == K_SPEC_STATE)
+        return P_SPEC_STATE;
+    if (s->ax_kind == K_PROMPT_SAVE)
+        return P_PROMPT_SAVE;
+    if (s->cr_open)
+        return P_CREATE;
     return s->iter ? P_ITERATION : P_NONE;
 }
 
@@ -238,7 +281,8 @@ static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struc
     e->tokens = 0;
     e->prompt_tokens = 0;
     e->phase = phase_of(s);
-    e->draft = s->ck_draft;
+    e->draft = (kind == K_RESTORE || kind == K_RESTORE_COPY) ? s->ax_draft : s->ck_draft;
+    e->spec = kind == K_CHECKPOINT ? s->ck_spec : 0;
     if (kind == K_DECODE) {
         e->tokens = s->dec_tokens;
         e->prompt_tokens = s->dec_prompt;
@@ -284,6 +328,8 @@ static __always_inline int ckpt_enter(u32 draft)
         count(C_ABANDONED);
     s->ckpt = new_id();
     s->ck_draft = draft;
+    /* the server's speculative rounds call update_tgt directly, not from create_checkpoint */
+    s->ck_spec = (target_flags() & TARGET_CREATE) && !s->cr_open;
     s->ck_bytes = 0;
     s->phase = P_NONE;
     open_span(&s->ck, s);
@@ -306,9 +352,12 @@ int ckpt_return(struct pt_regs *ctx)
     }
     s->phase = P_CHECKPOINT; /* so the row's phase says what it is, whatever was open */
     emit_span(K_CHECKPOINT, tid, s, &s->ck, now, s->ck_bytes, 0);
+    if (s->cr_open)
+        s->cr_bytes += s->ck_bytes;
     s->ckpt = 0;
     s->phase = P_NONE;
     s->ck_draft = 0;
+    s->ck_spec = 0;
     return 0;
 }
 
@@ -324,6 +373,29 @@ int fill_enter(struct pt_regs *ctx)
         return 0; /* growth elsewhere in the process is not a checkpoint fill */
     s->phase = P_FILL;
     s->ph_bytes = PT_REGS_PARM2(ctx);
+    s->ph_addr = 0;
+    open_span(&s->ph, s);
+    return 0;
+}
+
+/* libc++ builds: std::__1::vector<unsigned char>::resize(n) with the growth (__append) inlined.
+ * Only a call that grows is a fill: n above the size its begin/end pointers give now. */
+int fill_enter_resize(struct pt_regs *ctx)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->ckpt || s->phase != P_NONE)
+        return 0;
+    u64 be[2] = {};
+    if (bpf_probe_read_user(be, sizeof(be), (void *)PT_REGS_PARM1(ctx)) != 0 || be[1] < be[0])
+        return 0;
+    u64 n = PT_REGS_PARM2(ctx);
+    if (n <= be[1] - be[0])
+        return 0; /* no growth: a pool hit or a shrink */
+    s->phase = P_FILL;
+    s->ph_bytes = n - (be[1] - be[0]);
     s->ph_addr = 0;
     open_span(&s->ph, s);
     return 0;
@@ -351,6 +423,10 @@ int copy_enter(struct pt_regs *ctx)
     if (!target_tid(&tid))
         return 0;
     struct tstate *s = threads.lookup(&tid);
+    if (s && !s->ckpt && s->ax_kind == K_PROMPT_SAVE) {
+        s->ax_in_copy = 1; /* a prompt save's copy: counted in its bytes, no row of its own */
+        return 0;
+    }
     if (!s || !s->ckpt || s->phase != P_NONE)
         return 0;
     s->phase = P_COPY;
@@ -367,6 +443,11 @@ int copy_return(struct pt_regs *ctx)
     if (!target_tid(&tid))
         return 0;
     struct tstate *s = threads.lookup(&tid);
+    if (s && s->ax_in_copy) {
+        s->ax_in_copy = 0;
+        s->ax_bytes += PT_REGS_RC(ctx);
+        return 0;
+    }
     if (!s || !s->ckpt || s->phase != P_COPY)
         return 0;
     u64 copied = PT_REGS_RC(ctx);
@@ -476,6 +557,180 @@ int decode_return(struct pt_regs *ctx)
     s->it_tokens += s->dec_tokens;
     s->it_prompt += s->dec_prompt;
     emit_span(K_DECODE, tid, s, &s->dec, now, 0, 0);
+    return 0;
+}
+
+/* ---- batches: llama_process(ctx, type, llama_batch_ext *batch) ----
+ * The tokens are a std::vector<llama_batch_ext::token> at BATCH_TOKENS_OFF; a prompt token is one
+ * whose `output` flag is false (the server asks for output only at a prompt's last token and for
+ * generated ones). Read only when the vector looks like the layout (whole tokens, at most
+ * n_tokens_max of them, the struct's first field); else tokens are 0 and C_BATCH_UNREAD counts it. */
+int process_enter(struct pt_regs *ctx)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    if (PT_REGS_PARM2(ctx) != 1) /* LLAMA_PROCESS_TYPE_DECODE; an encode is no server batch */
+        return 0;
+    struct tstate *s = state_of(tid);
+    if (!s)
+        return 0;
+    u64 batch = PT_REGS_PARM3(ctx);
+    u64 size = (target_flags() & TARGET_LIBCXX) ? TOKEN_SIZE_LIBCXX : TOKEN_SIZE_STDCXX;
+    u64 max = 0, be[2] = {};
+    u32 n = 0, prompt = 0;
+    if (bpf_probe_read_user(&max, sizeof(max), (void *)batch) == 0 &&
+        bpf_probe_read_user(be, sizeof(be), (void *)(batch + BATCH_TOKENS_OFF)) == 0 &&
+        be[1] >= be[0] && (be[1] - be[0]) % size == 0 &&
+        (be[1] - be[0]) / size <= max && max <= 0x7fffffff) {
+        n = (be[1] - be[0]) / size;
+        u32 zero = 0;
+        struct tokens_buf *tb = token_scratch.lookup(&zero);
+        u32 scan = n < BATCH_SCAN ? n : BATCH_SCAN;
+        u64 len = (u64)scan * size;
+        asm volatile("%0 &= 32767" : "+r"(len));
+        if (len > sizeof(tb->b))
+            len = sizeof(tb->b);
+        if (tb && len > 0 && bpf_probe_read_user(tb->b, len, (void *)be[0]) == 0) {
+            for (u32 i = 0; i < BATCH_SCAN; i++) {
+                if (i >= scan)
+                    break;
+                u64 off = (u64)i * size + BATCH_OUTPUT_OFF;
+                asm volatile("%0 &= 32767" : "+r"(off)); /* a bound the verifier keeps */
+                if (off >= sizeof(tb->b))
+                    break;
+                if (tb->b[off] == 0)
+                    prompt++;
+            }
+        }
+    } else {
+        count(C_BATCH_UNREAD);
+    }
+    s->dec_tokens = n;
+    s->dec_prompt = prompt;
+    s->dec_open = 1;
+    open_span(&s->dec, s);
+    return 0;
+}
+
+/* ---- create_checkpoint: evictions, update_tgt/update_dft and the speculative state ---- */
+
+int create_enter(struct pt_regs *ctx)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = state_of(tid);
+    if (!s)
+        return 0;
+    if (s->cr_open)
+        count(C_ABANDONED);
+    s->cr_open = 1;
+    s->cr_bytes = 0;
+    open_span(&s->cr, s);
+    return 0;
+}
+
+int create_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->cr_open) {
+        count(C_PARTIAL);
+        return 0;
+    }
+    emit_span(K_CREATE, tid, s, &s->cr, now, s->cr_bytes, 0);
+    s->cr_open = 0;
+    return 0;
+}
+
+/* ---- restores (load_tgt/load_dft), the speculative state, prompt-cache saves ---- */
+
+static __always_inline int aux_enter(u32 kind, u32 draft, u64 vec)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = state_of(tid);
+    if (!s)
+        return 0;
+    if (s->ax_kind)
+        count(C_ABANDONED);
+    s->ax_kind = kind;
+    s->ax_draft = draft;
+    s->ax_bytes = 0;
+    s->ax_vec = vec;
+    s->ax_in_copy = 0;
+    open_span(&s->ax, s);
+    return 0;
+}
+
+int restore_enter_tgt(struct pt_regs *ctx) { return aux_enter(K_RESTORE, 0, 0); }
+int restore_enter_dft(struct pt_regs *ctx) { return aux_enter(K_RESTORE, 1, 0); }
+int spec_state_enter(struct pt_regs *ctx) { return aux_enter(K_SPEC_STATE, 0, PT_REGS_PARM3(ctx)); }
+int prompt_save_enter(struct pt_regs *ctx) { return aux_enter(K_PROMPT_SAVE, 0, 0); }
+
+int aux_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->ax_kind) {
+        count(C_PARTIAL);
+        return 0;
+    }
+    u64 bytes = s->ax_bytes;
+    if (s->ax_kind == K_SPEC_STATE) {
+        u64 be[2] = {};
+        bytes = 0; /* the vector's size after the call: what the state takes */
+        if (s->ax_vec && bpf_probe_read_user(be, sizeof(be), (void *)s->ax_vec) == 0 && be[1] >= be[0])
+            bytes = be[1] - be[0];
+    }
+    emit_span(s->ax_kind, tid, s, &s->ax, now, bytes, 0);
+    s->ax_kind = 0;
+    s->ax_draft = 0;
+    s->ax_in_copy = 0;
+    return 0;
+}
+
+/* ---- llama_state_seq_set_data_ext(ctx, src, size, seq_id, flags): a restore's copy, anywhere ---- */
+
+int restore_copy_enter(struct pt_regs *ctx)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = state_of(tid);
+    if (!s)
+        return 0;
+    if (s->rc_open)
+        count(C_ABANDONED);
+    s->rc_open = 1;
+    open_span(&s->rc, s);
+    return 0;
+}
+
+int restore_copy_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->rc_open) {
+        count(C_PARTIAL);
+        return 0;
+    }
+    u64 n = PT_REGS_RC(ctx);
+    if (s->ax_kind == K_RESTORE)
+        s->ax_bytes += n;
+    emit_span(K_RESTORE_COPY, tid, s, &s->rc, now, n, 0);
+    s->rc_open = 0;
     return 0;
 }
 

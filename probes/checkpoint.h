@@ -34,6 +34,13 @@ enum ckpt_phase {
     P_PROMPT_SAVE = 9,
 };
 
+/* Flags in the `targets` map's value, per traced process, from its probe plan. */
+enum ckpt_target_flag {
+    TARGET_TRACED = 1,
+    TARGET_CREATE = 2, /* create_checkpoint is probed: an update_tgt outside it is speculative */
+    TARGET_LIBCXX = 4, /* built with libc++: llama_batch_ext's token is TOKEN_SIZE_LIBCXX bytes */
+};
+
 /* Kernel-side counters, index into the `counters` array. */
 enum ckpt_counter {
     C_LOST = 0,      /* ring buffer full: event dropped */
@@ -45,7 +52,8 @@ enum ckpt_counter {
     C_THREADS_SEEN = 5,   /* threads taken into the per-thread map */
     C_THREADS_PRUNED = 6, /* ... and removed again when they exited */
     C_THREADS_PEAK = 7,   /* most threads in the map at once */
-    N_COUNTERS = 8,
+    C_BATCH_UNREAD = 8, /* a llama_batch_ext whose token vector did not look like the layout: tokens 0 */
+    N_COUNTERS = 9,
 };
 
 struct ckpt_event {
@@ -69,6 +77,7 @@ struct ckpt_event {
     u32 phase;
     u32 draft;
     u32 pid;      /* the process (tgid) of the row */
+    u32 spec;  /* checkpoint for a speculative round: update_tgt outside create_checkpoint */
 };
 
 #endif

@@ -78,7 +78,7 @@ class LiveProbes:
         t = targets[0]
         if len(self.bpf["targets"]) >= recorder.MAX_TARGETS:
             raise TargetError(f"PID {t.pid}: serve follows at most {recorder.MAX_TARGETS} processes at once")
-        self.bpf["targets"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(1)
+        self.bpf["targets"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(recorder.target_flags(t.plan))
         try:
             attached, _ = recorder._attach(self.bpf, t.plan, t.pid)
         except BaseException:

@@ -45,8 +45,31 @@ PROGRAMS = {
     "state_copy": ("copy_enter", "copy_return"),
     "update_slots": ("iter_enter", "iter_return"),
     "llama_decode": ("decode_enter", "decode_return"),
+    "resize_grow_libcxx": ("fill_enter", "fill_return"),
+    "resize_libcxx": ("fill_enter_resize", "fill_return"),
+    "llama_process": ("process_enter", "decode_return"),
+    "create_checkpoint": ("create_enter", "create_return"),
+    "load_tgt": ("restore_enter_tgt", "aux_return"),
+    "load_dft": ("restore_enter_dft", "aux_return"),
+    "state_restore": ("restore_copy_enter", "restore_copy_return"),
+    "spec_state": ("spec_state_enter", "aux_return"),
+    "prompt_save": ("prompt_save_enter", "aux_return"),
 }
-OUTER_POINTS = ("update_tgt", "update_dft", "update_slots")  # spans other probed calls nest in
+# spans other probed calls nest in: attached last (see _attach)
+OUTER_POINTS = ("update_tgt", "update_dft", "update_slots", "create_checkpoint", "load_tgt", "load_dft",
+                "prompt_save")
+# llama_batch_ext (llama-batch.h, the same in 0.3.36 and 11434): its token vector's offset,
+# offsetof(token, output), and sizeof(token) by standard library (unordered_set is 56 bytes in
+# libstdc++, 40 in libc++); measured by compiling the struct with g++ and clang++ -stdlib=libc++.
+BATCH_TOKENS_OFF, BATCH_OUTPUT_OFF = 64, 16
+TOKEN_SIZE = {"libstdc++": 96, "libc++": 80}
+TARGET_TRACED, TARGET_CREATE, TARGET_LIBCXX = 1, 2, 4  # checkpoint.h enum ckpt_target_flag
+
+
+def target_flags(plan) -> int:
+    """The `targets` map value for a process with this probe plan (checkpoint.h TARGET_*)."""
+    return (TARGET_TRACED | (TARGET_CREATE if plan.by_point("create_checkpoint") else 0)
+            | (TARGET_LIBCXX if plan.stdlib == "libc++" else 0))
 SCHED_COLUMNS = ("cpu_ns", "wait_ns", "nvcsw", "nivcsw")
 # Indices of the kernel's `counters` array (checkpoint.h enum ckpt_counter; C_NEXT_ID is the
 # kernel's id allocator, never read here). tests/test_enums.py holds these to the header.
@@ -102,7 +125,7 @@ class Target:
     def info(self) -> ProcessInfo:
         build = next((o.build_id for o in self.plan.objects if o.path == self.plan.target), None)
         return ProcessInfo(pid=self.pid, label=self.label, comm=self.comm, executable=self.plan.target,
-                           build_id=build, exited_ns=self.ended_ns)
+                           build_id=build, exited_ns=self.ended_ns, profile=self.plan.profile.name)
 
 
 class Targets(list):
@@ -323,6 +346,8 @@ def _trace_meta(opts: RecordOptions, targets: Targets, command: list[str] | None
         probes=list(dict.fromkeys(ProbeInfo(p.point, p.symbol, p.object, p.vaddr, p.offset, p.build_id)
                                   for pl in plans for p in pl.points)),
         missing_optional=sorted({m for pl in plans for m in pl.missing_optional}),
+        # several processes: one profile when they all matched the same (each one's is in `processes`)
+        profile=plans[0].profile if len({pl.profile.name for pl in plans}) == 1 else None,
         kernel=platform.release(),
         host=socket.gethostname(),
         start_time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
@@ -360,9 +385,15 @@ def _start_line(opts: RecordOptions, targets: Targets, child, command, attached:
               if opts.fault_sample else "page faults")
     faults += ", on-CPU time and run-queue wait" if sched.recorded else f" ({sched.note.split(':')[0]})"
     rss = f", RSS (a row per {opts.rss_step_mib} MiB moved)" if opts.rss_step_mib else ""
-    return (f"ckptrace: tracing {what}: {attached} uprobes in {objects} "
-            f"objects, {faults}, mmap/munmap/mremap{rss}. "
+    profiles = ", ".join(dict.fromkeys(t.plan.profile.name for t in targets))
+    line = (f"ckptrace: tracing {what}: {attached} uprobes in {objects} "
+            f"objects (profile {profiles}), {faults}, mmap/munmap/mremap{rss}. "
             + ("Ctrl-C to stop." if not opts.duration_s else f"{opts.duration_s:g} s, or Ctrl-C to stop."))
+    if not all(t.plan.fill_probed for t in targets):
+        line += ("\nckptrace: note: no fill probe: the growth behind resize() is inlined in this build "
+                 "(no _M_default_append, __append or libc++ resize symbol); analyze derives each "
+                 "checkpoint's fill as its total minus its copy (fill_source: derived)")
+    return line
 
 
 def _end_line(r: RecordResult) -> str:
@@ -508,6 +539,10 @@ def _load(bcc, targets: Targets, offsets: dict, sched: dict | None, opts: Record
         f"-DRINGBUF_PAGES={int(pages)}",
         f"-DSCHED_COUNTERS={int(sched is not None)}",
         f"-DMAX_THREADS={int(opts.max_threads)}",
+        f"-DBATCH_TOKENS_OFF={BATCH_TOKENS_OFF}",
+        f"-DBATCH_OUTPUT_OFF={BATCH_OUTPUT_OFF}",
+        f"-DTOKEN_SIZE_STDCXX={TOKEN_SIZE['libstdc++']}",
+        f"-DTOKEN_SIZE_LIBCXX={TOKEN_SIZE['libc++']}",
     ]
     cflags += [f"-D{name.upper()}_OFF={int(off)}" for name, off in (sched or {}).items()]
     bpf = kernel.load_bpf(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
@@ -520,7 +555,7 @@ def _load(bcc, targets: Targets, offsets: dict, sched: dict | None, opts: Record
             bpf.detach_tracepoint(tp=tp)
     seeds = bpf["rss_seed"]
     for t in targets:
-        bpf["targets"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(1)
+        bpf["targets"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(target_flags(t.plan))
         if not attach:
             bpf["rss_before_exec"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(1)
         # A running process's counters so far; a launched one starts from zero at its exec.

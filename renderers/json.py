@@ -38,7 +38,8 @@ def records(df: pd.DataFrame) -> list[dict]:
 def analysis_json(analysis) -> dict:
     return {"trace": analysis.trace.meta.to_json(), "checkpoints": records(analysis.checkpoints),
             "iterations": records(analysis.iterations), "summary": analysis.summary,
-            "memory": analysis.memory, "processes": analysis.processes}
+            "memory": analysis.memory, "processes": analysis.processes, "restores": records(analysis.restores),
+            "evictions": records(analysis.evictions)}
 
 
 def comparison_json(c) -> dict:

@@ -48,13 +48,33 @@ def build_dir() -> pathlib.Path:
     return _cache_root() / f"workload-{_source_hash()}"
 
 
-def workload_binary(static: bool = False) -> pathlib.Path:
-    """Path of ckpt-workload (or ckpt-workload-static), building it first if needed."""
-    name = "ckpt-workload-static" if static else "ckpt-workload"
+VARIANTS = ("static", "upstream", "inlined", "libcxx")  # see the Makefile
+
+
+def workload_binary(static: bool = False, variant: str | None = None) -> pathlib.Path:
+    """Path of ckpt-workload (or ckpt-workload-static, or ckpt-workload-VARIANT), built first if needed."""
+    variant = "static" if static else variant
+    name = f"ckpt-workload-{variant}" if variant else "ckpt-workload"
     out = build_dir()
-    if not (out / name).is_file():
+    if not (out / "ckpt-workload").is_file():
         _build(out)
+    if variant == "libcxx" and not (out / name).is_file():
+        _build_one(out, name)  # clang++ and libc++ installed after the rest was built
+    if not (out / name).is_file():
+        why = " (it needs clang++ and libc++: apt-get install clang libc++-dev libc++abi-dev)" \
+            if variant == "libcxx" else ""
+        raise CkptraceError(f"the sample build has no {name}{why}")
     return out / name
+
+
+def _build_one(out: pathlib.Path, name: str) -> None:
+    """Build one more executable aside and move it into an existing build folder (no error: the
+    caller says what is missing)."""
+    with tempfile.TemporaryDirectory(prefix=name + ".tmp-", dir=out.parent) as tmp:
+        proc = subprocess.run(["make", "-C", str(WORKLOAD_DIR), f"BUILD={tmp}", f"{tmp}/{name}"],
+                              capture_output=True, text=True)
+        if proc.returncode == 0:
+            os.replace(pathlib.Path(tmp) / name, out / name)
 
 
 def _build(out: pathlib.Path) -> None:

@@ -15,7 +15,7 @@ APT_PACKAGES=(python3-bpfcc bpfcc-tools linux-headers-amd64 bpftool bpftrace pyt
               python3-pip g++ make cmake libc6-dev util-linux)
 # Headless Chromium for the dashboard tests; ccache lets the pool-on llama-server build reuse pool-off
 # objects; a real Prometheus scrapes `ckptrace serve` in its tests (run by the test, not as a service);
-# clang and libc++ for the upstream llama-server builds the tests use (build.sh --libcxx).
+# clang and libc++ for the libc++ builds (the sample workload's and build.sh --libcxx's llama-server).
 APT_TEST_PACKAGES=(chromium fonts-liberation ccache prometheus clang libc++-dev libc++abi-dev)
 
 step() { printf 'setup: %s\n' "$*"; }

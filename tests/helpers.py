@@ -153,10 +153,12 @@ def wait_for_truth(path: Path, n: int = 1, kind: str = "checkpoint") -> None:
 
 
 def load_truth(path: Path) -> dict[str, pd.DataFrame]:
-    """The truth as one frame per record type (checkpoint, iteration, summary)."""
-    df = pd.DataFrame(truth_records(path))
-    return {t: g.drop(columns="type").dropna(axis=1, how="all").reset_index(drop=True)
-            for t, g in df.groupby("type")}
+    """The truth as one frame per record type (checkpoint, iteration, summary...), each built from
+    its own lines, so a type's integers stay integers whatever fields other types lack."""
+    rows: dict[str, list[dict]] = {}
+    for r in truth_records(path):
+        rows.setdefault(r["type"], []).append({k: v for k, v in r.items() if k != "type"})
+    return {t: pd.DataFrame(rs) for t, rs in sorted(rows.items())}
 
 
 def clock_tolerance(truth_ns):

@@ -45,3 +45,9 @@ def test_recorder_counter_and_kind_indices_match_the_header():
     for name, value in python.items():
         assert value == {**counters, **kinds}.get(name), name
     assert max(v for k, v in python.items() if k.startswith("C_")) < counters["N_COUNTERS"]
+
+
+def test_recorder_target_flags_match_the_header():
+    flags = c_enum("ckpt_target_flag")
+    python = {k: v for k, v in vars(recorder).items() if re.fullmatch(r"TARGET_[A-Z]+", k)}
+    assert python == flags

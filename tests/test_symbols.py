@@ -18,6 +18,9 @@ from ckptrace.probes.symbols import format_plan, qualified_name, resolve_binary,
 from helpers import AS_NOBODY, assert_one_line_error, ckptrace, waiting_workload, why_nobody_cannot_run_ckptrace
 
 REQUIRED = {"update_tgt", "resize_grow", "state_copy"}
+LLAMA_DECODE_ERA_LACKS = ("load_tgt", "load_dft", "state_restore", "spec_state", "prompt_save")
+SAMPLE_POINTS = {"update_tgt", "update_dft", "resize_grow", "state_copy", "update_slots", "llama_decode",
+                 "create_checkpoint"}
 UPDATE_TGT = "_ZN24common_prompt_checkpoint10update_tgtEP13llama_contextij"
 
 
@@ -77,7 +80,9 @@ def test_pie_sample_all_points_and_both_copies_of_the_growth(pie):
     grow = {os.path.basename(p.object) for p in plan.by_point("resize_grow")}
     assert {"libsample-server.so", "libsample-common.so"} <= grow
     assert all(p.binding == "WEAK" for p in plan.by_point("resize_grow"))
-    assert plan.missing_optional == []
+    # the default build is the llama_decode generation without the restore path
+    assert plan.profile.name == "llama_decode" and plan.stdlib == "libstdc++"
+    assert plan.missing_optional == list(LLAMA_DECODE_ERA_LACKS)
     for p in plan.points:
         assert os.path.isabs(p.object) and os.path.exists(p.object)
         assert p.build_id == readelf_build_id(p.object) != ""
@@ -92,7 +97,7 @@ def test_static_non_pie_sample_everything_in_the_executable(static):
     with open(exe, "rb") as f:
         assert ELFFile(f)["e_type"] == "ET_EXEC"
     found = {p.point for p in plan.points}
-    assert found == {pt.name for pt in symbols.POINTS}
+    assert found == SAMPLE_POINTS
     assert all(p.object == exe for p in plan.points)
     # Non-PIE: the link address is not the file offset, so the two must differ here.
     assert all(p.vaddr != p.offset for p in plan.points)
@@ -207,7 +212,7 @@ def test_missing_point_lists_nearest_candidates(tmp_path):
         resolve_binary(str(exe))
     msg = str(e.value)
     assert "nearest: common_prompt_checkpoint::update_tgx(llama_context*, int)" in msg
-    assert "also missing: resize_grow, state_copy" in msg
+    assert "also missing: state_copy" in msg
     assert "stripped?" in msg  # libc has no .symtab; nearmiss itself does
     assert "no .symtab in nearmiss" not in msg
 
@@ -264,8 +269,15 @@ def test_rpath_origin_and_shared_library_link_address(rpath_tree):
     assert tgt.object == lib
     assert tgt.vaddr - tgt.offset == 0x200000
     assert tgt.offset == objdump_file_offset(lib, tgt.mangled)
-    assert plan.missing_optional == ["update_dft", "update_slots", "llama_decode",
-                                     symbols.NO_ITERATION_NOTE]
+    # no batch entry point at all: no generation agrees; the nearest is named, recording goes on
+    assert plan.profile.name == "unknown" and "nearest: llama_decode" in plan.profile.generation
+    assert plan.profile.matched == ["update_tgt", "fill", "state_copy"]
+    assert plan.missing_optional == ["update_dft", "update_slots", "create_checkpoint", *LLAMA_DECODE_ERA_LACKS,
+                                     "llama_decode", symbols.NO_ITERATION_NOTE]
+    text = format_plan(plan)
+    assert "profile: unknown (no known generation agrees" in text
+    assert "found: update_tgt, fill, state_copy" in text
+    assert "- llama_decode: no batch token counts" in text  # what each missing point costs
 
 
 def test_missing_library_and_ld_library_path(rpath_tree, tmp_path, monkeypatch):

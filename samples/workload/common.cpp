@@ -55,7 +55,7 @@ static inline __attribute__((always_inline)) void update_state(std::vector<uint8
     const int64_t f0 = thread_faults();
     t.fill_start_ns = now_ns();
     const int64_t c0 = thread_cpu_ns();
-    data.resize(size);  // grows through _M_default_append: zero fill of fresh mmap()ed pages
+    sample_grow(data, size);  // grows through _M_default_append: zero fill of fresh mmap()ed pages
     const int64_t c1 = thread_cpu_ns();
     const int64_t t1 = now_ns();
     const int64_t f1 = thread_faults();
@@ -94,6 +94,53 @@ __attribute__((noinline)) void common_prompt_checkpoint::update_dft(llama_contex
                                                                     unsigned int flags) {
     update_state(data_dft, truth_dft, ctx, seq_id, flags);
 }
+
+#ifdef SAMPLE_UPSTREAM
+static void load_state(const std::vector<uint8_t> & data, common_restore_truth & t, llama_context * ctx, int seq_id,
+                       unsigned int flags) {
+    t = common_restore_truth();
+    t.tid = (int) syscall(SYS_gettid);
+    t.start_ns = now_ns();
+    const int64_t c_start = thread_cpu_ns();
+    const int64_t f0 = thread_faults();
+    if (!data.empty()) {  // as upstream: nothing saved, nothing restored
+        t.copy_start_ns = now_ns();
+        const int64_t c0 = thread_cpu_ns();
+        t.bytes = llama_state_seq_set_data_ext(ctx, data.data(), data.size(), seq_id, flags);
+        t.copy_cpu_ns = thread_cpu_ns() - c0;
+        t.copy_ns = now_ns() - t.copy_start_ns;
+        if (t.bytes != data.size()) {
+            fprintf(stderr, "sample-common: restore wrote %zu of %zu bytes\n", t.bytes, data.size());
+            abort();
+        }
+    }
+    t.faults = thread_faults() - f0;
+    t.cpu_ns = thread_cpu_ns() - c_start;
+    t.end_ns = now_ns();
+}
+
+__attribute__((noinline)) void common_prompt_checkpoint::load_tgt(llama_context * ctx, int seq_id,
+                                                                  unsigned int flags) const {
+    load_state(data_tgt, truth_load, ctx, seq_id, flags);
+}
+
+__attribute__((noinline)) void common_prompt_checkpoint::load_dft(llama_context * ctx, int seq_id,
+                                                                  unsigned int flags) const {
+    load_state(data_dft, truth_load, ctx, seq_id, flags);
+}
+
+__attribute__((noinline)) bool common_speculative_get_state(common_speculative * spec, int seq_id,
+                                                            std::vector<uint8_t> & data) {
+    if (spec == nullptr || spec->state_bytes == 0) {
+        return false;
+    }
+    sample_grow(data, spec->state_bytes);
+    for (size_t i = 0; i < data.size(); i += 4096) {
+        data[i] = (uint8_t) (seq_id + 1);
+    }
+    return true;
+}
+#endif
 
 common_prompt_checkpoint::~common_prompt_checkpoint() {
     auto & pool = common_state_buffer_pool::instance();

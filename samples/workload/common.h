@@ -11,7 +11,37 @@
 
 // As in the real build, resize() is inline but its growth, _M_default_append, is an out-of-line
 // weak symbol: instantiated once in each library (vector_u8.cpp), called through the PLT.
+// SAMPLE_INLINE_FILL: a build whose growth has no symbol of its own (as when a compiler inlines
+// it): every growth goes through sample_grow, which never instantiates resize().
+#ifndef SAMPLE_INLINE_FILL
 extern template class std::vector<unsigned char>;
+#endif
+
+static inline void sample_grow(std::vector<uint8_t> & v, size_t n) {
+#ifdef SAMPLE_INLINE_FILL
+    if (n > v.size()) {
+        v.insert(v.end(), n - v.size(), (uint8_t) 0);
+    } else {
+        v.erase(v.begin() + (std::ptrdiff_t) n, v.end());
+    }
+#else
+    v.resize(n);
+#endif
+}
+
+// Ground truth for one load_tgt()/load_dft() call or one prompt save: entry to return, and the
+// state copy inside (llama_state_seq_set_data_ext / llama_state_seq_get_data_ext).
+struct common_restore_truth {
+    int64_t start_ns = 0;
+    int64_t end_ns = 0;
+    int64_t cpu_ns = 0;
+    int64_t copy_start_ns = 0;
+    int64_t copy_ns = 0;
+    int64_t copy_cpu_ns = 0;
+    int64_t faults = 0;
+    size_t bytes = 0;
+    int tid = 0;
+};
 
 // Ground truth for one update_tgt()/update_dft() call, measured by the call itself.
 struct common_checkpoint_truth {
@@ -45,7 +75,21 @@ struct common_prompt_checkpoint {
 
     void update_tgt(llama_context * ctx, int seq_id, unsigned int flags);
     void update_dft(llama_context * ctx, int seq_id, unsigned int flags);
+#ifdef SAMPLE_UPSTREAM
+    std::vector<uint8_t> data_spec;  // the speculative state stashed with the checkpoint
+    mutable common_restore_truth truth_load;
+    void load_tgt(llama_context * ctx, int seq_id, unsigned int flags) const;
+    void load_dft(llama_context * ctx, int seq_id, unsigned int flags) const;
+#endif
 };
+
+#ifdef SAMPLE_UPSTREAM
+// Stand-in for the speculative decoder's state (common/speculative.cpp): `state_bytes` of it.
+struct common_speculative {
+    size_t state_bytes = 0;
+};
+bool common_speculative_get_state(common_speculative * spec, int seq_id, std::vector<uint8_t> & data);
+#endif
 
 // Test hook: the next checkpoint pauses after its fill until SIGUSR1 (see common.cpp).
 void common_checkpoint_pause_first(bool on);

@@ -97,6 +97,19 @@ void llama_batch_free(llama_batch batch) {
     free(batch.logits);
 }
 
+// Tokens decoded, outputs counted, and the compute: one unit per ubatch of up to 64 tokens.
+static int32_t decode_tokens(llama_context * ctx, int32_t n_tokens, int64_t outputs, uint64_t h) {
+    const int64_t n_ubatch = (n_tokens + 63) / 64;
+    const int64_t until = now_ns() + n_ubatch * ctx->decode_us * 1000;
+    while (now_ns() < until) {
+        h = h * 6364136223846793005ull + 1442695040888963407ull;
+    }
+    __asm__ volatile("" : : "r"(h));
+    ctx->n_decoded += n_tokens;
+    ctx->n_outputs += outputs;
+    return 0;
+}
+
 __attribute__((noinline)) int32_t llama_decode(llama_context * ctx, llama_batch batch) {
     if (batch.n_tokens <= 0 || batch.pos == nullptr || batch.seq_id == nullptr) {
         return -1;
@@ -111,16 +124,7 @@ __attribute__((noinline)) int32_t llama_decode(llama_context * ctx, llama_batch 
         h = (h ^ (uint64_t) (batch.token ? batch.token[i] : 0) ^ (uint64_t) batch.pos[i]) * 1099511628211ull;
         outputs += batch.logits ? (batch.logits[i] != 0) : (i == batch.n_tokens - 1);
     }
-    // The compute: time proportional to the batch, one unit per ubatch of up to 64 tokens.
-    const int64_t n_ubatch = (batch.n_tokens + 63) / 64;
-    const int64_t until = now_ns() + n_ubatch * ctx->decode_us * 1000;
-    while (now_ns() < until) {
-        h = h * 6364136223846793005ull + 1442695040888963407ull;
-    }
-    __asm__ volatile("" : : "r"(h));
-    ctx->n_decoded += batch.n_tokens;
-    ctx->n_outputs += outputs;
-    return 0;
+    return decode_tokens(ctx, batch.n_tokens, outputs, h);
 }
 
 __attribute__((noinline)) size_t llama_state_seq_get_size_ext(llama_context * ctx, llama_seq_id seq_id,
@@ -148,4 +152,59 @@ __attribute__((noinline)) size_t llama_state_seq_get_data_ext(llama_context * ct
     return n;
 }
 
+#ifdef SAMPLE_UPSTREAM
+// Restores: the state copied back into the context (what load_tgt and the prompt cache call).
+__attribute__((noinline)) size_t llama_state_seq_set_data_ext(llama_context * ctx, const uint8_t * src,
+                                                              size_t size, llama_seq_id seq_id,
+                                                              llama_state_seq_flags flags) {
+    (void) flags;
+    if (seq_id < 0 || seq_id >= ctx->n_seq || size > ctx->max_state_bytes) {
+        return 0;
+    }
+    memcpy(ctx->state[seq_id], src, size);
+    return size;
+}
+#endif
+
 }  // extern "C"
+
+#ifdef SAMPLE_UPSTREAM
+int32_t llama_batch_ext::add_token(llama_seq_id seq_id, llama_token id, llama_pos pos, bool output) {
+    if (tokens.size() >= n_tokens_max) {
+        return -1;
+    }
+    token t;
+    t.id = id;
+    t.output = output;
+    t.seq_ids.insert(seq_id);
+    t.pos[0] = pos;
+    tokens.push_back(std::move(t));
+    return (int32_t) tokens.size() - 1;
+}
+
+__attribute__((noinline)) bool llama_batch_ext::set_decision_order(int32_t idx, int32_t order) {
+    if (idx < 0 || (size_t) idx >= tokens.size()) {
+        return false;
+    }
+    tokens[idx].decision_order = order;
+    return true;
+}
+
+extern "C" __attribute__((noinline)) int32_t llama_process(llama_context * ctx, llama_process_type type,
+                                                           llama_batch_ext * batch) {
+    if (type != LLAMA_PROCESS_TYPE_DECODE || batch == nullptr || batch->tokens.empty()) {
+        return -1;
+    }
+    int64_t outputs = 0;
+    uint64_t h = 1469598103934665603ull;
+    for (const auto & t : batch->tokens) {
+        const llama_seq_id s = *t.seq_ids.begin();
+        if (s < 0 || s >= ctx->n_seq) {
+            return -1;
+        }
+        h = (h ^ (uint64_t) t.id ^ (uint64_t) t.pos[0]) * 1099511628211ull;
+        outputs += t.output;
+    }
+    return decode_tokens(ctx, (int32_t) batch->tokens.size(), outputs, h);
+}
+#endif

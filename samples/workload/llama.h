@@ -53,6 +53,54 @@ int64_t sample_llama_n_decoded(const struct llama_context * ctx);
 int64_t sample_llama_n_outputs(const struct llama_context * ctx);
 void sample_llama_free(struct llama_context * ctx);
 
+size_t llama_state_seq_set_data_ext(struct llama_context * ctx, const uint8_t * src, size_t size,
+                                    llama_seq_id seq_id, llama_state_seq_flags flags);
+
 #ifdef __cplusplus
 }
+#endif
+
+#ifdef SAMPLE_UPSTREAM
+// The upstream generation's batch (llama.cpp src/llama-batch.h, build 11434): the same layout, so
+// the recorder's read of its token vector is checked here. The server fills it and passes it to
+// llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch).
+#include <array>
+#include <unordered_set>
+#include <vector>
+
+struct llama_memory_i;
+struct llama_batch_ext {
+    const size_t n_tokens_max;
+    const size_t n_embd_inp = 0;
+    const size_t n_embd_inp_enc = 0;
+    const llama_seq_id n_seq_max;
+    llama_memory_i * mem = nullptr;
+    const llama_token n_vocab = 32000;
+    const size_t n_pos_per_embd = 1;
+    size_t n_embd = 0;
+
+    struct token {
+        llama_token id = -1;
+        bool has_embd = false;
+        size_t embd_off = 0;
+        bool output = false;
+        int32_t decision_order = 0;
+        std::unordered_set<llama_seq_id> seq_ids;
+        std::array<llama_pos, 4> pos = {0, 0, 0, 0};
+    };
+    std::vector<token> tokens;
+    std::vector<float> embd;
+
+    llama_batch_ext(size_t n_max, llama_seq_id n_seq) : n_tokens_max(n_max), n_seq_max(n_seq) {}
+    int32_t add_token(llama_seq_id seq_id, llama_token id, llama_pos pos, bool output);
+    bool set_decision_order(int32_t idx, int32_t order);  // build 11434's marker
+};
+
+enum llama_process_type {
+    LLAMA_PROCESS_TYPE_ENCODE,
+    LLAMA_PROCESS_TYPE_DECODE,
+};
+
+extern "C" int32_t llama_process(struct llama_context * ctx, enum llama_process_type type,
+                                 struct llama_batch_ext * batch);
 #endif

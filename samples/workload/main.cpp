@@ -81,6 +81,12 @@ static void usage(FILE * f) {
             "  --exit-code N           exit status at the end (0)\n"
             "  --gap-us U              sleep between update_slots() calls, us (0): a steady rate\n"
             "  --thread-churn N        per iteration, N short-lived threads each mmap/munmap once (0)\n"
+            "upstream generation (ckpt-workload-upstream, -libcxx, -inlined builds only):\n"
+            "  --restore-every N       from the 2nd prefill, every Nth: each slot restores its last\n"
+            "                          checkpoint first (load_tgt -> llama_state_seq_set_data_ext)\n"
+            "  --spec                  decode iterations: a speculative checkpoint per slot\n"
+            "  --spec-state-kib K      create_checkpoint also stashes K KiB of speculative state\n"
+            "  --prompt-save           each prefill: slot 0 saves its prompt state (prompt cache)\n"
             "  --help                  this text\n",
             prog);
 }
@@ -103,7 +109,8 @@ struct options {
 static options parse_options(int argc, char ** argv) {
     enum {
         O_SLOTS = 1000, O_ITER, O_DPP, O_CKPT, O_GROW, O_POOL, O_KEEP, O_PROMPT, O_DECODE_US,
-        O_NOISE, O_TRUTH, O_WAIT, O_PAUSE, O_MREMAP, O_EXIT, O_DRAFT, O_HELP, O_REQUEST, O_GAP, O_CHURN
+        O_NOISE, O_TRUTH, O_WAIT, O_PAUSE, O_MREMAP, O_EXIT, O_DRAFT, O_HELP, O_REQUEST, O_GAP, O_CHURN, O_RESTORE, O_SPEC,
+        O_SPEC_STATE, O_PROMPT_SAVE
     };
     static const struct option longopts[] = {
         {"slots", required_argument, nullptr, O_SLOTS},
@@ -126,6 +133,10 @@ static options parse_options(int argc, char ** argv) {
         {"request-prefills", required_argument, nullptr, O_REQUEST},
         {"gap-us", required_argument, nullptr, O_GAP},
         {"thread-churn", required_argument, nullptr, O_CHURN},
+        {"restore-every", required_argument, nullptr, O_RESTORE},
+        {"spec", no_argument, nullptr, O_SPEC},
+        {"spec-state-kib", required_argument, nullptr, O_SPEC_STATE},
+        {"prompt-save", no_argument, nullptr, O_PROMPT_SAVE},
         {nullptr, 0, nullptr, 0},
     };
     options o;
@@ -168,6 +179,10 @@ static options parse_options(int argc, char ** argv) {
             case O_HELP: usage(stdout); exit(0);
             case O_GAP: o.gap_us = parse_int("--gap-us", optarg, 0, 10000000); break;
             case O_CHURN: o.thread_churn = (int32_t) parse_int("--thread-churn", optarg, 0, 256); break;
+            case O_RESTORE: o.sp.restore_every = (int32_t) parse_int("--restore-every", optarg, 1, 1000000); break;
+            case O_SPEC: o.sp.spec = true; break;
+            case O_SPEC_STATE: o.sp.spec_state_bytes = (size_t) parse_int("--spec-state-kib", optarg, 1, 1 << 20) << 10; break;
+            case O_PROMPT_SAVE: o.sp.prompt_save = true; break;
             case ':': usage_error("%s needs a value", argv[optind - 1]);
             default: usage_error("unknown option '%s'", argv[optind - 1]);
         }
@@ -175,6 +190,12 @@ static options parse_options(int argc, char ** argv) {
     if (optind < argc) {
         usage_error("unexpected argument '%s'", argv[optind]);
     }
+#ifndef SAMPLE_UPSTREAM
+    if (o.sp.restore_every || o.sp.spec || o.sp.spec_state_bytes || o.sp.prompt_save) {
+        usage_error("--restore-every, --spec, --spec-state-kib and --prompt-save need the upstream build "
+                    "(ckpt-workload-upstream)");
+    }
+#endif
     if (o.sp.n_slots * o.sp.n_prompt_tokens > 1 << 20) {
         usage_error("--slots times --prompt-tokens must be at most 1048576");
     }
@@ -204,7 +225,7 @@ static void noise_loop(noise * n, llama_context * ctx) {
     while (!n->stop.load()) {
         const size_t size = llama_state_seq_get_size_ext(ctx, 0, 0);
         std::vector<uint8_t> v;
-        v.resize(size);
+        sample_grow(v, size);
         if (llama_state_seq_get_data_ext(ctx, v.data(), size, 0, 0) != size) {
             abort();
         }
@@ -245,13 +266,26 @@ static void write_checkpoint(FILE * f, const server_checkpoint_truth & c, const 
             "{\"type\":\"checkpoint\",\"iter\":%lld,\"slot\":%d,\"tid\":%d,\"bytes\":%zu,\"draft\":%s,"
             "\"start_ns\":%lld,\"end_ns\":%lld,\"cpu_ns\":%lld,\"fill_start_ns\":%lld,\"fill_ns\":%lld,"
             "\"fill_cpu_ns\":%lld,\"copy_start_ns\":%lld,\"copy_ns\":%lld,\"copy_cpu_ns\":%lld,"
-            "\"fill_faults\":%lld,\"copy_faults\":%lld,\"pool_hit\":%s,"
+            "\"fill_faults\":%lld,\"copy_faults\":%lld,\"pool_hit\":%s,\"spec\":%s,"
             "\"resident_fill_cpu_ns\":%lld,\"resident_copy_cpu_ns\":%lld}\n",
             (long long) c.iter, c.slot, t.tid, t.bytes, c.draft ? "true" : "false", (long long) t.start_ns,
             (long long) t.end_ns, (long long) t.cpu_ns, (long long) t.fill_start_ns, (long long) t.fill_ns,
             (long long) t.fill_cpu_ns, (long long) t.copy_start_ns, (long long) t.copy_ns, (long long) t.copy_cpu_ns,
             (long long) t.fill_faults, (long long) t.copy_faults, t.pool_hit ? "true" : "false",
-            (long long) r.fill_cpu_ns, (long long) r.copy_cpu_ns);
+            c.spec ? "true" : "false", (long long) r.fill_cpu_ns, (long long) r.copy_cpu_ns);
+    fflush(f);
+}
+
+// A restore, prompt save, speculative state or create_checkpoint call, as the call measured it.
+static void write_state(FILE * f, const server_state_truth & s) {
+    const common_restore_truth & t = s.t;
+    fprintf(f,
+            "{\"type\":\"%s\",\"iter\":%lld,\"slot\":%d,\"tid\":%d,\"bytes\":%zu,\"start_ns\":%lld,"
+            "\"end_ns\":%lld,\"cpu_ns\":%lld,\"copy_start_ns\":%lld,\"copy_ns\":%lld,\"copy_cpu_ns\":%lld,"
+            "\"faults\":%lld,\"evictions\":%d}\n",
+            s.type, (long long) s.iter, s.slot, t.tid, t.bytes, (long long) t.start_ns, (long long) t.end_ns,
+            (long long) t.cpu_ns, (long long) t.copy_start_ns, (long long) t.copy_ns, (long long) t.copy_cpu_ns,
+            (long long) t.faults, s.evictions);
     fflush(f);
 }
 
@@ -424,6 +458,9 @@ int main(int argc, char ** argv) {
             }
         }
         if (truth) {
+            for (const auto & st : srv->last_states) {
+                write_state(truth, st);
+            }
             write_iteration(truth, it);
             write_memory(truth, *srv, it.iter);
         }

@@ -18,6 +18,11 @@ struct server_params {
     size_t grow_bytes = 0;  // added per prefill iteration
     int32_t request_prefills = 0;  // > 0: every that many prefills each slot starts a new request
     bool draft = false;
+    // The upstream generation (a SAMPLE_UPSTREAM build): what its server does besides checkpoints.
+    int32_t restore_every = 0;  // from the 2nd prefill, every Nth: each slot first restores its last checkpoint
+    bool spec = false;          // decode iterations: a speculative checkpoint per slot (update_tgt in pre_decode)
+    size_t spec_state_bytes = 0;  // create_checkpoint stashes this much speculative state
+    bool prompt_save = false;   // each prefill: slot 0 saves its prompt state to the cache
 };
 
 struct server_iteration_truth {
@@ -37,12 +42,27 @@ struct server_checkpoint_truth {
     int32_t slot;
     bool draft;
     common_checkpoint_truth t;
+    bool spec = false;
+};
+
+// A restore (load_tgt), a prompt save, a speculative state or a whole create_checkpoint call.
+struct server_state_truth {
+    const char * type;  // "restore", "prompt_save", "spec_state", "create"
+    int64_t iter;
+    int32_t slot;
+    common_restore_truth t;
+    int32_t evictions = 0;  // create: old checkpoints erased first
 };
 
 struct server_slot {
     int32_t id = 0;
     llama_pos n_past = 0;
     std::list<common_prompt_checkpoint> checkpoints;
+#ifdef SAMPLE_UPSTREAM
+    common_prompt_checkpoint spec_ckpt;
+    std::vector<uint8_t> prompt_cache;  // stand-in for server_prompt_cache's buffer
+    bool prompt_save(llama_context * ctx, common_restore_truth & t);
+#endif
 };
 
 struct server_context_impl {
@@ -58,10 +78,15 @@ struct server_context_impl {
     server_params params;
     std::vector<server_slot> slots;
     llama_batch batch;
+#ifdef SAMPLE_UPSTREAM
+    llama_batch_ext * batch_ext = nullptr;
+    common_speculative spec_impl;
+#endif
     int64_t n_iter = 0;
     int64_t n_prefill = 0;
 
     // Filled by update_slots(), written out by the caller once it has returned.
     server_iteration_truth last_iteration;
     std::vector<server_checkpoint_truth> last_checkpoints;
+    std::vector<server_state_truth> last_states;
 };

@@ -1,0 +1,114 @@
+"""The rest of the checkpoint state path (trace format 3): restores and evictions.
+
+- Restores, one row each: a `restore` span (`load_tgt`/`load_dft`, `draft` true for dft) with the
+  `restore_copy` rows (`llama_state_seq_set_data_ext`) inside it on its thread, `source`
+  "checkpoint"; and a `restore_copy` made outside any restore (the prompt cache, a slot restore),
+  `source` "other", its own copy. A restore that copied nothing (`load_dft` without a draft model
+  returns at once) restored nothing and is left out. `copy_ns`, `copy_cpu_ns`, `copy_faults`,
+  `copy_fault_ns` are the copies'; `cpu_ns`, `wait_ns`, `faults` the whole span's (NA when not
+  recorded). `iter`: the iteration it falls in (spans.py), 0 when none.
+- Evictions: the `munmap` rows made inside a `create` span (`create_checkpoint`) on its thread
+  before that create's first checkpoint began: old checkpoints erased to make room.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ckptrace.trace import empty_frame
+
+from .spans import NA_INT, assign_iterations, kind_mask, select
+
+RESTORE_SOURCES = ["checkpoint", "other"]
+RESTORE_COLUMNS: dict[str, object] = {
+    "tid": np.dtype("int32"),
+    "iter": np.dtype("int64"),
+    "start_ns": np.dtype("int64"),
+    "end_ns": np.dtype("int64"),
+    "total_ns": np.dtype("int64"),
+    "bytes": np.dtype("int64"),
+    "draft": np.dtype("bool"),
+    "source": pd.CategoricalDtype(RESTORE_SOURCES),
+    "copy_ns": np.dtype("int64"),
+    "copy_cpu_ns": NA_INT,
+    "copy_faults": np.dtype("int64"),
+    "copy_fault_ns": NA_INT,
+    "cpu_ns": NA_INT,
+    "wait_ns": NA_INT,
+    "faults": np.dtype("int64"),
+}
+EVICTION_COLUMNS: dict[str, object] = {
+    "tid": np.dtype("int32"),
+    "start_ns": np.dtype("int64"),
+    "bytes": np.dtype("int64"),
+    "addr": np.dtype("uint64"),
+    "create_start_ns": np.dtype("int64"),
+}
+_SPAN_COLS = ["tid", "iter", "start_ns", "end_ns", "bytes", "draft", "faults", "cpu_ns", "wait_ns", "fault_ns",
+              "phase"]
+
+
+def _enclosing(inner: pd.DataFrame, outer: pd.DataFrame) -> np.ndarray:
+    """For each inner row (tid, start_ns, end_ns), the position in `outer` of the span on the same
+    thread that encloses it (the latest one starting at or before it), -1 when none."""
+    out = np.full(len(inner), -1, dtype="int64")
+    if not len(inner) or not len(outer):
+        return out
+    left = pd.DataFrame({"pos": np.arange(len(inner)), "tid": inner["tid"].to_numpy(),
+                         "start_ns": inner["start_ns"].to_numpy(), "end_ns": inner["end_ns"].to_numpy()})
+    right = pd.DataFrame({"opos": np.arange(len(outer)), "tid": outer["tid"].to_numpy(),
+                          "o_start": outer["start_ns"].to_numpy(), "o_end": outer["end_ns"].to_numpy()})
+    m = pd.merge_asof(left.sort_values("start_ns", kind="stable"), right.sort_values("o_start", kind="stable"),
+                      left_on="start_ns", right_on="o_start", by="tid", direction="backward")
+    ok = (m["opos"].notna() & (m["end_ns"] <= m["o_end"])).to_numpy()
+    out[m["pos"].to_numpy()[ok]] = m["opos"].to_numpy()[ok].astype("int64")
+    return out
+
+
+def restore_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
+    """One row per restore (RESTORE_COLUMNS), sorted by start_ns; `spans` from iteration_spans."""
+    rs = select(events, kind_mask(events, "restore"), _SPAN_COLS).reset_index(drop=True)
+    rc = select(events, kind_mask(events, "restore_copy"), _SPAN_COLS).reset_index(drop=True)
+    if not len(rc):
+        return empty_frame(RESTORE_COLUMNS)
+    parent = _enclosing(rc, rs)
+    rc = rc.assign(parent=parent, ns=rc["end_ns"] - rc["start_ns"])
+
+    inside = rc[rc["parent"] >= 0]
+    g = inside.groupby("parent")
+    per = pd.DataFrame({"copy_ns": g["ns"].sum(), "copy_faults": g["faults"].sum()})
+    for c, src in (("copy_cpu_ns", "cpu_ns"), ("copy_fault_ns", "fault_ns")):
+        per[c] = g[src].agg(lambda v: v.sum() if v.notna().all() else pd.NA)
+    spans_part = rs.join(per, how="inner")  # a restore without a copy restored nothing
+    spans_part = spans_part.assign(source="checkpoint")
+
+    alone = rc[rc["parent"] < 0]
+    alone_part = alone.assign(source="other", copy_ns=alone["ns"], copy_faults=alone["faults"],
+                              copy_cpu_ns=alone["cpu_ns"], copy_fault_ns=alone["fault_ns"])
+    t = pd.concat([spans_part, alone_part], ignore_index=True)
+    if not len(t):
+        return empty_frame(RESTORE_COLUMNS)
+    t["total_ns"] = t["end_ns"] - t["start_ns"]
+    for c in ("copy_cpu_ns", "copy_fault_ns"):
+        t[c] = t[c].astype(NA_INT)
+    t["iter"] = assign_iterations(t, spans)
+    t = t[list(RESTORE_COLUMNS)].astype(RESTORE_COLUMNS)
+    return t.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)
+
+
+def eviction_table(events: pd.DataFrame) -> pd.DataFrame:
+    """The munmaps each create_checkpoint made before its first checkpoint (EVICTION_COLUMNS)."""
+    cr = events.loc[kind_mask(events, "create"), ["tid", "start_ns", "end_ns"]].reset_index(drop=True)
+    mu = events.loc[kind_mask(events, "munmap") & (events["phase"] == "create").to_numpy(),
+                    ["tid", "start_ns", "end_ns", "bytes", "addr"]].reset_index(drop=True)
+    if not len(cr) or not len(mu):
+        return empty_frame(EVICTION_COLUMNS)
+    parent = _enclosing(mu, cr)
+    ck = events.loc[kind_mask(events, "checkpoint"), ["tid", "start_ns", "end_ns"]].reset_index(drop=True)
+    ck_parent = _enclosing(ck, cr)
+    first_ck = pd.Series(ck["start_ns"].to_numpy()).groupby(ck_parent).min()
+    before = np.array([p >= 0 and s < first_ck.get(p, np.iinfo("int64").max)
+                       for p, s in zip(parent, mu["start_ns"].to_numpy())], dtype=bool)
+    t = mu[before].assign(create_start_ns=cr["start_ns"].to_numpy()[parent[before]])
+    return t[list(EVICTION_COLUMNS)].astype(EVICTION_COLUMNS).sort_values("start_ns", kind="stable") \
+        .reset_index(drop=True)

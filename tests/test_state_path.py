@@ -1,0 +1,142 @@
+"""The state path around checkpoints (trace format 3) recorded from the sample workload: each
+create_checkpoint span, the old checkpoint it evicts first, and the analysis built on them."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from ckptrace.analyzers import analyze_trace
+from helpers import ckptrace, clock_tolerance, record_with_truth
+
+pytestmark = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
+# Every state kind of the upstream generation: restores from the 2nd prefill, a speculative
+# checkpoint per slot on decode iterations, 512 KiB of speculative state per create, a prompt save.
+UPSTREAM_ARGS = ["--iterations", "9", "--slots", "2", "--restore-every", "1", "--spec", "--spec-state-kib", "512",
+                 "--prompt-save"]
+
+
+def variant(name: str):
+    from ckptrace.samples import workload_binary
+
+    return str(workload_binary(variant=name))
+
+
+def within_cpu(ours, truth) -> bool:
+    """README's promise against the workload's thread CPU clock: 5% + 0.5 ms."""
+    ours, truth = np.asarray(ours, dtype="float64"), np.asarray(truth, dtype="float64")
+    return bool(np.all(np.abs(ours - truth) <= clock_tolerance(truth)))
+
+
+def by_start(df: pd.DataFrame) -> pd.DataFrame:
+    return df.sort_values("start_ns").reset_index(drop=True)
+
+
+def assert_checkpoints_match(a, truth, derived: bool = False) -> None:
+    ck, t = by_start(a.checkpoints), by_start(truth["checkpoint"])
+    assert len(ck) == len(t) and (ck["bytes"] == t["bytes"]).all()
+    assert (ck["spec"] == t["spec"].astype(bool)).all()
+    assert (ck["fill_source"] == ("derived" if derived else "measured")).all()
+    hit = t["pool_hit"].astype(bool)
+    assert (ck["pool_hit"] == hit).all()
+    # fill and copy on the thread's CPU clock; a derived fill also holds the size query (microseconds)
+    assert within_cpu(ck["fill_cpu_ns"], t["fill_cpu_ns"].where(~hit, 0)), ck[["fill_cpu_ns"]].join(t["fill_cpu_ns"])
+    assert within_cpu(ck["copy_cpu_ns"], t["copy_cpu_ns"])
+    assert (abs(ck["fill_faults"] - t["fill_faults"]) <= 0.01 * t["fill_faults"] + 2).all()
+
+
+def test_create_spans_hold_their_checkpoints_and_evictions(tmp_path, workload):
+    # 3 prefill iterations, 2 slots, one checkpoint kept per slot: from the second prefill on each
+    # create_checkpoint first erases the slot's old checkpoint (a 48 MiB buffer: one munmap).
+    r = record_with_truth(tmp_path, [workload, "--iterations", "7", "--slots", "2", "--keep", "1"])
+    ev, truth = r.trace.events, r.truth["checkpoint"]
+    creates = ev[ev["kind"] == "create"].reset_index(drop=True)
+    ck = ev[ev["kind"] == "checkpoint"].reset_index(drop=True)
+    assert len(creates) == len(ck) == len(truth) == 6
+    assert r.trace.meta.profile.name == "llama_decode"
+    # each checkpoint lies inside one create span, on its thread; bytes are what it copied
+    for c, k in zip(creates.itertuples(), ck.itertuples()):
+        assert c.tid == k.tid and c.start_ns <= k.start_ns and k.end_ns <= c.end_ns
+        assert c.bytes == k.bytes and c.phase == "create"
+    assert not ck["spec"].any()  # every update_tgt came from create_checkpoint
+    a = analyze_trace(r.trace)
+    ev_rows = a.evictions
+    assert len(ev_rows) == 4, ev_rows  # slots x (prefills - 1)
+    # each eviction unmaps the buffer its slot's previous checkpoint mapped (same address)
+    mapped = ev[(ev["kind"] == "mmap") & (ev["phase"] == "fill")]
+    assert set(ev_rows["addr"]) <= set(mapped["addr"])
+    assert (ev_rows["bytes"] >= truth["bytes"].iloc[0]).all()
+    assert (a.checkpoints["fill_source"] == "measured").all()
+    out = ckptrace("analyze", "--json", r.path)
+    doc = json.loads(out.stdout)
+    assert len(doc["evictions"]) == 4 and doc["restores"] == []
+    assert doc["trace"]["profile"]["name"] == "llama_decode"
+
+
+def test_upstream_generation_every_state_kind_matches_the_workload(tmp_path):
+    r = record_with_truth(tmp_path, [variant("upstream"), *UPSTREAM_ARGS])
+    prof = r.trace.meta.profile
+    assert prof.name == "11434" and prof.missing == [] and prof.source["llama_decode"] == "llama_decode"
+    a, t, ev = analyze_trace(r.trace), r.truth, r.trace.events
+    assert_checkpoints_match(a, t)
+    assert a.checkpoints["spec"].sum() == 12 and not a.checkpoints.loc[a.checkpoints["spec"], "draft"].any()
+
+    # restores: load_tgt spans, their llama_state_seq_set_data_ext copy inside, the bytes put back
+    rs, tr = a.restores, by_start(t["restore"])
+    assert len(rs) == len(tr) == 4 and (rs["source"] == "checkpoint").all()
+    assert (rs["bytes"] == tr["bytes"]).all() and (rs["tid"] == tr["tid"]).all()
+    assert (rs["start_ns"] <= tr["start_ns"]).all() and (tr["end_ns"] <= rs["end_ns"]).all()
+    assert within_cpu(rs["copy_cpu_ns"], tr["copy_cpu_ns"])
+    assert (rs["iter"] > 0).all()
+
+    # the speculative state, the prompt saves and the create_checkpoint calls: prompt_save and create
+    # take their clocks inside the call (the row encloses them), spec_state around it (they enclose the row)
+    for kind in ("spec_state", "prompt_save", "create"):
+        rows, want = by_start(ev[ev["kind"] == kind]), by_start(t[kind])
+        assert len(rows) == len(want) > 0, kind
+        assert (rows["bytes"] == want["bytes"]).all(), kind
+        outer, inner = (want, rows) if kind == "spec_state" else (rows, want)
+        assert (outer["start_ns"] <= inner["start_ns"]).all() and (inner["end_ns"] <= outer["end_ns"]).all(), kind
+    # an evicted checkpoint frees its 48 MiB state buffer (and its speculative state when glibc had
+    # mmap()ed that): one munmap each, inside the creates that evicted, before their checkpoint
+    big = a.evictions[a.evictions["bytes"] >= t["checkpoint"]["bytes"].min()]
+    assert len(big) == t["create"]["evictions"].sum() == 4
+    evicting = by_start(ev[ev["kind"] == "create"])["start_ns"][(by_start(t["create"])["evictions"] > 0).to_numpy()]
+    assert set(a.evictions["create_start_ns"]) == set(evicting)
+
+    # batches through llama_process: tokens from llama_batch_ext, prompt tokens = those without output
+    it, ti = by_start(a.iterations), by_start(t["iteration"])
+    assert (it["tokens"] == ti["tokens"]).all()
+    assert (it["kind"].astype(str) == ti["kind"]).all()  # spec checkpoints do not make a prefill
+    prefill = ti["kind"] == "prefill"
+    assert (it.loc[prefill, "prompt_tokens"] == ti.loc[prefill, "tokens"] - 2).all()  # one output per slot
+    assert (it.loc[~prefill, "prompt_tokens"] == 0).all()
+    assert r.trace.meta.lost_events == 0 and r.trace.meta.partial_spans == 0
+
+    doc = json.loads(ckptrace("analyze", "--json", r.path).stdout)
+    assert len(doc["restores"]) == 4
+    assert {"start_ns", "end_ns", "tid", "bytes", "copy_ns", "copy_faults", "cpu_ns", "wait_ns"} <= set(doc["restores"][0])
+
+
+def test_libcxx_build_measures_fill(tmp_path):
+    r = record_with_truth(tmp_path, [variant("libcxx"), *UPSTREAM_ARGS])
+    assert r.trace.meta.profile.name == "11434"
+    assert {p.point for p in r.trace.meta.probes} >= {"resize_libcxx", "resize_grow_libcxx"}
+    a = analyze_trace(r.trace)
+    assert_checkpoints_match(a, r.truth)
+    # the token vector read with libc++'s token size (80 bytes)
+    assert (by_start(a.iterations)["tokens"] == by_start(r.truth["iteration"])["tokens"]).all()
+
+
+def test_inlined_fill_is_derived_and_flagged(tmp_path):
+    r = record_with_truth(tmp_path, [variant("inlined"), *UPSTREAM_ARGS])
+    assert "no fill probe" in r.proc.stderr and "derived" in r.proc.stderr
+    assert "fill" in r.trace.meta.profile.missing
+    assert not (r.trace.events["kind"] == "fill").any()
+    a = analyze_trace(r.trace)
+    assert_checkpoints_match(a, r.truth, derived=True)
+    assert a.checkpoints["fill_fault_ns"].isna().all()  # not measured, never 0
+    doc = json.loads(ckptrace("analyze", "--json", r.path).stdout)
+    assert {c["fill_source"] for c in doc["checkpoints"]} == {"derived"}
