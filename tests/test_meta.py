@@ -9,7 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from ckptrace.errors import TraceFormatError
-from ckptrace.meta import FaultTime, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, SchedCounters, TraceMeta
+from ckptrace.meta import (FaultTime, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, ProfileInfo, SchedCounters,
+                           TraceMeta)
 from ckptrace.trace import read_meta, read_trace, write_trace
 from helpers import assert_one_line_error, ckptrace
 from test_analyzers import make_events, slots_rows
@@ -32,6 +33,7 @@ def full_meta() -> TraceMeta:
         processes=[ProcessInfo(7, "pool-off", "w", "/bin/w", "ab" * 20, "p", 25)],
         complete=False, cut_short="c", map_full=12, max_threads=13, threads_seen=14, threads_pruned=15,
         threads_peak=16,
+        profile=ProfileInfo("11434", "g", ["update_tgt", "fill"], ["prompt_save"], {"update_tgt": "11434"}),
         extra={"from_a_newer_writer": {"x": [1]}})
 
 
