@@ -6,7 +6,7 @@ iterations) for `--minutes`; every `--every` seconds this samples the recorder's
 from /proc. After a warm-up (`--warmup` s: BPF compiled, probes in, first flushes), it fits a line
 to RSS over time and reports the slope per hour and per recorded event, and the recorder's CPU as a
 share of one core. At the end it stops the recorder with SIGINT (a clean stop: the stream becomes
-the finished Parquet trace) and reports how long that took. Run as root, niced:
+the finished Parquet trace) and reports how long that took and the recorder's RSS meanwhile. Run as root, niced:
 
     nice -n 10 .venv/bin/python benchmarks/bench_longrun.py --minutes 10
 """
@@ -69,6 +69,13 @@ def main() -> None:
             time.sleep(args.every)
         stop0 = time.monotonic()
         rec.send_signal(signal.SIGINT)
+        stop_rss = []  # while the stream becomes the finished trace
+        while rec.poll() is None:
+            try:
+                stop_rss.append(sample(rec.pid)[0])
+            except (OSError, StopIteration, ValueError):
+                break  # exited meanwhile
+            time.sleep(0.2)
         stdout, stderr = rec.communicate(timeout=600)
         stop_s = time.monotonic() - stop0
         if rec.returncode != 0:
@@ -98,6 +105,7 @@ def main() -> None:
         "stream_bytes_per_event": round(float(stream_bytes[-1]) / result["events"], 1),
         "trace_bytes_per_event": round(trace_bytes / result["events"], 1),
         "clean_stop_s": round(stop_s, 1),
+        "rss_max_while_stopping_mib": round(max(stop_rss, default=0) / 2**20, 1),
         "samples": len(samples),
     }
     if args.json:

@@ -7,15 +7,16 @@ A clean stop rewrites the stream, batch by batch, into the finished Parquet trac
 from __future__ import annotations
 
 import array
-import itertools
 import ctypes
 import datetime as dt
+import itertools
 import platform
 import signal
 import socket
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,7 @@ STOP_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", sign
 POLL_S = 0.1  # drain period; events are submitted without wakeups (2 MiB of ring: 130k events/s)
 FLUSH_S = 0.5  # a batch goes to disk at least this often (what a killed recorder can lose)
 ROW_GROUP_ROWS = 1 << 17  # rows per Parquet row group in the finished trace
+CHUNK_ROWS = 1 << 15  # rows the finishing pass takes from the stream at a time
 MAX_THREADS = 8192  # default size of the kernel's per-thread map
 MAX_TARGETS = 64  # processes one recording follows (the kernel's `targets` map)
 COMM_POLL_S = 0.5  # --comm: how often to look for a process of that name while none runs
@@ -474,8 +476,8 @@ def _finished_tables(out: Recording, unwritten: list[pa.RecordBatch], cal: dict 
     ready: list[pd.DataFrame] = []
     n_ready = 0
     flushed = (b for b, _ in batches(out.read()) if b.num_rows)  # not the header's empty batch
-    for i, b in enumerate(itertools.chain(flushed, unwritten)):
-        df = normalize_events(b.to_pandas())
+    for i, table in _chunks(itertools.chain(flushed, unwritten)):
+        df = normalize_events(table.to_pandas())
         df["fault_ns"] = fault_time.span_fault_ns(df, cal, carry) if cal else pd.array([pd.NA] * len(df), "Int64")
         held = pd.concat([held, df], ignore_index=True) if len(held) else df
         cut = later[i + 1] if i + 1 < len(later) else np.iinfo("int64").max
@@ -491,6 +493,21 @@ def _finished_tables(out: Recording, unwritten: list[pa.RecordBatch], cal: dict 
         ready.append(held)
     if ready:
         yield _sorted_table(ready, schema)
+
+
+def _chunks(stream) -> Iterator[tuple[int, pa.Table]]:
+    """Consecutive batches joined into tables of at least CHUNK_ROWS rows (the flushes' batches
+    are small, and the pandas work per table costs the same at 50 rows as at 50,000), each with
+    the index of its last batch."""
+    parts, rows, i = [], 0, -1
+    for i, b in enumerate(stream):
+        parts.append(b)
+        rows += b.num_rows
+        if rows >= CHUNK_ROWS:
+            yield i, pa.Table.from_batches(parts)
+            parts, rows = [], 0
+    if parts:
+        yield i, pa.Table.from_batches(parts)
 
 
 def _sorted_table(parts: list[pd.DataFrame], schema: pa.Schema) -> pa.Table:
