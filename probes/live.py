@@ -102,7 +102,7 @@ class LiveProbes:
     def lost(self) -> int:
         """Events the kernel dropped so far, every process together (ring buffer or map full)."""
         counters = self.bpf["counters"]
-        return int(counters[counters.Key(recorder.C_LOST)].value)
+        return sum(int(counters[counters.Key(c)].value) for c in (recorder.C_LOST, recorder.C_MAP_FULL))
 
     def detach(self, target: LiveTarget) -> None:
         """Stop matching its pid (it may be reused) and remove its probes. In this thread: bcc is

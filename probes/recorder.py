@@ -198,7 +198,7 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
         if child:
             child.abandon()
         raise
-    session = _Session(bpf, opts, out, sched_recorded=sched is not None)
+    session = _Session(bpf, opts, sched_recorded=sched is not None, out=out)
     _say(_start_line(opts, targets, child, command, attached, meta.sched_counters))
 
     stop_reason = "interrupted"
@@ -639,7 +639,7 @@ class _Session:
     """Ring buffer consumer: raw events until the next flush, running counts and aggregates for
     the status line and the stop, knows when to stop. Holds no more than one flush of events."""
 
-    def __init__(self, bpf, opts: RecordOptions, out: Recording, sched_recorded: bool):
+    def __init__(self, bpf, opts: RecordOptions, sched_recorded: bool, out: Recording | None = None):
         self.bpf = bpf
         self.sched_recorded = sched_recorded
         self.opts = opts
