@@ -106,7 +106,7 @@ def check_leg(d: Decoded, doc: dict, events) -> None:
     assert list(d.tracks[puuid].process.cmdline) == (meta["command"] or [meta["executable"]])
     threads = d.threads_of(meta["pid"])
     assert set(threads) == set(int(t) for t in events.loc[events["kind"] != "rss", "tid"].unique())
-    check_slices(d, threads, doc["checkpoints"], doc["iterations"], events)
+    check_slices(d, threads, doc["checkpoints"], doc["iterations"], events, doc["restores"])
     (held,) = d.children(puuid, "held checkpoint memory")
     assert d.tracks[held].counter.unit == pb.CounterDescriptor.UNIT_SIZE_BYTES
     assert max(v for _, v in d.counters[held]) >= max(c["bytes"] for c in doc["checkpoints"])
@@ -119,7 +119,8 @@ def check_leg(d: Decoded, doc: dict, events) -> None:
     assert rec["args"]["build_id"] == exe[0]
 
 
-def check_slices(d: Decoded, threads: dict[int, int], checkpoints: list, iterations: list, events) -> None:
+def check_slices(d: Decoded, threads: dict[int, int], checkpoints: list, iterations: list, events,
+                 restores: list = ()) -> None:
     """The slices on these thread tracks against analyze's checkpoints and iterations (those of
     other threads must not be here) and the event rows of these threads."""
     by_kind = defaultdict(list)
@@ -154,10 +155,11 @@ def check_slices(d: Decoded, threads: dict[int, int], checkpoints: list, iterati
     for s in by_kind["ckptrace.mmap"]:
         if s["args"]["phase"] == "fill":
             assert s["parent"]["cat"] == ["ckptrace.fill"]
-    # The fault counters add up to the checkpoints' fill + copy faults.
+    # The fault counters add up to the checkpoints' fill + copy faults and the restores' copy faults.
     fault_tracks = [u for t in threads.values() for u in d.children(t, "page faults")]
     faults = sum(v for u in fault_tracks for _, v in d.counters[u])
-    assert faults == sum(c["fill_faults"] + c["copy_faults"] for c in checkpoints if c["tid"] in threads) > 0
+    assert faults == sum(c["fill_faults"] + c["copy_faults"] for c in checkpoints if c["tid"] in threads) \
+        + sum(r["copy_faults"] for r in restores if r["tid"] in threads) > 0
 
 
 def test_perfetto_export_of_an_aba_matches_analyze(tmp_path):
@@ -367,3 +369,46 @@ def test_export_of_a_recording_cut_short_by_sigkill(tmp_path, workload):
     assert "(cut short" in rec_slice["name"] and rec_slice["args"]["complete"] is False
     threads = d.threads_of(doc["trace"]["pid"])
     check_slices(d, threads, doc["checkpoints"], doc["iterations"], read_trace(out).events)
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_export_of_the_whole_state_path(tmp_path):
+    """The upstream-generation workload with every state kind (create_checkpoint with its
+    evictions, speculative state, restores, prompt saves): each is a slice nested where the
+    server makes it, restores as analyze --json reads them."""
+    from ckptrace.samples import workload_binary
+
+    trace_path = tmp_path / "state.parquet"
+    p = ckptrace("record", "--quiet", "--label", "upstream", "-o", trace_path, "--", workload_binary(variant="upstream"),
+                 "--iterations", "9", "--slots", "2", "--restore-every", "1", "--spec", "--spec-state-kib", "512",
+                 "--prompt-save", timeout=180)
+    assert p.returncode == 0, p.stderr
+    p = ckptrace("analyze", trace_path, "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    events = read_trace(trace_path).events
+    d = decode(export(tmp_path, trace_path)[0])
+    check_leg(d, doc, events)
+    slices = [s for u in d.threads_of(doc["trace"]["pid"]).values() for s in d.slices[u]]
+    kinds = {s["cat"][0].split(".")[1] for s in slices}
+    assert {"create", "spec_state", "restore", "restore_copy", "prompt_save"} <= kinds
+    for kind in kinds - {"checkpoint", "iteration"}:  # one slice per row
+        assert sum(s["cat"] == [f"ckptrace.{kind}"] for s in slices) == (events["kind"] == kind).sum(), kind
+    parent = {"create": "iteration", "spec_state": "create", "restore": "iteration", "restore_copy": "restore",
+              "prompt_save": "iteration"}
+    for s in slices:
+        kind = s["cat"][0].split(".")[1]
+        if kind in parent:
+            assert s["parent"]["cat"] == [f"ckptrace.{parent[kind]}"], (kind, s["parent"]["cat"])
+        if kind == "munmap" and s["args"]["phase"] == "create":  # an eviction, before its checkpoint
+            assert s["parent"]["cat"] == ["ckptrace.create"]
+    assert not [t for t in d.tracks.values() if "overlapping" in t.name]
+    # Each restore analyze reads is a slice of its span, its copies inside it adding up to copy_ns.
+    restores = {(s["ts"], s["dur"]): s for s in slices if s["cat"] == ["ckptrace.restore"]}
+    assert len(doc["restores"]) >= 1
+    for r in doc["restores"]:
+        if r["source"] == "checkpoint":
+            s = restores[(r["start_ns"], r["end_ns"] - r["start_ns"])]
+            copies = [c for c in slices if c["parent"] is s and c["cat"] == ["ckptrace.restore_copy"]]
+            assert sum(c["dur"] for c in copies) == r["copy_ns"] and s["args"]["bytes"] == r["bytes"]
