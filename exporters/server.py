@@ -134,7 +134,7 @@ class _Serving:
     def attach(self, pid: int) -> None:
         t = self.probes.attach(pid)
         self.targets[t.pid] = t
-        self.metrics.add(t.pid, self.opts.label or t.comm, t.build_id)
+        self.metrics.add(t.pid, self.opts.label or t.comm, t.build_id, t.plan.fill_probed)
 
     def run(self, stop: list[str]) -> None:
         from ckptrace.probes.target import processes_named

@@ -1,7 +1,7 @@
 """Live events for `ckptrace serve`: the recorder's BPF program on running processes, in batches.
 
 Nothing here is a second copy of the recorder: the program, its load, the probe resolution and
-the attach order are probes/recorder.py's, the ring buffer its `_Session`'s. What this adds is
+the attach order are probes/recorder.py's. What this adds is
 the long-running side: each batch is handed over and forgotten (memory stays flat), a span's
 fault time is computed as it arrives (probes/fault_time.py's rule and resident-time model, the
 calibration kept per size), and a process can be detached while the others go on.
@@ -69,7 +69,11 @@ class LiveProbes:
         self.opts = recorder.RecordOptions(output=Path(os.devnull), ringbuf_pages=ringbuf_pages, status=False,
                                            rss_step_mib=0)
         self.bpf = recorder._load(bcc, recorder.Targets([]), offsets, self.sched, self.opts)
-        self.session = recorder._Session(self.bpf, self.opts, sched_recorded=self.sched is not None)
+        # The ring buffer's records as they come (the recorder's _Session also streams them to its
+        # file; serve only needs the bytes): the record layout from the compiler, as the recorder.
+        self.dtype = np.dtype(self.bpf["event_layout"].Leaf)
+        self.chunks: list[bytes] = []
+        self.bpf["events"].open_ring_buffer(self._on_event)
         self.calibration: dict[str, list[list[int]]] = {"fill": [], "copy": []}
 
     def attach(self, pid: int) -> LiveTarget:
@@ -91,13 +95,16 @@ class LiveProbes:
         """Every event since the last batch, in the kernel's own layout (a numpy record array:
         no DataFrame per batch, see README's serve overhead), with each span's fault time; None
         when there was none."""
-        s = self.session
-        s.drain()
-        if not s.chunks:
+        self.bpf.ring_buffer_consume()
+        if not self.chunks:
             return None
-        events = np.frombuffer(b"".join(s.chunks), dtype=s.dtype)
-        s.chunks = []
+        events = np.frombuffer(b"".join(self.chunks), dtype=self.dtype)
+        self.chunks = []
         return LiveBatch(events, self._fault_ns(events), self.sched is not None)
+
+    def _on_event(self, ctx, data, size) -> int:
+        self.chunks.append(ctypes.string_at(data, size))
+        return 0
 
     def lost(self) -> int:
         """Events the kernel dropped so far, every process together (ring buffer or map full)."""

@@ -298,3 +298,59 @@ def test_fold_in_any_batches_equals_analyze(trace):
         assert got["ckptrace_checkpoint_bytes_sum"] == ck["bytes"].sum()
         assert got["ckptrace_checkpoint_memory_peak_bytes"] == mem["peak_held_bytes"]
         assert got["ckptrace_checkpoint_memory_held_bytes"] == mem["end_held_bytes"]
+
+
+def final_scrapes(url: str, want: dict[int, int]) -> dict[int, str]:
+    """For each pid, the scrape that holds its final values: its checkpoint count reached its n
+    (one scrape is one snapshot, so every series of that pid in it is final too). One polling
+    loop for all: each process is served once after it exits, then gone."""
+    found: dict[int, str] = {}
+
+    def poll():
+        text = scraped(url)
+        for pid, n in want.items():
+            if pid not in found and re.search(
+                    rf'^ckptrace_checkpoints_total\{{[^}}]*pid="{pid}"[^}}]*\}} {n}\.0$', text, re.M):
+                found[pid] = text
+        return len(found) == len(want)
+    wait_until(poll, f"the final checkpoint counts {want} served", every_s=0.05)
+    return found
+
+
+def series_value(text: str, name: str, pid: int) -> float:
+    m = re.search(rf'^{name}\{{[^}}]*pid="{pid}"[^}}]*\}} (\S+)$', text, re.M)
+    assert m, (name, pid)
+    return float(m.group(1))
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_upstream_builds_restores_and_a_derived_fill(tmp_path):
+    """One serve, two builds of the upstream generation: one with restores (load_tgt copying state
+    back), one with its vector growth inlined (no fill probe: analyze's derived fill). Each
+    process's final scrape against its own truth."""
+    from ckptrace.samples import workload_binary
+
+    tu, ti = tmp_path / "u.jsonl", tmp_path / "i.jsonl"
+    with waiting_workload(workload_binary(variant="upstream"), "--iterations", "9", "--slots", "2",
+                          "--restore-every", "1", truth=tu) as u, \
+            waiting_workload(workload_binary(variant="inlined"), "--iterations", "9", "--slots", "2",
+                             "--pool", "on", truth=ti) as i, \
+            serving(u.pid, i.pid) as (srv, line):
+        url = re.search(r"(http://\S+/metrics)", line).group(1)
+        go(u)
+        go(i)
+        assert u.wait(120) == 0 and i.wait(120) == 0
+        truth_u, truth_i = load_truth(tu), load_truth(ti)
+        final = final_scrapes(url, {u.pid: len(truth_u["checkpoint"]), i.pid: len(truth_i["checkpoint"])})
+        text_u, text_i = final[u.pid], final[i.pid]
+        assert srv.wait(60) == 0
+    restores = truth_u["restore"]
+    assert series_value(text_u, "ckptrace_restores_total", u.pid) == len(restores) > 0
+    assert series_value(text_u, "ckptrace_pool_hits_total", u.pid) == truth_u["checkpoint"]["pool_hit"].sum()
+    ck = truth_i["checkpoint"]
+    assert series_value(text_i, "ckptrace_pool_hits_total", i.pid) == ck["pool_hit"].sum() > 0
+    assert series_value(text_i, "ckptrace_checkpoint_fill_seconds_count", i.pid) == len(ck)
+    # A derived fill has no fault time of its own: no checkpoint's fault time is observed.
+    assert series_value(text_i, "ckptrace_checkpoint_fault_seconds_count", i.pid) == 0
+    assert series_value(text_i, "ckptrace_restores_total", i.pid) == 0
