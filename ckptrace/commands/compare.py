@@ -109,11 +109,11 @@ def command(traces, as_json, fmt, request_files, fail_on, gate_metrics, seed, n_
     if gate_metrics is not None and fail_on is None:
         raise click.UsageError("--metrics chooses what --fail-on looks at: give --fail-on too")
     fmt = "json" if as_json else (fmt or "text")
-    requests = leg_requests(traces, request_files)
     legs = [read_trace(t) for t in traces]
-    if per_process:
-        _per_process(legs, fmt, requests, fail_on, seed=seed, n_boot=n_boot, min_effect_pct=min_effect)
+    if per_process:  # request files paired by name are not looked for: only given ones are refused
+        _per_process(legs, fmt, request_files or None, fail_on, seed=seed, n_boot=n_boot, min_effect_pct=min_effect)
         return
+    requests = leg_requests(traces, request_files)
     c = compare(legs, seed=seed, n_boot=n_boot, min_effect_pct=min_effect, requests=requests)
     tripped = unjudged = None
     if fail_on:
