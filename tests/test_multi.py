@@ -117,9 +117,11 @@ def test_pool_costs_memory_and_saves_fill(tmp_path, workload):
     legs = []
     for pool in ("off", "on"):
         out, truth = tmp_path / f"{pool}.parquet", tmp_path / f"{pool}.jsonl"
-        p = ckptrace("record", "--quiet", "-o", out, "--label", f"pool-{pool}", "--", workload, *POOLED,
+        p = ckptrace("record", "--quiet", "--json", "-o", out, "--label", f"pool-{pool}", "--", workload, *POOLED,
                      "--pool", pool, "--truth", truth, timeout=180)
         assert p.returncode == 0, p.stderr
+        (proc,) = json.loads(p.stdout)["processes"]
+        assert proc["label"] == "ckpt-workload#1" and proc["pid"] == truth_records(truth)[-1]["pid"]
         assert_memory_matches(analyze_json(out)["memory"], memory_truth(truth))
         legs.append((out, memory_truth(truth)))
     p = ckptrace("compare", "--json", legs[0][0], legs[1][0])

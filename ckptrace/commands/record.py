@@ -81,6 +81,7 @@ def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, ma
             "trace": str(result.path), "events": result.events, "checkpoints": result.checkpoints,
             "iterations": result.iterations, "lost_events": result.lost_events,
             "stop_reason": result.stop_reason, "exit_code": result.exit_code,
+            "processes": [{"pid": p.pid, "label": p.label, "exited_ns": p.exited_ns} for p in result.meta.processes],
         }))
 
 
