@@ -220,6 +220,14 @@ def scraped(url: str) -> str:
         return r.read().decode()
 
 
+def scraped_or_none(url: str) -> str:
+    """A scrape, or "" once the exporter has stopped listening."""
+    try:
+        return scraped(url)
+    except OSError:
+        return ""
+
+
 @pytest.mark.ebpf
 @pytest.mark.usefixtures("require_root_ebpf")
 def test_comm_waits_says_so_then_serves_each_new_process(tmp_path, workload):
@@ -344,6 +352,10 @@ def test_upstream_builds_restores_and_a_derived_fill(tmp_path):
         truth_u, truth_i = load_truth(tu), load_truth(ti)
         final = final_scrapes(url, {u.pid: len(truth_u["checkpoint"]), i.pid: len(truth_i["checkpoint"])})
         text_u, text_i = final[u.pid], final[i.pid]
+        # Scraping on until both are gone: each exited process is served once more, then dropped,
+        # and serve stops by itself (its socket closes: an empty scrape).
+        wait_until(lambda: srv.poll() is not None or not re.search(rf'pid="({u.pid}|{i.pid})"', scraped_or_none(url)),
+                   "both processes' series to end", every_s=0.05)
         assert srv.wait(60) == 0
     restores = truth_u["restore"]
     assert series_value(text_u, "ckptrace_restores_total", u.pid) == len(restores) > 0
