@@ -66,11 +66,12 @@ def checkpoint_lines(analysis, limit: int | None) -> list[str]:
     shown = ck if limit is None else ck.head(limit)
     # Column formatting is vectorised; only the final join walks the (bounded) rows.
     cols = {
-        "ckpt": shown["ckpt"].astype(str) + shown["draft"].map({True: "d", False: ""}),
+        "ckpt": shown["ckpt"].astype(str) + shown["draft"].map({True: "d", False: ""})
+        + shown["spec"].map({True: "s", False: ""}),
         "iter": shown["iter"].astype(str).where(shown["iter"] != 0, "-"),
         "at s": ((shown["start_ns"] - t0) / 1e9).map("{:.3f}".format),
         "total": ms_column(shown["total_ns"]),
-        "fill": ms_column(shown["fill_ns"]),
+        "fill": ms_column(shown["fill_ns"]) + (shown["fill_source"] == "derived").map({True: "~", False: ""}),
         "copy": ms_column(shown["copy_ns"]),
         "fault": ms_column(shown["fault_ns"]) + shown["fault_source"].map(FAULT_MARK).astype(str),
         "cpu": ms_column(shown["cpu_ns"]),
@@ -87,10 +88,29 @@ def checkpoint_lines(analysis, limit: int | None) -> list[str]:
     for i, (k, v) in enumerate(cols.items()):
         if len(shown):
             body = body + (" " if i else "") + v.astype("str").str.rjust(widths[k])
-    lines = [wrap("Checkpoints (ms; d = draft; fault: the faults' whole cost, * estimated; cpu: on CPU, "
+    lines = [wrap("Checkpoints (ms; d = draft, s = speculative round; fill ~ derived: the growth is inlined in "
+                  "this build, total - copy; fault: the faults' whole cost, * estimated; cpu: on CPU, "
                   "wait: waiting for a CPU; - = not recorded)"), head, *body.tolist()]
     if len(shown) < len(ck):
         lines.append(f"... {len(ck) - len(shown)} more (--all shows every row)")
+    return lines
+
+
+def state_path_lines(analysis) -> list[str]:
+    """Restores and evictions (trace format 3), when the recording saw any."""
+    rs, ev = analysis.restores, analysis.evictions
+    if (rs is None or not len(rs)) and (ev is None or not len(ev)):
+        return []
+    lines = ["State path"]
+    if rs is not None and len(rs):
+        from_ckpt = int((rs["source"] == "checkpoint").sum())
+        lines.append(wrap(
+            f"restores: {len(rs)} ({from_ckpt} of a checkpoint, {len(rs) - from_ckpt} other: prompt cache or "
+            f"slot), {rs['bytes'].sum() / MIB:.1f} MiB put back; mean {fmt_ms(rs['total_ns'].mean())} ms, "
+            f"of which copy {fmt_ms(rs['copy_ns'].mean())} ms, {rs['copy_faults'].sum()} copy faults", "  "))
+    if ev is not None and len(ev):
+        lines.append(wrap(f"evictions: {len(ev)} buffers unmapped in create_checkpoint before its checkpoint, "
+                          f"{ev['bytes'].sum() / MIB:.1f} MiB", "  "))
     return lines
 
 
@@ -236,6 +256,9 @@ def analysis_report(analysis, limit: int | None = 20, requests: pd.DataFrame | N
         blocks.append(process_lines(analysis.processes))
     blocks += [checkpoint_lines(analysis, limit), iteration_lines(analysis),
                summary_lines(analysis.summary), memory_lines(analysis.memory, t0, limit)]
+    state = state_path_lines(analysis)
+    if state:
+        blocks.insert(-2, state)
     if requests is not None:
         blocks.append(request_lines(requests, analysis.summary["requests"], limit))
     return "\n\n".join("\n".join(b) for b in blocks)

@@ -3,6 +3,7 @@ create_checkpoint span, the old checkpoint it evicts first, and the analysis bui
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pandas as pd
@@ -117,6 +118,9 @@ def test_upstream_generation_every_state_kind_matches_the_workload(tmp_path):
 
     doc = json.loads(ckptrace("analyze", "--json", r.path).stdout)
     assert len(doc["restores"]) == 4
+    text = ckptrace("analyze", "--all", r.path).stdout
+    assert "restores: 4 (4 of a checkpoint, 0 other" in text and "evictions: " in text
+    assert sum(1 for ln in text.splitlines() if re.match(r"\s*\d+s ", ln)) == 12  # spec checkpoints marked
     assert {"start_ns", "end_ns", "tid", "bytes", "copy_ns", "copy_faults", "cpu_ns", "wait_ns"} <= set(doc["restores"][0])
 
 
@@ -140,3 +144,5 @@ def test_inlined_fill_is_derived_and_flagged(tmp_path):
     assert a.checkpoints["fill_fault_ns"].isna().all()  # not measured, never 0
     doc = json.loads(ckptrace("analyze", "--json", r.path).stdout)
     assert {c["fill_source"] for c in doc["checkpoints"]} == {"derived"}
+    text = ckptrace("analyze", r.path).stdout
+    assert "fill ~ derived" in text
