@@ -70,7 +70,11 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     "checkpoint_faults": ("checkpoint", ("fill_faults", "copy_faults"), "faults"),
     "checkpoint_fill_cpu_ns": ("checkpoint", ("fill_cpu_ns",), "ns"),
     "checkpoint_total_cpu_ns": ("checkpoint", ("cpu_ns",), "ns"),
+    # Restores (trace format 3), per restore: rows only when a leg recorded any.
+    "restore_total_ns": ("restore", ("total_ns",), "ns"),
+    "restore_copy_ns": ("restore", ("copy_ns",), "ns"),
 }
+RESTORE_METRICS = ("restore_total_ns", "restore_copy_ns")
 # Request metrics, from each leg's request file (`ckptrace drive --json`): metric -> (percentile
 # of TTFT or None for throughput, unit). The statistic is that percentile itself (or tokens per
 # second), bootstrapped over the arm's completed requests like any other metric.
@@ -80,6 +84,7 @@ REQUEST_METRICS: dict[str, tuple[int | None, str]] = {
 }
 # Wall-clock metrics: they include run-queue wait, so a busy machine moves them (see "Busy machine").
 WALL_METRICS = frozenset({"checkpoint_fill_ns", "checkpoint_copy_ns", "checkpoint_total_ns", "prefill_iteration_ns",
+                          *RESTORE_METRICS,
                           *REQUEST_METRICS})
 JUDGED = ("faster", "slower", "no change", "within drift")
 NOT_JUDGED = "not judged"
@@ -127,11 +132,19 @@ class Comparison:
     memory: pd.DataFrame | None = None  # what the candidate costs in memory (_memory_rows)
 
 
+def _rows_of(a: Analysis, source: str) -> pd.DataFrame:
+    if source == "checkpoint":
+        return a.checkpoints
+    if source == "restore":
+        return a.restores if a.restores is not None else pd.DataFrame(columns=["total_ns", "copy_ns"])
+    return a.iterations.loc[(a.iterations["kind"] == "prefill").to_numpy()]
+
+
 def _samples(a: Analysis, metric: str, rows: np.ndarray | None = None) -> np.ndarray:
     """A leg's samples of a metric (of the checkpoints in `rows` when given). A leg with any value
     not recorded gives none: not recorded is not zero, and the rest would be a biased part."""
     source, cols, _ = METRICS[metric]
-    df = a.checkpoints if source == "checkpoint" else a.iterations.loc[(a.iterations["kind"] == "prefill").to_numpy()]
+    df = _rows_of(a, source)
     if rows is not None:
         df = df.loc[rows]
     values = df[list(cols)].astype("Float64").sum(axis=1, skipna=False)
@@ -142,7 +155,7 @@ def _samples(a: Analysis, metric: str, rows: np.ndarray | None = None) -> np.nda
 
 def _not_recorded(a: Analysis, metric: str) -> bool:
     source, cols, _ = METRICS[metric]
-    df = a.checkpoints if source == "checkpoint" else a.iterations.loc[(a.iterations["kind"] == "prefill").to_numpy()]
+    df = _rows_of(a, source)
     return bool(len(df) and df[list(cols)].isna().to_numpy().any())
 
 
@@ -256,6 +269,10 @@ def _warnings(analyses: list[Analysis], arms: list[str]) -> list[str]:
     if len(base) < 2:
         out.append("only one baseline leg: drift can't be measured, so any change may be drift; "
                    "record A/B/A (baseline, candidate, baseline)")
+    derived = [str(i + 1) for i, a in enumerate(analyses) if (a.checkpoints["fill_source"] == "derived").any()]
+    if derived:
+        out.append(f"leg{'s' if len(derived) > 1 else ''} {', '.join(derived)}: fill derived, not measured (the "
+                   "growth is inlined in that build: checkpoint total - copy), so fill compares totals less copies")
     ids = {tuple(_build_ids(a.trace.meta)) for _, a in base}
     if len(ids) > 1:
         out.append("baseline legs were recorded from different builds (build-ids differ): "
@@ -529,7 +546,10 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
                 request_table(r, a, source=f"the request file of {a.trace.path or a.trace.label}")  # same run?
 
     rows = []
+    restored = any(a.restores is not None and len(a.restores) for a in analyses)
     for i, name in enumerate(METRICS):  # a handful of metrics: the work is inside, vectorised
+        if name in RESTORE_METRICS and not restored:
+            continue
         per_leg = [_samples(a, name) for a in analyses]
         strata = None
         if METRICS[name][0] == "checkpoint":  # pool hits and misses resampled apart (see _boot)

@@ -271,7 +271,7 @@ NAMES = {"checkpoint_fill_ns": "ckpt fill ms", "checkpoint_copy_ns": "ckpt copy 
          "prefill_iteration_ns": "prefill iter ms", "checkpoint_faults": "ckpt faults",
          "checkpoint_fill_cpu_ns": "fill on-CPU ms", "checkpoint_total_cpu_ns": "total on-CPU ms",
          "ttft_p50_ms": "ttft p50 ms", "ttft_p90_ms": "ttft p90 ms", "ttft_p99_ms": "ttft p99 ms",
-         "throughput_tok_s": "tokens/s"}
+         "throughput_tok_s": "tokens/s", "restore_total_ns": "restore ms", "restore_copy_ns": "restore copy ms"}
 
 
 def _pct(x: float) -> str:

@@ -76,8 +76,18 @@ def test_create_spans_hold_their_checkpoints_and_evictions(tmp_path, workload):
     assert doc["trace"]["profile"]["name"] == "llama_decode"
 
 
-def test_upstream_generation_every_state_kind_matches_the_workload(tmp_path):
-    r = record_with_truth(tmp_path, [variant("upstream"), *UPSTREAM_ARGS])
+@pytest.fixture(scope="module")
+def upstream(tmp_path_factory):
+    return record_with_truth(tmp_path_factory.mktemp("up"), [variant("upstream"), *UPSTREAM_ARGS], "--label", "up")
+
+
+@pytest.fixture(scope="module")
+def inlined(tmp_path_factory):
+    return record_with_truth(tmp_path_factory.mktemp("inl"), [variant("inlined"), *UPSTREAM_ARGS], "--label", "inl")
+
+
+def test_upstream_generation_every_state_kind_matches_the_workload(upstream):
+    r = upstream
     prof = r.trace.meta.profile
     assert prof.name == "11434" and prof.missing == [] and prof.source["llama_decode"] == "llama_decode"
     a, t, ev = analyze_trace(r.trace), r.truth, r.trace.events
@@ -134,8 +144,8 @@ def test_libcxx_build_measures_fill(tmp_path):
     assert (by_start(a.iterations)["tokens"] == by_start(r.truth["iteration"])["tokens"]).all()
 
 
-def test_inlined_fill_is_derived_and_flagged(tmp_path):
-    r = record_with_truth(tmp_path, [variant("inlined"), *UPSTREAM_ARGS])
+def test_inlined_fill_is_derived_and_flagged(inlined):
+    r = inlined
     assert "no fill probe" in r.proc.stderr and "derived" in r.proc.stderr
     assert "fill" in r.trace.meta.profile.missing
     assert not (r.trace.events["kind"] == "fill").any()
@@ -146,3 +156,11 @@ def test_inlined_fill_is_derived_and_flagged(tmp_path):
     assert {c["fill_source"] for c in doc["checkpoints"]} == {"derived"}
     text = ckptrace("analyze", r.path).stdout
     assert "fill ~ derived" in text
+
+
+def test_compare_judges_restores_and_says_a_fill_is_derived(upstream, inlined):
+    doc = json.loads(ckptrace("compare", "--json", upstream.path, inlined.path).stdout)
+    rows = {m["metric"]: m for m in doc["metrics"]}
+    assert {"restore_total_ns", "restore_copy_ns"} <= set(rows)
+    assert rows["restore_total_ns"]["baseline_mean"] > 0 and rows["restore_total_ns"]["candidate_mean"] > 0
+    assert any("leg 2: fill derived, not measured" in w for w in doc["warnings"])
