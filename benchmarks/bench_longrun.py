@@ -69,12 +69,14 @@ def main() -> None:
             time.sleep(args.every)
         stop0 = time.monotonic()
         rec.send_signal(signal.SIGINT)
-        stop_rss = []  # while the stream becomes the finished trace
+        stop_rss, stop_cpu = [], [sample(rec.pid)[1]]  # while the stream becomes the finished trace
         while rec.poll() is None:
             try:
-                stop_rss.append(sample(rec.pid)[0])
-            except (OSError, StopIteration, ValueError):
+                rss_now, cpu_now = sample(rec.pid)
+            except (OSError, StopIteration, ValueError, IndexError):
                 break  # exited meanwhile
+            stop_rss.append(rss_now)
+            stop_cpu.append(cpu_now)
             time.sleep(0.2)
         stdout, stderr = rec.communicate(timeout=600)
         stop_s = time.monotonic() - stop0
@@ -105,6 +107,7 @@ def main() -> None:
         "stream_bytes_per_event": round(float(stream_bytes[-1]) / result["events"], 1),
         "trace_bytes_per_event": round(trace_bytes / result["events"], 1),
         "clean_stop_s": round(stop_s, 1),
+        "clean_stop_cpu_s": round(stop_cpu[-1] - stop_cpu[0], 1),  # up to the last sample before exit
         "rss_max_while_stopping_mib": round(max(stop_rss, default=0) / 2**20, 1),
         "samples": len(samples),
     }

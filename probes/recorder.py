@@ -94,6 +94,7 @@ NO_CHECKPOINT_HINT_S = 30.0
 STOP_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hangup",
                 signal.SIGQUIT: "quit"}
 POLL_S = 0.1  # drain period; events are submitted without wakeups (2 MiB of ring: 130k events/s)
+SLICE_POLL_S = 0.05  # with --fault-sample: the timed slices' edges are this exact
 FLUSH_S = 0.5  # a batch goes to disk at least this often (what a killed recorder can lose)
 ROW_GROUP_ROWS = 1 << 17  # rows per Parquet row group in the finished trace
 CHUNK_ROWS = 1 << 15  # rows the finishing pass takes from the stream at a time
@@ -701,7 +702,7 @@ class _Session:
         while True:
             if every:
                 self.set_fault_timing(int((time.monotonic() - t0) / SLICE_S) % every == 0)
-            time.sleep(POLL_S)
+            time.sleep(SLICE_POLL_S if every else POLL_S)
             self.bpf.ring_buffer_consume()
             now = time.monotonic()
             if now - self.last_flush >= FLUSH_S:
