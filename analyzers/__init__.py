@@ -6,34 +6,46 @@ events -> spans (spans.py) -> checkpoints (checkpoints.py) -> iterations (iterat
 """
 from __future__ import annotations
 
+import os
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from ckptrace.trace import Trace
+from ckptrace.meta import ProcessInfo
+from ckptrace import stream
+from ckptrace.trace import BATCH_ROWS, Trace, read_between, read_meta, read_trace
 
 from .checkpoints import CHECKPOINT_COLUMNS, checkpoint_table
+from .events import KindRows
 from .iterations import ITERATION_COLUMNS, iteration_table
 from .memory import memory_summary
-from .processes import process_label, process_traces
+from .processes import process_info, process_label, process_trace
 from .spans import iteration_spans
 from .state_path import eviction_table, restore_table
 from .summary import summarize
 
-__all__ = ["Analysis", "analyze_trace", "checkpoint_table", "iteration_spans", "iteration_table", "summarize",
-           "CHECKPOINT_COLUMNS", "ITERATION_COLUMNS"]
+__all__ = ["Analysis", "KindRows", "analyze_file", "analyze_rows", "analyze_trace", "checkpoint_table",
+           "iteration_spans", "iteration_table", "summarize", "CHECKPOINT_COLUMNS", "ITERATION_COLUMNS"]
 
 
 @dataclass
 class Analysis:
-    trace: Trace
+    trace: Trace  # events None when analyze_file read the file batch by batch: `rows` has what was kept
     checkpoints: pd.DataFrame
     iterations: pd.DataFrame
     summary: dict
     memory: dict  # checkpoint buffers held and RSS (memory.py)
+    rows: KindRows  # the rows the analysis read (events.py)
     processes: list[dict] = field(default_factory=list)  # each process's breakdown (processes.py)
     restores: pd.DataFrame | None = None  # state_path.py (trace format 3)
     evictions: pd.DataFrame | None = None
+
+    def events_between(self, t0: int, t1: int) -> pd.DataFrame:
+        """Every event lying within [t0, t1] ns: from memory, or read from the trace file."""
+        ev = self.trace.events
+        if ev is None:
+            return read_between(self.trace.path, t0, t1)
+        return ev.loc[((ev["start_ns"] >= t0) & (ev["end_ns"] <= t1)).to_numpy()]
 
 
 def fill_probed(trace: Trace) -> bool:
@@ -43,15 +55,39 @@ def fill_probed(trace: Trace) -> bool:
 
 
 def analyze_trace(trace: Trace, per_process: bool = True) -> Analysis:
-    spans = iteration_spans(trace.events)
-    checkpoints = checkpoint_table(trace.events, spans, fill_probed(trace))
-    iterations = iteration_table(trace.events, spans, checkpoints)
-    a = Analysis(trace, checkpoints, iterations, summarize(checkpoints, iterations, trace.meta),
-                 memory_summary(trace.events), restores=restore_table(trace.events, spans),
-                 evictions=eviction_table(trace.events))
+    """The analysis of a trace in memory."""
+    return analyze_rows(trace, KindRows.from_frame(trace.events), per_process)
+
+
+def analyze_file(path: str | os.PathLike, batch_rows: int = BATCH_ROWS, per_process: bool = True) -> Analysis:
+    """The analysis of the trace file at `path`, read batch by batch: memory holds the rows the
+    analysis reads (analyzers/events.py) and its tables, never the whole trace. Equal to
+    analyze_trace(read_trace(path)), checks included."""
+    if stream.is_stream(path):  # a cut-short recording: read whole, as read_trace marks it cut short
+        return analyze_trace(read_trace(path), per_process)
+    meta = read_meta(path)
+    rows = KindRows.from_file(path, batch_rows)
+    return analyze_rows(Trace(events=None, meta=meta, path=str(path)), rows, per_process)
+
+
+def analyze_rows(trace: Trace, rows: KindRows, per_process: bool = True) -> Analysis:
+    """The analysis of `rows` (the kept rows of `trace`); with `per_process`, each process's too.
+    It consumes `rows`: afterwards they hold the memory group only (what dashboards still draw)."""
+    spans = iteration_spans(rows)
+    checkpoints = checkpoint_table(rows, spans, fill_probed(trace))
+    iterations = iteration_table(rows, spans, checkpoints)
+    restores = restore_table(rows.of_group("memory"), spans)
+    del spans  # peak memory: the largest frame the analysis builds, gone before the memory replay
+    evictions = eviction_table(rows.state_events())
+    summary = summarize(checkpoints, iterations, trace.meta)
+    infos = process_info(trace, rows.per_pid.index) if per_process else []
+    subs = [(info, analyze_rows(process_trace(trace, info, rows.rows_of(info.pid)), rows.for_pid(info.pid),
+                                per_process=False)) for info in infos] if len(infos) > 1 else []
+    rows.release(keep="memory")
+    a = Analysis(trace, checkpoints, iterations, summary, memory_summary(rows.of_group("memory")), rows,
+                 restores=restores, evictions=evictions)
     if per_process:
-        parts = process_traces(trace)
-        subs = [(info, a if len(parts) == 1 else analyze_trace(sub, per_process=False)) for info, sub in parts]
+        subs = subs or [(infos[0] if infos else ProcessInfo(pid=0, label=trace.label), a)]
         a.processes = [{**asdict(info), "label": process_label(info), "summary": sub.summary, "memory": sub.memory}
                        for info, sub in subs]
     return a

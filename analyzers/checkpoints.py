@@ -38,7 +38,8 @@ import pandas as pd
 from ckptrace.errors import AnalysisError
 from ckptrace.trace import empty_frame
 
-from .spans import CLOCK_COLUMNS, NA_INT, assign_iterations, kind_mask, select, sum_by
+from .events import KindRows, kind_rows
+from .spans import CLOCK_COLUMNS, NA_INT, assign_iterations, sum_by
 
 FAULT_SOURCES = ["none", "measured", "estimated", "not recorded"]  # a checkpoint takes the last of its spans'
 FILL_SOURCES = ["measured", "derived", "not recorded"]
@@ -71,10 +72,8 @@ CHECKPOINT_COLUMNS: dict[str, object] = {
 }
 
 
-def _spans(events: pd.DataFrame, kind: str) -> pd.DataFrame:
+def _spans(rows: pd.DataFrame) -> pd.DataFrame:
     """A kind's rows with their fault time resolved: measured, estimated or none (see docstring)."""
-    rows = select(events, kind_mask(events, kind), ["ckpt", "start_ns", "end_ns", "faults", "cpu_ns", "wait_ns",
-                                                    "fault_ns"])
     cpu, wait, fault = rows["cpu_ns"], rows["wait_ns"], rows["fault_ns"]
     faults = rows["faults"]
     measured = fault.notna() & (faults > 0)
@@ -97,12 +96,11 @@ def _per_checkpoint(spans: pd.DataFrame) -> pd.DataFrame:
                          **{c: sum_by(spans[c], keys) for c in ("cpu_ns", "wait_ns", "fault_ns")}})
 
 
-def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame, fill_probed: bool = True) -> pd.DataFrame:
-    """One row per checkpoint (CHECKPOINT_COLUMNS), sorted by start_ns; `spans` from iteration_spans(events);
+def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_probed: bool = True) -> pd.DataFrame:
+    """One row per checkpoint (CHECKPOINT_COLUMNS), sorted by start_ns; `spans` from iteration_spans(rows);
     `fill_probed` False (no growth probe in the build) derives the fill (see the docstring)."""
-    ck = select(events, kind_mask(events, "checkpoint"),
-                ["ckpt", "tid", "iter", "start_ns", "end_ns", "bytes", "draft", "faults", "cpu_ns", "wait_ns",
-                 "spec"])
+    rows = kind_rows(rows)
+    ck = rows.of("checkpoint")
     if not len(ck):
         return empty_frame(CHECKPOINT_COLUMNS)
     dup = ck["ckpt"].duplicated()
@@ -111,7 +109,7 @@ def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame, fill_probed: boo
             f"checkpoint id {int(ck['ckpt'][dup].iloc[0])} appears on {int(dup.sum()) + 1} checkpoint rows: "
             "ids must be unique within a trace; analyze each recording separately")
 
-    fills, copies = _spans(events, "fill"), _spans(events, "copy")
+    fills, copies = _spans(rows.of("fill")), _spans(rows.of("copy"))
     # An update that copied no state saved nothing: llama-server calls update_dft on every
     # checkpoint, and without a draft model it returns at once. Not a checkpoint.
     ck = ck[ck["ckpt"].isin(copies["ckpt"]).to_numpy()]
@@ -139,10 +137,9 @@ def checkpoint_table(events: pd.DataFrame, spans: pd.DataFrame, fill_probed: boo
     t["fault_source"] = pd.Categorical.from_codes(np.maximum(t["fill_source"], t["copy_source"]).to_numpy(),
                                                   dtype=CHECKPOINT_COLUMNS["fault_source"])
 
-    sys = events.loc[kind_mask(events, "mmap", "munmap") & (events["ckpt"] != 0).to_numpy(), ["kind", "ckpt"]]
-    is_mmap = (sys["kind"] == "mmap").to_numpy()
-    t["mmaps"] = ids.map(sys["ckpt"][is_mmap].value_counts()).fillna(0).astype("int64")
-    t["munmaps"] = ids.map(sys["ckpt"][~is_mmap].value_counts()).fillna(0).astype("int64")
+    for kind in ("mmap", "munmap"):
+        sys = rows.of(kind)["ckpt"]
+        t[f"{kind}s"] = ids.map(sys[sys != 0].value_counts()).fillna(0).astype("int64")
 
     t["fill_source"] = "measured"
     if not fill_probed:

@@ -21,7 +21,8 @@ import pandas as pd
 
 from ckptrace.trace import empty_frame
 
-from .spans import BOUNDARIES, CLOCK_COLUMNS, NA_INT, assign_iterations, kind_mask, sum_by
+from .events import KindRows, kind_rows
+from .spans import BOUNDARIES, CLOCK_COLUMNS, NA_INT, assign_iterations, sum_by
 
 ITERATION_KINDS = ["prefill", "decode"]
 
@@ -51,9 +52,10 @@ ITERATION_COLUMNS: dict[str, object] = {
 }
 
 
-def iteration_table(events: pd.DataFrame, spans: pd.DataFrame, checkpoints: pd.DataFrame) -> pd.DataFrame:
-    """One row per iteration (ITERATION_COLUMNS), sorted by start_ns, from iteration_spans(events)
-    and checkpoint_table(events, spans)."""
+def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoints: pd.DataFrame) -> pd.DataFrame:
+    """One row per iteration (ITERATION_COLUMNS), sorted by start_ns, from iteration_spans(rows)
+    and checkpoint_table(rows, spans)."""
+    rows = kind_rows(rows)
     if not len(spans):
         return empty_frame(ITERATION_COLUMNS)
     ck = checkpoints.loc[checkpoints["iter"] != 0]
@@ -64,16 +66,10 @@ def iteration_table(events: pd.DataFrame, spans: pd.DataFrame, checkpoints: pd.D
     summed = ("fault_ns", "fill_fault_ns", "copy_fault_ns", "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns", "copy_wait_ns")
     for c in summed:
         per[c] = sum_by(ck[c], ck["iter"])
-    sys = events.loc[kind_mask(events, "mmap", "munmap"), ["kind", "tid", "start_ns", "end_ns", "iter"]]
-    sys_iter = assign_iterations(sys, spans)
-    is_mmap = (sys["kind"] == "mmap").to_numpy()
-    keep = sys_iter != 0
-    mm = pd.Series(is_mmap[keep].astype("int64")).groupby(sys_iter[keep]).sum()
-    mu = pd.Series((~is_mmap[keep]).astype("int64")).groupby(sys_iter[keep]).sum()
-
     t = spans.join(per, on="iter")
-    t["mmaps"] = t["iter"].map(mm)
-    t["munmaps"] = t["iter"].map(mu)
+    for kind in ("mmap", "munmap"):
+        sys_iter = assign_iterations(rows.of(kind), spans)
+        t[f"{kind}s"] = t["iter"].map(pd.Series(sys_iter[sys_iter != 0]).value_counts())
     for c in ["fill_ns", "copy_ns", "checkpoints", "bytes", "faults", "mmaps", "munmaps"]:
         t[c] = t[c].fillna(0).astype("int64")
     no_checkpoint = t["iter"].map(per["checkpoints"]).isna()

@@ -13,15 +13,17 @@ from ckptrace.meta import ProcessInfo
 from ckptrace.trace import Trace
 
 
-def process_info(trace: Trace) -> list[ProcessInfo]:
-    """Every process of the trace: its metadata entries, then any pid with rows but no entry."""
+def process_info(trace: Trace, pids=None) -> list[ProcessInfo]:
+    """Every process of the trace: its metadata entries, then any pid with rows but no entry
+    (`pids`: the pids of its rows, when its events are not in memory)."""
     known = list(trace.meta.processes)
     if not known and trace.meta.pid is not None:  # before version 3: one process, named by its executable
         name = (trace.meta.executable or "").rsplit("/", 1)[-1][:15]
         known = [ProcessInfo(pid=trace.meta.pid, label=f"{name or 'process'}#1", comm=name,
                              executable=trace.meta.executable)]
     seen = {p.pid for p in known}
-    extra = sorted(int(p) for p in trace.events["pid"].unique() if int(p) not in seen and int(p) != 0)
+    pids = trace.events["pid"].unique() if pids is None else pids
+    extra = sorted(int(p) for p in pids if int(p) not in seen and int(p) != 0)
     return known + [ProcessInfo(pid=p, label=f"pid {p}") for p in extra]
 
 
@@ -38,7 +40,11 @@ def process_traces(trace: Trace) -> list[tuple[ProcessInfo, Trace]]:
     out = []
     for info in infos:
         events = trace.events.loc[pids == info.pid].reset_index(drop=True)
-        meta = dataclasses.replace(trace.meta, pid=info.pid, executable=info.executable, processes=[info],
-                                   events=len(events))
-        out.append((info, Trace(events=events, meta=meta, path=trace.path)))
+        out.append((info, process_trace(trace, info, len(events), events)))
     return out
+
+
+def process_trace(trace: Trace, info: ProcessInfo, rows: int, events=None) -> Trace:
+    """The sub-trace of one process: `rows` rows, `events` when they are in memory."""
+    meta = dataclasses.replace(trace.meta, pid=info.pid, executable=info.executable, processes=[info], events=rows)
+    return Trace(events=events, meta=meta, path=trace.path)

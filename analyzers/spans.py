@@ -22,6 +22,8 @@ import pandas as pd
 
 from ckptrace.trace import empty_frame
 
+from .events import KindRows, kind_rows
+
 BOUNDARIES = ["update_slots", "decode"]
 
 SPAN_COLUMNS: dict[str, object] = {
@@ -74,23 +76,22 @@ def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:
     return col.isin(kinds).to_numpy()
 
 
-def iteration_spans(events: pd.DataFrame) -> pd.DataFrame:
+def iteration_spans(rows: KindRows | pd.DataFrame) -> pd.DataFrame:
     """Every iteration's id, thread and [start_ns, end_ns], by the rules in the module docstring."""
-    it = select(events, kind_mask(events, "iteration"),
-                ["iter", "tid", "start_ns", "end_ns", "tokens", "prompt_tokens", "faults", "cpu_ns", "wait_ns"])
+    rows = kind_rows(rows)
+    it = rows.of("iteration")
     it = it.drop_duplicates("iter").rename(columns={"faults": "span_faults"})
     it = it.assign(boundary="update_slots")
     slot_tids = it["tid"].unique()
 
-    dmask = kind_mask(events, "decode") & ~events["tid"].isin(slot_tids).to_numpy()
-    dec = events.loc[dmask, ["tid", "start_ns", "end_ns", "tokens", "prompt_tokens", "faults"]]
+    dec = rows.of("decode")
+    dec = dec.loc[~dec["tid"].isin(slot_tids).to_numpy()]
     if len(dec):
         dec = dec.sort_values(["tid", "end_ns"], kind="stable").rename(columns={"faults": "span_faults"})
-        first = events.loc[events["tid"].isin(dec["tid"].unique()).to_numpy()].groupby("tid")["start_ns"].min()
         prev_end = dec.groupby("tid")["end_ns"].shift(1)
-        dec["start_ns"] = prev_end.fillna(dec["tid"].map(first)).astype("int64")
+        dec["start_ns"] = prev_end.fillna(dec["tid"].map(rows.first_start)).astype("int64")
         # Ids above every kernel id, in order of end, so they never collide.
-        base = int(max(events["iter"].max(), 0)) + 1 if len(events) else 1
+        base = rows.max_iter + 1
         order = np.lexsort((dec["tid"].to_numpy(), dec["end_ns"].to_numpy()))
         ids = np.empty(len(dec), dtype="int64")
         ids[order] = np.arange(base, base + len(dec), dtype="int64")

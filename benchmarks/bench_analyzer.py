@@ -1,12 +1,15 @@
-"""Analyzer throughput: read_trace + analyze_trace (tables and summary) on a large synthetic trace.
+"""Analyzer throughput and memory: `analyze` of a large synthetic trace file (analyze_file: the
+batched read, then the tables and summary).
 
     .venv/bin/python benchmarks/bench_analyzer.py                 # 1M events
     .venv/bin/python benchmarks/bench_analyzer.py --events 10M
+    .venv/bin/python benchmarks/bench_analyzer.py --whole         # the whole-frame path: read_trace + analyze_trace
 
 The trace is generated in a child process first, so this process's peak RSS (ru_maxrss) is the
-reader's and the analyzer's alone. Mix per group of 13 events: one prefill iteration (iteration,
-checkpoint, fill, copy, mmap, munmap, decode; 1 in 10 checkpoints is a pool hit without fill) and
-three decode iterations (iteration, decode). Goal: >= 1M events/s on 2 cores, < 2 GiB at 10M.
+reader's and the analyzer's alone, interpreter and libraries included. Mix per group of 13 events:
+one prefill iteration (iteration, checkpoint, fill, copy, mmap, munmap, decode; 1 in 10 checkpoints
+is a pool hit without fill) and three decode iterations (iteration, decode). Goal at 10M events:
+>= 5M events/s and <= 150 bytes of peak RSS per event.
 """
 from __future__ import annotations
 
@@ -81,9 +84,9 @@ def generate(path: str, n: int) -> None:
     write_trace(path, synthetic_events(n), TraceMeta(label="bench", fault_sample_every=8))
 
 
-def measure(path: str) -> dict:
-    from ckptrace.analyzers import analyze_trace
-    from ckptrace.trace import read_trace
+def measure(path: str, whole: bool = False) -> dict:
+    from ckptrace.analyzers import KindRows, analyze_rows
+    from ckptrace.trace import Trace, read_meta, read_trace
 
     def cpu() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)
@@ -91,19 +94,26 @@ def measure(path: str) -> dict:
 
     # Wall time suffers when other work shares the cores; CPU time much less so: report both.
     c0, t0 = cpu(), time.perf_counter()
-    trace = read_trace(path)
+    if whole:
+        trace = read_trace(path)
+        rows = KindRows.from_frame(trace.events)
+    else:
+        trace = Trace(events=None, meta=read_meta(path), path=path)
+        rows = KindRows.from_file(path)
     c1, t1 = cpu(), time.perf_counter()
     rss_read = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    a = analyze_trace(trace)
+    a = analyze_rows(trace, rows)
     c2, t2 = cpu(), time.perf_counter()
-    n = len(trace.events)
-    return {"events": n, "checkpoints": len(a.checkpoints), "iterations": len(a.iterations),
+    n = rows.rows
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return {"path": "whole" if whole else "batched", "events": n, "checkpoints": len(a.checkpoints),
+            "iterations": len(a.iterations),
             "read_s": round(t1 - t0, 3), "analyze_s": round(t2 - t1, 3), "total_s": round(t2 - t0, 3),
             "events_per_s": round(n / (t2 - t0)), "analyze_events_per_s": round(n / (t2 - t1)),
             "cpu_s": round(c2 - c0, 3), "events_per_cpu_s": round(n / (c2 - c0)),
             "read_cpu_s": round(c1 - c0, 3), "analyze_cpu_s": round(c2 - c1, 3),
-            "peak_rss_after_read_mib": round(rss_read, 1),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+            "peak_rss_after_read_mib": round(rss_read, 1), "peak_rss_mib": round(peak / (1 << 20), 1),
+            "peak_bytes_per_event": round(peak / n, 1),
             "loadavg_1m": round(os.getloadavg()[0], 2),
             "file_mib": round(os.path.getsize(path) / (1 << 20), 1), "cpus": os.cpu_count()}
 
@@ -114,6 +124,7 @@ def main() -> None:
     ap.add_argument("--trace", help="reuse or keep the generated trace at this path")
     ap.add_argument("--generate-only", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--json", action="store_true", help="print the figures as JSON")
+    ap.add_argument("--whole", action="store_true", help="read the whole trace first (read_trace), as before batches")
     args = ap.parse_args()
     n = parse_count(args.events)
     if args.generate_only:
@@ -128,17 +139,18 @@ def main() -> None:
         g0 = time.perf_counter()
         subprocess.run([sys.executable, __file__, "--events", str(n), "--trace", path, "--generate-only"], check=True)
         print(f"generated {n} events in {time.perf_counter() - g0:.1f} s: {path}", file=sys.stderr)
-    r = measure(path)
+    r = measure(path, args.whole)
     if args.json:
         print(json.dumps(r))
     else:
         print(f"{r['events']:,} events ({r['checkpoints']:,} checkpoints, {r['iterations']:,} iterations), "
               f"file {r['file_mib']} MiB, {r['cpus']} CPUs")
-        print(f"read_trace {r['read_s']} s + analyze_trace {r['analyze_s']} s = {r['total_s']} s: "
+        print(f"{r['path']} read {r['read_s']} s + analysis {r['analyze_s']} s = {r['total_s']} s: "
               f"{r['events_per_s'] / 1e6:.2f}M events/s (analysis alone {r['analyze_events_per_s'] / 1e6:.2f}M/s)")
         print(f"CPU time {r['cpu_s']} s (read {r['read_cpu_s']}, analyze {r['analyze_cpu_s']}): "
               f"{r['events_per_cpu_s'] / 1e6:.2f}M events per CPU-second; load average {r['loadavg_1m']}")
-        print(f"peak RSS {r['peak_rss_mib']} MiB (after read_trace {r['peak_rss_after_read_mib']} MiB)")
+        print(f"peak RSS {r['peak_rss_mib']} MiB, {r['peak_bytes_per_event']} bytes per event "
+              f"(after reading {r['peak_rss_after_read_mib']} MiB)")
     if tmp:
         tmp.cleanup()
 

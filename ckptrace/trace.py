@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ckptrace.errors import TraceFormatError
@@ -23,7 +25,8 @@ from ckptrace.meta import TraceMeta
 from ckptrace.output import write_output
 from ckptrace.terminal import printable
 from ckptrace import stream
-from ckptrace.validate import budget_rows, check_column, check_events, check_table, check_types, open_regular
+from ckptrace.validate import (budget_rows, check_column, check_events, check_ids, check_table, check_types,
+                               open_regular, reversed_error)
 
 FORMAT = "ckptrace-trace"
 VERSION = 3
@@ -70,11 +73,15 @@ COLUMNS: dict[str, object] = {
 OPTIONAL = {"cpu_ns", "wait_ns", "nvcsw", "nivcsw", "fault_ns"}
 # Version 3 columns an older trace lacks: read as their "none" value (pid: the trace's meta.pid).
 ADDED_IN_3 = {"pid", "spec"}
+# Rows per batch iter_batches yields: ~20 MiB of decoded columns, whatever the row groups.
+BATCH_ROWS = 1 << 18
+# Rows per Parquet row group of a finished trace: readers skip or read a trace a group at a time.
+ROW_GROUP_ROWS = 1 << 20
 
 
 @dataclass
 class Trace:
-    events: pd.DataFrame
+    events: pd.DataFrame | None  # None: read batch by batch, never held whole (iter_batches)
     meta: TraceMeta
     path: str | None = None
 
@@ -92,11 +99,12 @@ def empty_events() -> pd.DataFrame:
     return empty_frame(COLUMNS)
 
 
-def normalize_events(df: pd.DataFrame) -> pd.DataFrame:
-    """Missing columns get their 'none' value; every column gets its declared dtype."""
+def normalize_events(df: pd.DataFrame, columns: dict[str, object] = COLUMNS) -> pd.DataFrame:
+    """Missing columns get their 'none' value; every column gets its declared dtype (`columns`:
+    these of COLUMNS only)."""
     out = {}
     n = len(df)
-    for col, dtype in COLUMNS.items():
+    for col, dtype in columns.items():
         if col in df.columns:
             values = df[col].array  # positional (the caller's index must not reorder rows), no copy
         elif col == "phase":
@@ -121,7 +129,8 @@ def trace_writer(events: pd.DataFrame, meta: TraceMeta):
     """A function writing the trace of `events` and `meta` into a binary file object."""
     table = pa.Table.from_pandas(normalize_events(events), preserve_index=False)
     table = table.replace_schema_metadata(trace_schema(meta, table.schema).metadata)
-    return lambda f: pq.write_table(table, f, compression="zstd")
+    rows = ROW_GROUP_ROWS
+    return lambda f: pq.write_table(table, f, compression="zstd", row_group_size=rows)
 
 
 def trace_schema(meta: TraceMeta, schema: pa.Schema | None = None, pandas_attrs: bool = True) -> pa.Schema:
@@ -152,12 +161,15 @@ def _plain(value):
     return value.item() if isinstance(value, np.generic) else str(value)
 
 
-def time_origin(meta: TraceMeta, events: pd.DataFrame) -> int:
-    """Where a recording's time axis starts: probes in place (attach_ns), else the first event."""
+def time_origin(meta: TraceMeta, events: pd.DataFrame | int | None) -> int:
+    """Where a recording's time axis starts: probes in place (attach_ns), else the first event
+    (`events`: the events, or the first one's start_ns, None without events)."""
     for ns in (meta.attach_ns, meta.first_event_ns):
         if ns:
             return ns
-    return int(events["start_ns"].min()) if len(events) else 0
+    if isinstance(events, pd.DataFrame):
+        return int(events["start_ns"].min()) if len(events) else 0
+    return events or 0
 
 
 def _no_constant(name: str):
@@ -268,6 +280,171 @@ def _read_stream(path, meta: TraceMeta) -> Trace:
         raise TraceFormatError(f"{path}: trace has event kinds this version does not know")
     check_events(df, shown)
     return Trace(events=df, meta=stream.cut_short_meta(meta, progress, torn, df), path=str(path))
+
+
+KIND_VALUES = pa.array(KINDS)
+PHASE_VALUES = pa.array(PHASES)
+
+
+def iter_record_batches(path: str | os.PathLike, columns=None, batch_rows: int = BATCH_ROWS, *,
+                        whole_checks: bool = True,
+                        between: tuple[int, int] | None = None) -> Iterator[pa.RecordBatch]:
+    """iter_batches' batches as Arrow record batches, the cheaper form for code that picks rows:
+    the same checks, every requested column there (one the trace lacks filled as read_trace fills
+    it) with its declared type; kind and phase dictionary-encoded over KINDS and PHASES."""
+    meta = read_meta(path)
+    wanted = list(COLUMNS) if columns is None else list(columns)
+    unknown = [c for c in wanted if c not in COLUMNS]
+    if unknown:
+        raise ValueError(f"not trace columns: {', '.join(unknown)}")
+    if stream.is_stream(path):  # a cut-short recording: read whole (read_trace), handed out in batches
+        events = read_trace(path).events
+        for i in range(0, len(events), batch_rows):
+            yield pa.RecordBatch.from_pandas(events.iloc[i:i + batch_rows][wanted], preserve_index=False)
+        return
+    whole_checks = whole_checks and between is None
+    checked = {"kind", "phase", "start_ns", "end_ns"} | ({"ckpt", "iter"} if whole_checks else set())
+    types = [c for c in COLUMNS if c in checked or c in wanted]
+    shown = printable(path)
+    kept: dict[str, list] = {"checkpoint": [], "iteration": [], "parts": []}
+    row = 0
+    bad, first = 0, None
+    try:
+        source = open_regular(path)
+    except OSError as e:
+        raise TraceFormatError(f"{path}: trace is damaged ({_first_line(e)})") from None
+    try:
+        pf = pq.ParquetFile(source)
+        check_table(pf, COLUMNS, source.size(), shown)
+        names = set(pf.schema_arrow.names)
+        groups = None if between is None else _groups_between(pf, *between)
+        batches = pf.iter_batches(batch_size=batch_rows, row_groups=groups, columns=[c for c in types if c in names],
+                                  use_threads=False)
+        while True:
+            try:
+                batch = next(batches, None)
+                if batch is None:
+                    break
+                n = batch.num_rows
+                cols = {}
+                for col in types:
+                    if col in names:
+                        values = batch.column(col)
+                        check_column(col, values, COLUMNS[col], shown)
+                        cols[col] = _arrow_typed(col, values, path)
+                    else:
+                        cols[col] = _arrow_missing(col, n, meta.pid)
+            except (pa.ArrowException, OSError) as e:
+                raise TraceFormatError(f"{path}: trace is damaged ({_first_line(e)})") from None
+            codes = cols["kind"].indices.to_numpy()
+            start, end = cols["start_ns"].to_numpy(), cols["end_ns"].to_numpy()
+            reversed_ = np.flatnonzero(end < start)
+            if len(reversed_):
+                i = int(reversed_[0])
+                bad += len(reversed_)
+                first = first or (pd.DataFrame({"kind": [KINDS[codes[i]]], "start_ns": [start[i]],
+                                                "end_ns": [end[i]]}), row + i)
+            if whole_checks and not bad:
+                for what, kinds, names_ in (("checkpoint", (0,), ["ckpt", "start_ns", "end_ns"]),
+                                            ("iteration", (3,), ["iter"]),
+                                            ("parts", (1, 2), ["kind", "ckpt", "start_ns", "end_ns"])):
+                    pick = np.flatnonzero(np.isin(codes, kinds))
+                    kept[what].append(pa.record_batch([cols[c] for c in names_], names=names_).take(pick))
+            row += n
+            if not bad:
+                yield pa.record_batch([cols[c] for c in wanted], names=wanted)
+    finally:
+        source.close()
+    if bad:
+        raise reversed_error(first[0], 0, bad, shown, row=first[1])
+    if whole_checks and kept["checkpoint"]:
+        ck, it, parts = (arrow_frame(pa.Table.from_batches(kept[k])) for k in ("checkpoint", "iteration", "parts"))
+        check_ids(ck, it["iter"], parts, shown)
+
+
+def iter_batches(path: str | os.PathLike, columns=None, batch_rows: int = BATCH_ROWS, *,
+                 whole_checks: bool = True, between: tuple[int, int] | None = None) -> Iterator[pd.DataFrame]:
+    """The events of the trace at `path` in file order, at most `batch_rows` rows at a time, with
+    only `columns` (names from COLUMNS; all by default), typed as read_trace types them.
+
+    Memory is one batch, whatever the trace's length. The checks are read_trace's: metadata,
+    column types and the memory bound before decoding; each batch's values, kinds, phases and span
+    order before it is yielded (an error names the first offending value of the first batch that
+    has one). The checks across rows (unique ids, fill and copy inside their checkpoint) keep a
+    few columns of those rows and run after the last batch; a caller that keeps those rows anyway
+    passes `whole_checks=False` and calls validate.check_ids itself. `between=(t0, t1)` reads
+    only the row groups whose start_ns statistics can hold rows starting in [t0, t1] (all of them
+    where the file has no statistics) and no checks across rows.
+    """
+    for batch in iter_record_batches(path, columns, batch_rows, whole_checks=whole_checks, between=between):
+        yield arrow_frame(batch)
+
+
+def arrow_frame(data: pa.RecordBatch | pa.Table) -> pd.DataFrame:
+    """A typed events frame (COLUMNS' dtypes) of an Arrow batch or table from iter_record_batches."""
+    out = {}
+    for name in data.column_names:
+        values, dtype = data.column(name), COLUMNS[name]
+        chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+        if isinstance(dtype, pd.CategoricalDtype):
+            codes = np.concatenate([c.indices.to_numpy() for c in chunks]) if chunks else np.array([], "int8")
+            out[name] = pd.Categorical.from_codes(codes, dtype=dtype)
+        elif isinstance(dtype, pd.Int64Dtype):
+            out[name] = pd.arrays.IntegerArray(pc.fill_null(values, 0).to_numpy(), values.is_null().to_numpy(
+                zero_copy_only=False))
+        else:
+            out[name] = values.to_numpy(zero_copy_only=False) if isinstance(values, pa.Array) else values.to_numpy()
+    return pd.DataFrame(out, copy=False)
+
+
+def _arrow_typed(name: str, values: pa.Array, path) -> pa.Array:
+    """A checked column with its declared type; kind and phase as codes into KINDS and PHASES."""
+    dtype = COLUMNS[name]
+    if isinstance(dtype, pd.CategoricalDtype):
+        if not pa.types.is_dictionary(values.type):
+            values = pc.dictionary_encode(values)
+        known = list(dtype.categories)
+        lut = np.array([known.index(v) if v in known else -1 for v in values.dictionary.to_pylist()] or [-1], "int8")
+        codes = lut[values.indices.to_numpy(zero_copy_only=False)]
+        if (codes < 0).any():
+            what = "event kinds" if name == "kind" else "phases"
+            raise TraceFormatError(f"{path}: trace has {what} this version does not know")
+        return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int8()), KIND_VALUES if name == "kind" else PHASE_VALUES)
+    want = pa.bool_() if dtype == np.dtype("bool") else pa.int64() if isinstance(dtype, pd.Int64Dtype) else \
+        pa.from_numpy_dtype(dtype)
+    return values if values.type == want else values.cast(want)
+
+
+def _arrow_missing(name: str, n: int, pid: int | None) -> pa.Array:
+    """A column the trace lacks, as read_trace fills it."""
+    dtype = COLUMNS[name]
+    if name == "phase":
+        return pa.DictionaryArray.from_arrays(pa.array(np.zeros(n, "int8")), PHASE_VALUES)
+    if name in OPTIONAL:
+        return pa.nulls(n, pa.int64())
+    if dtype == np.dtype("bool"):
+        return pa.array(np.zeros(n, bool))
+    return pa.array(np.full(n, pid if name == "pid" and pid else 0, dtype=dtype))
+
+
+def read_between(path: str | os.PathLike, t0: int, t1: int, columns=None) -> pd.DataFrame:
+    """The rows lying within [t0, t1] ns, reading only the row groups that can hold them (a
+    close-up of a trace too long to hold whole)."""
+    parts = [b.loc[((b["start_ns"] >= t0) & (b["end_ns"] <= t1)).to_numpy()]
+             for b in iter_batches(path, columns, between=(t0, t1))]
+    return pd.concat(parts, ignore_index=True) if parts else empty_frame(
+        {c: t for c, t in COLUMNS.items() if columns is None or c in columns})
+
+
+def _groups_between(pf: pq.ParquetFile, t0: int, t1: int) -> list[int]:
+    md = pf.metadata
+    col = pf.schema_arrow.names.index("start_ns")
+    keep = []
+    for i in range(md.num_row_groups):
+        stats = md.row_group(i).column(col).statistics
+        if stats is None or not stats.has_min_max or (stats.min <= t1 and stats.max >= t0):
+            keep.append(i)
+    return keep
 
 
 def _first_line(e: BaseException) -> str:

@@ -124,22 +124,39 @@ def check_column(name: str, values: pa.ChunkedArray, dtype, shown: str) -> None:
 
 def check_events(df: pd.DataFrame, shown: str) -> None:
     """After typing: spans in order, one row per checkpoint and iteration id, fill/copy inside."""
+    check_phases(df, shown)
+    reversed_ = np.flatnonzero(df["end_ns"].to_numpy() < df["start_ns"].to_numpy())
+    if len(reversed_):
+        raise reversed_error(df, int(reversed_[0]), len(reversed_), shown)
+    kind = df["kind"]
+    check_ids(df.loc[kind == "checkpoint", ["ckpt", "start_ns", "end_ns"]], df.loc[kind == "iteration", "iter"],
+              df.loc[kind.isin(["fill", "copy"]), ["kind", "ckpt", "start_ns", "end_ns"]], shown)
+
+
+def check_phases(df: pd.DataFrame, shown: str) -> None:
     if df["phase"].isna().any():
         raise TraceFormatError(f"{shown}: trace has phases this version does not know")
-    start, end = df["start_ns"].to_numpy(), df["end_ns"].to_numpy()
-    reversed_ = np.flatnonzero(end < start)
-    if len(reversed_):
-        i = int(reversed_[0])
-        raise TraceFormatError(f"{shown}: {len(reversed_)} events end before they start (first: row {i}, "
-                               f"{df['kind'].iat[i]} {start[i]}..{end[i]} ns)")
-    for kind, col in (("checkpoint", "ckpt"), ("iteration", "iter")):
-        ids = df.loc[(df["kind"] == kind) & (df[col] > 0), col]
+
+
+def reversed_error(df: pd.DataFrame, i: int, count: int, shown: str, row: int | None = None) -> TraceFormatError:
+    """Row `i` of `df` (row `row` of the trace) is the first of `count` spans ending before they start."""
+    start, end = int(df["start_ns"].iat[i]), int(df["end_ns"].iat[i])
+    return TraceFormatError(f"{shown}: {count} events end before they start (first: row {i if row is None else row}, "
+                            f"{df['kind'].iat[i]} {start}..{end} ns)")
+
+
+def check_ids(ck: pd.DataFrame, iters: pd.Series, parts: pd.DataFrame, shown: str) -> None:
+    """Across the whole trace: one checkpoint row per checkpoint id (`ck`: ckpt, start_ns, end_ns
+    of the checkpoint rows), one iteration row per iteration id (`iters`), and each fill and copy
+    row (`parts`: kind, ckpt, start_ns, end_ns) inside its checkpoint."""
+    for kind, ids in (("checkpoint", ck["ckpt"]), ("iteration", iters)):
+        ids = ids[ids > 0]
         dup = ids[ids.duplicated()]
         if len(dup):
             raise TraceFormatError(f"{shown}: {kind} id {int(dup.iat[0])} appears {int((ids == dup.iat[0]).sum())} "
                                    "times")
-    ck = df.loc[df["kind"] == "checkpoint", ["ckpt", "start_ns", "end_ns"]].set_index("ckpt")
-    parts = df.loc[df["kind"].isin(["fill", "copy"]) & df["ckpt"].isin(ck.index), ["kind", "ckpt", "start_ns", "end_ns"]]
+    ck = ck.set_index("ckpt")
+    parts = parts.loc[parts["ckpt"].isin(ck.index)]
     if len(parts):
         outer = ck.loc[parts["ckpt"].to_numpy()]
         out = (parts["start_ns"].to_numpy() < outer["start_ns"].to_numpy()) | \

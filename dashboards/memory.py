@@ -42,7 +42,7 @@ def _shade(colour: str, k: int, n: int) -> str:
 
 
 def _names(leg: Leg) -> dict[int, str]:
-    infos = process_info(leg.analysis.trace)
+    infos = process_info(leg.analysis.trace, leg.analysis.rows.per_pid.index)
     if len(infos) <= 1:
         return {p.pid: leg.name for p in infos}
     return {p.pid: f"{leg.name}: {plain(process_label(p))}" for p in infos}
@@ -54,8 +54,8 @@ def memory_panel(legs: list[Leg]) -> Panel:
                                         "resident set size (kmem:rss_stat)"])
     drawn, thinned, no_rss, shown = 0, False, [], set()
     for leg in legs:
-        ev = leg.analysis.trace.events
-        t0 = time_origin(leg.meta, ev)
+        ev = leg.analysis.rows.of_group("memory")  # the syscall and rss rows, all that memory.py reads
+        t0 = time_origin(leg.meta, leg.analysis.rows.start_ns)
         names = _names(leg)
         for row, (series, col) in enumerate(((held_series(ev), "held_bytes"), (rss_series(ev), "rss_bytes")), 1):
             if row == 2 and not len(series):

@@ -87,7 +87,7 @@ def iterations_panel(legs: list[Leg]) -> Panel:
         parts, k = bin_rows(parts, list(PARTS))
         if k > 1:
             notes.append(f"{leg.name} {len(leg.prefill):,} as {len(parts):,} bars of {k}")
-        t0 = time_origin(leg.meta, leg.analysis.trace.events)
+        t0 = time_origin(leg.meta, leg.analysis.rows.start_ns)
         x = ((parts["start_ns"].to_numpy() - t0) / 1e9).astype("float32")
         # plotly.js aligns auto ticks to the bars (0.11, 0.246, ...); ask for round steps.
         fig.update_xaxes(tick0=0, dtick=_nice_step(float(x.max() - x.min()) if len(x) else 1.0), row=row, col=1)
@@ -171,7 +171,7 @@ def timeline_panel(legs: list[Leg]) -> Panel:
         if len(ck) > MAX_TIMELINE_ROWS:
             notes.append(f"{leg.name}: timeline shows the first {MAX_TIMELINE_ROWS} of {len(ck)} checkpoints.")
             ck = ck.iloc[:MAX_TIMELINE_ROWS]
-        ev = leg.analysis.trace.events
+        ev = leg.analysis.events_between(t0, t1)
         in_ck = ev["ckpt"].isin(ck["ckpt"]).to_numpy()
         spans = ev.loc[ev["kind"].isin(["fill", "copy"]).to_numpy() & in_ck]
         dec = ev.loc[(ev["kind"] == "decode").to_numpy() & (ev["tid"] == tid).to_numpy()

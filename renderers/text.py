@@ -31,19 +31,19 @@ def wrap(text: str, indent: str = "") -> str:
     return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
 
 
-def _duration_s(meta: TraceMeta, events: pd.DataFrame) -> float | None:
+def _duration_s(meta: TraceMeta, rows) -> float | None:
     start, stop = meta.attach_ns, meta.stop_ns
     if start is not None and stop is not None and stop > start:
         return (stop - start) / 1e9
-    if len(events):
-        return (int(events["end_ns"].max()) - int(events["start_ns"].min())) / 1e9
+    if rows.start_ns is not None:
+        return (rows.end_ns - rows.start_ns) / 1e9
     return None
 
 
 def header_lines(analysis) -> list[str]:
     t, s = analysis.trace, analysis.summary
-    meta, ev = t.meta, t.events
-    dur = _duration_s(meta, ev)
+    meta = t.meta
+    dur = _duration_s(meta, analysis.rows)
     lines = [wrap(f"trace {printable(t.path or '-')}")]
     pid = (f"{len(analysis.processes)} processes" if len(analysis.processes) > 1
            else f"pid {meta.pid if meta.pid is not None else '-'}")
@@ -62,7 +62,7 @@ def checkpoint_lines(analysis, limit: int | None) -> list[str]:
     ck = analysis.checkpoints
     if not len(ck):
         return ["No checkpoints in this trace (was update_tgt probed and called?)."]
-    t0 = time_origin(analysis.trace.meta, analysis.trace.events)
+    t0 = time_origin(analysis.trace.meta, analysis.rows.start_ns)
     shown = ck if limit is None else ck.head(limit)
     # Column formatting is vectorised; only the final join walks the (bounded) rows.
     cols = {
@@ -250,7 +250,7 @@ def process_lines(processes: list[dict]) -> list[str]:
 
 
 def analysis_report(analysis, limit: int | None = 20, requests: pd.DataFrame | None = None) -> str:
-    t0 = time_origin(analysis.trace.meta, analysis.trace.events)
+    t0 = time_origin(analysis.trace.meta, analysis.rows.start_ns)
     blocks = [header_lines(analysis)]
     if len(analysis.processes) > 1:
         blocks.append(process_lines(analysis.processes))

@@ -36,12 +36,13 @@ def command(trace, as_json, csv_dir, requests_file, show_all, rows):
     split into the checkpoint time inside it (fill, copy, fault, on CPU, wait), restore time and
     the rest; a span that crosses the window's edge counts only for its part inside.
     """
-    from ckptrace.analyzers import analyze_trace
+    from ckptrace.analyzers import analyze_file, analyze_trace
     from ckptrace.renderers.csv import write_csv
     from ckptrace.renderers.json import analysis_json, dumps, records
     from ckptrace.renderers.text import analysis_report
 
-    analysis = analyze_trace(read_trace(trace))
+    # The request split reads restore rows and spans the batched read does not keep.
+    analysis = analyze_trace(read_trace(trace)) if requests_file else analyze_file(trace)
     requests = None
     if requests_file:
         from ckptrace.analyzers.requests import request_summary, request_table

@@ -109,12 +109,17 @@ def command(traces, as_json, fmt, request_files, fail_on, gate_metrics, seed, n_
     if gate_metrics is not None and fail_on is None:
         raise click.UsageError("--metrics chooses what --fail-on looks at: give --fail-on too")
     fmt = "json" if as_json else (fmt or "text")
-    legs = [read_trace(t) for t in traces]
     if per_process:  # request files paired by name are not looked for: only given ones are refused
+        legs = [read_trace(t) for t in traces]
         _per_process(legs, fmt, request_files or None, fail_on, seed=seed, n_boot=n_boot, min_effect_pct=min_effect)
         return
     requests = leg_requests(traces, request_files)
-    c = compare(legs, seed=seed, n_boot=n_boot, min_effect_pct=min_effect, requests=requests)
+    from ckptrace.analyzers import analyze_file, analyze_trace
+
+    # A leg with requests is read whole: the request split reads rows the batched read does not keep.
+    analyses = [analyze_trace(read_trace(t)) if r is not None else analyze_file(t)
+                for t, r in zip(traces, requests or [None] * len(traces))]
+    c = compare(analyses, seed=seed, n_boot=n_boot, min_effect_pct=min_effect, requests=requests)
     tripped = unjudged = None
     if fail_on:
         tripped, unjudged = gate(c, fail_on, gate_metrics)

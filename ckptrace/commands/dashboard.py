@@ -35,7 +35,7 @@ nothing from the network and opens from disk in any browser.
                    "comparison.")
 def command(traces: tuple[Path, ...], output: Path, title: str, request_files: tuple[str, ...]) -> None:
     """Write a self-contained HTML report of one or more TRACE files."""
-    from ckptrace.analyzers import analyze_trace
+    from ckptrace.analyzers import analyze_file, analyze_trace
     from ckptrace.dashboards.report import write_dashboard
     from ckptrace.trace import read_trace
 
@@ -44,8 +44,10 @@ def command(traces: tuple[Path, ...], output: Path, title: str, request_files: t
     if named_file and output.suffix.lower() not in (".html", ".htm"):
         raise CkptraceError(f"{printable(output)}: the report is HTML; give an -o path ending in .html")
     check_output(output, what="report")
-    analyses = [analyze_trace(read_trace(p)) for p in traces]
     requests = leg_requests(tuple(map(str, traces)), request_files)
+    # A leg with requests is read whole: the request split reads rows the batched read does not keep.
+    analyses = [analyze_trace(read_trace(p)) if r is not None else analyze_file(p)
+                for p, r in zip(traces, requests or [None] * len(traces))]
     tables = None
     if requests is not None:
         from ckptrace.analyzers.requests import request_table

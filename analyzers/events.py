@@ -1,0 +1,183 @@
+"""The rows the analysis reads, kind by kind, with only the columns it reads.
+
+Built from a whole events frame (`from_frame`) or batch by batch from a trace file
+(`from_file`, ckptrace.trace.iter_batches): then memory holds what the analysis keeps, never the
+whole trace. Rows are kept in groups of kinds (GROUPS), in trace order within a group. Left out:
+`decode` rows of threads that have `iteration` rows (spans.py uses decode rows only where
+update_slots was not probed) and the kinds and columns no analysis reads. Kept as running figures
+instead: each thread's first start, the largest iteration id and the trace's first start and last
+end. An analysis that reads another kind or column adds it to GROUPS.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from ckptrace.trace import BATCH_ROWS, COLUMNS, KINDS, arrow_frame, empty_frame, iter_record_batches, normalize_events
+from ckptrace.validate import check_ids
+
+SPAN = ["tid", "start_ns", "end_ns"]
+CLOCKS = ["cpu_ns", "wait_ns"]
+PART = ["ckpt", *SPAN, "faults", *CLOCKS, "fault_ns", "pid"]
+# Group -> (its kinds, the columns read from their rows). A group of several kinds keeps `kind`
+# and their order in the trace (memory.py replays syscalls in that order).
+GROUPS: dict[str, tuple[tuple[str, ...], list[str]]] = {
+    "iteration": (("iteration",), ["iter", *SPAN, "tokens", "prompt_tokens", "faults", *CLOCKS, "pid"]),
+    "decode": (("decode",), [*SPAN, "tokens", "prompt_tokens", "faults", "pid"]),
+    "checkpoint": (("checkpoint",), ["ckpt", "iter", *SPAN, "bytes", "draft", "faults", *CLOCKS, "pid", "spec"]),
+    "fill": (("fill",), PART),
+    "copy": (("copy",), PART),
+    # memory.py's syscalls and RSS, and state_path.py's restores and creates
+    "memory": (("mmap", "munmap", "mremap", "rss", "create", "restore", "restore_copy"),
+               ["kind", "pid", *SPAN, "ckpt", "iter", "addr", "bytes", "phase", "draft", "faults", *CLOCKS,
+                "fault_ns"]),
+}
+GROUP_OF = {k: g for g, (kinds, _) in GROUPS.items() for k in kinds}
+READ = [c for c in COLUMNS if c in {"kind", "iter", "pid"} or any(c in cols for _, cols in GROUPS.values())]
+
+
+@dataclass
+class KindRows:
+    frames: dict[str, pd.DataFrame]  # group -> its rows
+    first_start: pd.Series  # tid -> its earliest start_ns over every row of the trace
+    max_iter: int  # the largest iteration id of any row (0 if none)
+    per_pid: pd.DataFrame  # pid -> rows, max_iter: each process's row count and largest iteration id
+    start_ns: int | None = None  # the trace's first start and last end, None without rows
+    end_ns: int | None = None
+    rows: int = 0  # rows in the trace
+    _empty: dict = field(default_factory=dict, repr=False)
+    _released: set = field(default_factory=set, repr=False)
+
+    def release(self, keep: str) -> None:
+        """Drop every group but `keep` (the analysis has read them): their memory goes back."""
+        self._released = set(GROUPS) - {keep}
+        self.frames = {g: f for g, f in self.frames.items() if g == keep}
+
+    def of_group(self, group: str) -> pd.DataFrame:
+        """The rows of a group (GROUPS[group] columns), an empty typed frame if none."""
+        if group in self._released:
+            raise RuntimeError(f"the {group} rows were released after the analysis read them")
+        frame = self.frames.get(group)
+        if frame is None:
+            frame = self._empty.setdefault(group, empty_frame({c: COLUMNS[c] for c in GROUPS[group][1]}))
+        return frame
+
+    def rows_of(self, pid: int) -> int:
+        return int(self.per_pid.at[pid, "rows"]) if pid in self.per_pid.index else 0
+
+    def for_pid(self, pid: int) -> KindRows:
+        """The rows of one process (threads' first starts stay the trace's: a tid is one thread)."""
+        frames = {g: f.loc[(f["pid"] == pid).to_numpy()].reset_index(drop=True) for g, f in self.frames.items()}
+        mine = self.per_pid.loc[self.per_pid.index == pid]
+        return KindRows(frames, self.first_start, int(mine["max_iter"].max()) if len(mine) else 0, mine,
+                        self.start_ns, self.end_ns, self.rows_of(pid))
+
+    def of(self, kind: str) -> pd.DataFrame:
+        """The rows of one kind (its group's columns)."""
+        frame = self.of_group(GROUP_OF[kind])
+        if len(GROUPS[GROUP_OF[kind]][0]) == 1:
+            return frame
+        return frame.loc[(frame["kind"] == kind).to_numpy()]
+
+    def state_events(self) -> pd.DataFrame:
+        """The memory group and, where creates were recorded, the checkpoint rows, as one frame
+        (state_path.py's eviction rule reads creates, munmaps and checkpoints)."""
+        memory = self.of_group("memory")
+        ck = self.of("checkpoint")
+        if not len(ck) or not (memory["kind"] == "create").any():
+            return memory
+        cols = {c: COLUMNS[c] for c in GROUPS["memory"][1]}
+        return pd.concat([memory, normalize_events(ck[SPAN].assign(kind="checkpoint"), cols)], ignore_index=True)
+
+    @classmethod
+    def from_frame(cls, events: pd.DataFrame) -> KindRows:
+        acc = _Accumulator()
+        events = normalize_events(events[[c for c in READ if c in events.columns]], {c: COLUMNS[c] for c in READ})
+        acc.add(pa.RecordBatch.from_pandas(events, preserve_index=False))
+        return acc.result()
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, batch_rows: int = BATCH_ROWS) -> KindRows:
+        """Batch by batch, checked as read_trace checks (ids across the trace on the rows kept)."""
+        acc = _Accumulator()
+        for batch in iter_record_batches(path, READ, batch_rows, whole_checks=False):
+            acc.add(batch)
+        rows = acc.result()
+        ck, it = rows.of("checkpoint"), rows.of("iteration")
+        parts = pd.concat([rows.of(k)[["ckpt", "start_ns", "end_ns"]].assign(kind=k) for k in ("fill", "copy")],
+                          ignore_index=True)
+        check_ids(ck[["ckpt", "start_ns", "end_ns"]], it["iter"], parts, str(path))
+        return rows
+
+
+def kind_rows(events: KindRows | pd.DataFrame) -> KindRows:
+    """`events` as KindRows (a whole events frame is split once)."""
+    return events if isinstance(events, KindRows) else KindRows.from_frame(events)
+
+
+class _Accumulator:
+    """Running state over Arrow batches (iter_record_batches' form): each group's rows, each
+    thread's first start, the extremes."""
+
+    def __init__(self):
+        self.parts: dict[str, list[pa.RecordBatch]] = {g: [] for g in GROUPS}
+        self.codes = {g: [KINDS.index(k) for k in kinds] for g, (kinds, _) in GROUPS.items()}
+        self.slot_tids: set[int] = set()
+        self.first: list[pa.Table] = []
+        self.per_pid: list[pa.Table] = []
+        self.max_iter = 0
+        self.start_ns: int | None = None
+        self.end_ns: int | None = None
+        self.rows = 0
+
+    def add(self, batch: pa.RecordBatch) -> None:
+        if not batch.num_rows:
+            return
+        self.rows += batch.num_rows
+        codes = batch.column("kind").indices.to_numpy(zero_copy_only=False)
+        tid = batch.column("tid").to_numpy()
+        start = batch.column("start_ns").to_numpy()
+        self.first.append(pa.table({"tid": tid, "start_ns": start}).group_by("tid").aggregate([("start_ns", "min")]))
+        self.max_iter = max(self.max_iter, int(batch.column("iter").to_numpy().max()))
+        self.per_pid.append(pa.table({"pid": batch.column("pid"), "iter": batch.column("iter")}).group_by("pid")
+                            .aggregate([("iter", "count"), ("iter", "max")]))
+        lo, hi = int(start.min()), int(batch.column("end_ns").to_numpy().max())
+        self.start_ns = lo if self.start_ns is None else min(self.start_ns, lo)
+        self.end_ns = hi if self.end_ns is None else max(self.end_ns, hi)
+        for group, (_, cols) in GROUPS.items():
+            want = self.codes[group]
+            mask = codes == want[0] if len(want) == 1 else np.isin(codes, want)
+            if group == "iteration":
+                self.slot_tids.update(np.unique(tid[mask]).tolist())
+            elif group == "decode" and self.slot_tids:
+                mask &= ~np.isin(tid, list(self.slot_tids))
+            picked = np.flatnonzero(mask)
+            if len(picked):
+                self.parts[group].append(batch.select(cols).take(pa.array(picked)))
+
+    def result(self) -> KindRows:
+        frames = {}
+        for group, parts in self.parts.items():
+            if parts:
+                frames[group] = arrow_frame(pa.Table.from_batches(parts))
+            parts.clear()
+            pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages otherwise
+        dec = frames.get("decode")
+        if dec is not None and self.slot_tids:  # decode rows read before their thread's first iteration row
+            frames["decode"] = dec.loc[~dec["tid"].isin(self.slot_tids).to_numpy()].reset_index(drop=True)
+        if self.first:
+            first = pa.concat_tables(self.first).group_by("tid").aggregate([("start_ns_min", "min")])
+            first = pd.Series(first.column("start_ns_min_min").to_numpy(), index=first.column("tid").to_numpy())
+        else:
+            first = pd.Series([], dtype="int64")
+        per_pid = pd.DataFrame({"rows": [], "max_iter": []}, dtype="int64")
+        if self.per_pid:
+            t = pa.concat_tables(self.per_pid).group_by("pid").aggregate([("iter_count", "sum"), ("iter_max", "max")])
+            per_pid = pd.DataFrame({"rows": t.column("iter_count_sum").to_numpy(),
+                                    "max_iter": t.column("iter_max_max").to_numpy()},
+                                   index=t.column("pid").to_numpy()).sort_index()
+        return KindRows(frames, first, self.max_iter, per_pid, self.start_ns, self.end_ns, self.rows)
