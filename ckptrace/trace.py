@@ -76,7 +76,7 @@ ADDED_IN_3 = {"pid", "spec"}
 # Rows per batch iter_batches yields: ~20 MiB of decoded columns, whatever the row groups.
 BATCH_ROWS = 1 << 18
 # Rows per Parquet row group of a finished trace: readers skip or read a trace a group at a time.
-ROW_GROUP_ROWS = 1 << 20
+ROW_GROUP_ROWS = 1 << 17  # as the recorder writes its finished trace (probes/recorder.py)
 
 
 @dataclass
@@ -387,7 +387,9 @@ def arrow_frame(data: pa.RecordBatch | pa.Table) -> pd.DataFrame:
         values, dtype = data.column(name), COLUMNS[name]
         chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
         if isinstance(dtype, pd.CategoricalDtype):
-            codes = np.concatenate([c.indices.to_numpy() for c in chunks]) if chunks else np.array([], "int8")
+            # a null (a frame's unknown name, never a checked file's) stays NA: code -1
+            codes = np.concatenate([pc.fill_null(c.indices, -1).to_numpy() for c in chunks]) if chunks \
+                else np.array([], "int8")
             out[name] = pd.Categorical.from_codes(codes, dtype=dtype)
         elif isinstance(dtype, pd.Int64Dtype):
             out[name] = pd.arrays.IntegerArray(pc.fill_null(values, 0).to_numpy(), values.is_null().to_numpy(
