@@ -8,7 +8,7 @@ import pytest
 
 from ckptrace.meta import TraceMeta
 from ckptrace.trace import write_trace
-from helpers import assert_one_line_error, assert_parts_fit, assert_pool_faster, ckptrace, record_with_truth, within_clock
+from helpers import assert_one_line_error, assert_parts_fit, assert_pool_faster, clock_tolerance, ckptrace, record_with_truth, within_clock
 from test_analyzers import MIB, MS, META, V2, decode_rows, make_events, slots_rows
 
 CONTRACT = ["start_ns", "end_ns", "tid", "bytes", "fill_ns", "copy_ns", "fill_faults", "copy_faults", "mmaps",
@@ -117,9 +117,11 @@ def test_help_has_examples():
     assert r.returncode == 0 and "Examples:" in r.stdout
 
 
-# The probe reads the thread's clocks and the wall clock a few instructions apart: measured here,
-# on CPU + waiting exceeded a span's wall time by 3 to 6 us (2026-11-30, 30 checkpoints).
-SKEW_NS = 20_000
+# On CPU + waiting may exceed a span's wall time a little: the wait comes from the run queue's
+# clock, which the kernel updates lazily (at ticks and switches), the wall from the probe's ktime.
+# 3 to 6 us here when idle, 50 us once under load; the bound is README's clock promise.
+def skew_ns(wall_ns: int) -> float:
+    return clock_tolerance(wall_ns)
 
 
 @pytest.mark.ebpf
@@ -147,8 +149,8 @@ def test_recorded_workload_matches_its_truth(require_root_ebpf, workload, tmp_pa
             for phase in ("fill", "copy"):
                 cpu, wait = c[f"{phase}_cpu_ns"], c[f"{phase}_wait_ns"]
                 assert cpu is not None and wait is not None, c
-                assert cpu + wait <= c[f"{phase}_ns"] + SKEW_NS, c  # on CPU and waiting fit in the wall time
-            assert c["cpu_ns"] + c["wait_ns"] <= c["total_ns"] + SKEW_NS, c
+                assert cpu + wait <= c[f"{phase}_ns"] + skew_ns(c[f"{phase}_ns"]), c  # on CPU and waiting fit in the wall time
+            assert c["cpu_ns"] + c["wait_ns"] <= c["total_ns"] + skew_ns(c["total_ns"]), c
             if c["fill_faults"]:  # every checkpoint with fill faults has a fault time
                 assert c["fault_source"] in ("measured", "estimated") and c["fill_fault_ns"] is not None, c
             else:

@@ -47,6 +47,8 @@ def span_table(trace, truth, kind: str) -> pd.DataFrame:
     truth_wall = {"checkpoint": rows["t_end"] - rows["t_start"], "fill": rows["fill_ns"],
                   "copy": rows["copy_ns"]}[kind]
     return pd.DataFrame({
+        "start_ns": rows["start_ns"], "end_ns": rows["end_ns"],
+        "truth_start_ns": rows["t_start"], "truth_end_ns": rows["t_end"],
         "cpu_ns": rows["cpu_ns"].astype("int64"),
         "truth_cpu_ns": rows[f"{prefix}cpu_ns" + ("_truth" if kind == "checkpoint" else "")],
         "wait_ns": rows["wait_ns"].astype("int64"),
@@ -82,9 +84,17 @@ def assert_cpu_and_wait_match(trace, truth, steal: int) -> None:
         tol = TIME_TOL(m["wall_ns"])
         bad = m[(unexplained < -tol) | (unexplained > tol + steal)]
         assert bad.empty, f"{kind} wait_ns off wall - cpu (steal {steal / 1e6:.0f} ms):\n{bad.to_string()}"
-        # The span lies inside the workload's bracket: no more wall, and no more wait, than it.
-        assert (m["wall_ns"] <= m["truth_wall_ns"] + tol).all(), m.to_string()
-        assert (m["wait_ns"] <= m["truth_wait_ns"] + tol).all(), m.to_string()
+        if kind == "checkpoint":
+            # The workload reads its clocks inside update_tgt, after the entry probe and before the
+            # return probe: the span holds its bracket, and any wait at the edges is the span's (a
+            # 128 ms preemption at entry was seen under load), so only containment is exact here.
+            assert ((m["start_ns"] <= m["truth_start_ns"] + tol) & (m["end_ns"] >= m["truth_end_ns"] - tol)).all(), \
+                m.to_string()
+        else:
+            # Fill and copy: the workload's bracket is around the call, so the span lies inside it:
+            # no more wall, and no more wait, than it.
+            assert (m["wall_ns"] <= m["truth_wall_ns"] + tol).all(), m.to_string()
+            assert (m["wait_ns"] <= m["truth_wait_ns"] + tol).all(), m.to_string()
         if kind == "checkpoint":  # disjoint spans: what wait leaves out, together, is at most the steal
             tick = 1_000_000_000 // os.sysconf("SC_CLK_TCK") * os.cpu_count()
             assert unexplained.clip(lower=0).sum() <= steal + tick + 0.5e6 * len(m), m.to_string()
