@@ -36,6 +36,12 @@ install_apt() {
     # A fresh cloud image may be running unattended-upgrades: wait for its dpkg lock.
     apt-get -o DPkg::Lock::Timeout=600 update -qq
     apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" </dev/null
+    # Debian's prometheus package starts a service on every address (:9090); the tests run their own
+    # on 127.0.0.1. Stop and disable only the one this run installed (a machine's own stays as it was).
+    if [[ " ${missing[*]} " == *" prometheus "* && -d /run/systemd/system ]]; then
+        step "apt: stopping and disabling the prometheus service the package started (the tests run their own)"
+        systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+    fi
 }
 
 # bcc compiles against /lib/modules/$(uname -r)/build. A kernel without a Debian headers package
