@@ -101,6 +101,18 @@ def check_output(path: str | os.PathLike, *, what: str = "output") -> None:
         raise _refused(path, st, what)
 
 
+def not_an_input(path: str | os.PathLike, inputs, *, what: str = "output") -> None:
+    """Refuse to write over a file the command reads (a trace, a request file): that would lose it."""
+    for source in inputs:
+        try:
+            same = os.path.samefile(path, source)
+        except OSError:  # either does not exist (yet): not the same file
+            continue
+        if same:
+            raise OutputError(f"{printable(path)}: is one of the files this command reads; "
+                              f"choose another -o path for the {what}", errno.EEXIST)
+
+
 def output_folder(path: str | os.PathLike, *, what: str = "output") -> Path:
     """A folder several files will be written into, also by other programs (a server's log, the
     workload's truth): created if missing, and refused unless it belongs to us or root and no one

@@ -1,6 +1,6 @@
 """The trace while it is being recorded: an Arrow IPC stream at the `-o` path, appended as it goes.
 
-A recorder writes one record batch per flush (at least once a second) into a file whose schema
+A recorder writes one record batch per flush (every 0.5 s when there were events) into a file whose schema
 carries the trace metadata with `complete: false`. The stream format needs no footer: a reader
 takes every batch up to the last complete one, so whatever stops the recorder (SIGKILL, the OOM
 killer, a crash) leaves a readable, cut-short trace. Each batch carries the kernel counters as of

@@ -42,7 +42,7 @@ class ServeOptions:
 def parse_listen(text: str) -> tuple[str, int]:
     """'HOST:PORT' or '[V6]:PORT' -> (address, port); ListenError for anything else."""
     host, sep, port_text = text.rpartition(":")
-    if not sep or not host or not port_text.isdigit():
+    if not sep or not host or not (port_text.isascii() and port_text.isdigit()):
         raise ListenError(f"--listen {printable(text)!r}: give ADDRESS:PORT, e.g. {DEFAULT_LISTEN} or [::1]:9464")
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if host == "localhost":

@@ -30,6 +30,7 @@ TRACEPOINTS = (
     ("exceptions", "page_fault_user"),
     ("kmem", "rss_stat"),
     ("sched", "sched_process_exec"),
+    ("sched", "sched_process_exit"),
     ("syscalls", "sys_enter_mmap"),
     ("syscalls", "sys_exit_mmap"),
     ("syscalls", "sys_enter_munmap"),

@@ -241,7 +241,9 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
             for s, h in old.items():
                 signal.signal(s, h)
     if session.full:
-        raise TargetError(why_not)
+        raise TargetError(why_not or f"no space left for the recording's spool in TMPDIR "
+                                     f"({session.full.strerror or 'write failed'}): recording stopped there; "
+                                     f"what was recorded up to then is in {printable(str(written))}")
     if why_not:
         raise TargetError(f"{why_not}; the recording was saved to {written}")
     result = RecordResult(Path(opts.output), session.rows, int(session.counts[K_CHECKPOINT]),
@@ -312,20 +314,19 @@ def _wait_for_comm(comm: str, opts: RecordOptions) -> list[int]:
         found = processes_named(comm)
         if found:
             if drawn:
-                sys.stderr.write("\r" + " " * 79 + "\r")
+                _to_stderr("\r" + " " * 79 + "\r")
             return found
         waited = time.monotonic() - t0
         if opts.duration_s and waited >= opts.duration_s:
             raise TargetError(f"no process named {printable(comm)!r} appeared in {opts.duration_s:g} s: "
                               "nothing recorded")
         if opts.status and sys.stderr.isatty():
-            sys.stderr.write("\r" + f"{waited:7.1f} s  waiting for a process named {printable(comm)}"[:79].ljust(79))
-            sys.stderr.flush()
+            _to_stderr("\r" + f"{waited:7.1f} s  waiting for a process named {printable(comm)}"[:79].ljust(79))
             drawn = True
         if not hinted and waited >= opts.no_checkpoint_hint_s:
             hinted = True
             if drawn:
-                sys.stderr.write("\r" + " " * 79 + "\r")
+                _to_stderr("\r" + " " * 79 + "\r")
             _say(f"ckptrace: no process named {printable(comm)!r} in {opts.no_checkpoint_hint_s:g} s "
                  "(names are the kernel's comm, at most 15 characters: see `ps -o comm`); still waiting, "
                  "Ctrl-C to stop")
@@ -542,7 +543,17 @@ def _rescue(write) -> tuple[Path | None, list[str]]:
 
 
 def _say(text: str) -> None:
-    print(printable(text, lines=True), file=sys.stderr, flush=True)
+    _to_stderr(printable(text, lines=True) + "\n")
+
+
+def _to_stderr(text: str) -> None:
+    """Write to stderr; a terminal that went away (hangup: EIO, or a closed pipe) must not stop
+    the recording from being finished, so what can't be shown is dropped."""
+    try:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+    except (OSError, ValueError):  # ValueError: stderr already closed
+        pass
 
 
 def _load(bcc, targets: Targets, offsets: dict, sched: dict | None, opts: RecordOptions, attach: bool = True):
@@ -791,14 +802,12 @@ class _Session:
         # A full thread map is never silent: it comes before what the 79 columns might cut.
         text = (seen + f"lost {c[C_LOST]}  map full {c[C_MAP_FULL]}  {faults}" if c[C_MAP_FULL]
                 else seen + f"{faults}  lost {c[C_LOST]}")
-        sys.stderr.write("\r" + text[:79].ljust(79))
-        sys.stderr.flush()
+        _to_stderr("\r" + text[:79].ljust(79))
         self.status_drawn = True
 
     def clear_status(self) -> None:
         if self.status_drawn:
-            sys.stderr.write("\r" + " " * 79 + "\r")
-            sys.stderr.flush()
+            _to_stderr("\r" + " " * 79 + "\r")
             self.status_drawn = False
 
     def drain(self) -> None:

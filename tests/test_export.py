@@ -281,7 +281,7 @@ def test_stdout_and_bad_input(tmp_path):
     copy = tmp_path / "t.parquet"
     shutil.copy(LEGS[0], copy)
     before = copy.read_bytes()
-    assert_one_line_error(ckptrace("export", copy, "-o", copy), "is one of the traces being exported")
+    assert_one_line_error(ckptrace("export", copy, "-o", copy), "is one of the files this command reads")
     assert copy.read_bytes() == before
     (tmp_path / "junk.parquet").write_text("not a trace")
     assert_one_line_error(ckptrace("export", tmp_path / "junk.parquet", "-o", tmp_path / "x"), "not a ckptrace trace")

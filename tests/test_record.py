@@ -289,6 +289,45 @@ def test_stop_by_signal_keeps_what_was_recorded(tmp_path, workload, sig, reason)
     assert trace.meta.exit_code == -signal.SIGTERM
 
 
+def test_a_hangup_that_takes_the_terminal_keeps_the_trace(tmp_path, workload):
+    """An SSH session dropping: the terminal the status line is drawn on goes away (every write
+    to it fails with EIO), then SIGHUP. The recording is still finished, whole."""
+    import pty
+
+    trace_path, truth = tmp_path / "live.parquet", tmp_path / "t.jsonl"
+    master, slave = pty.openpty()
+    rec = subprocess.Popen([CKPTRACE, "record", "-o", trace_path, "--", workload, "--iterations", "100000",
+                            "--decode-us", "500", "--truth", truth], stdin=slave, stdout=slave, stderr=slave)
+    os.close(slave)
+    seen = bytearray()
+
+    def status_drawn() -> bool:
+        while select.select([master], [], [], 0)[0]:
+            try:
+                seen.extend(os.read(master, 4096))
+            except OSError:
+                break
+        return b"checkpoints" in seen  # the status line, as drawn on the terminal
+
+    try:
+        wait_for_truth(truth, 2)
+        wait_until(status_drawn, "the status line on the recorder's terminal")
+        os.close(master)  # the terminal is gone: the recorder's writes to it now fail
+        master = None
+        rec.send_signal(signal.SIGHUP)
+        assert rec.wait(timeout=120) == 0
+    finally:
+        if master is not None:
+            os.close(master)
+        if rec.poll() is None:
+            rec.kill()
+            rec.wait()
+    trace = read_trace(trace_path)
+    assert trace.meta.complete and trace.meta.stop_reason == "hangup", trace.meta.cut_short
+    assert trace_path.read_bytes()[:4] == b"PAR1"
+    assert (trace.events["kind"] == "checkpoint").sum() >= 2
+
+
 def test_second_ctrl_c_while_stopping_keeps_the_trace(tmp_path, workload):
     """The second Ctrl-C arrives while the recorder is stopping, by construction: the launched
     command is SIGSTOPped, so the SIGTERM the first Ctrl-C makes the recorder send it stays pending

@@ -94,8 +94,8 @@ def test_kill_9_leaves_a_cut_short_trace_with_every_flushed_event(tmp_path, work
     try:
         for batch in reader:
             rows += batch.num_rows
-    except OSError:
-        pass  # killed mid-write: a half-written last batch
+    except (OSError, pa.ArrowInvalid):
+        pass  # killed mid-write: a half-written last batch (cut in a message header: ArrowInvalid)
     assert rows == len(t.events)
 
 

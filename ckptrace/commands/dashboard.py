@@ -7,7 +7,7 @@ import click
 
 from ckptrace.commands.compare import leg_requests
 from ckptrace.errors import AnalysisError, CkptraceError
-from ckptrace.output import check_output
+from ckptrace.output import check_output, not_an_input
 from ckptrace.terminal import printable
 
 
@@ -43,6 +43,7 @@ def command(traces: tuple[Path, ...], output: Path, title: str, request_files: t
     named_file = not output.exists() or output.is_file()
     if named_file and output.suffix.lower() not in (".html", ".htm"):
         raise CkptraceError(f"{printable(output)}: the report is HTML; give an -o path ending in .html")
+    not_an_input(output, (*traces, *request_files), what="report")
     check_output(output, what="report")
     requests = leg_requests(tuple(map(str, traces)), request_files)
     # A leg with requests is read whole: the request split reads rows the batched read does not keep.

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ckptrace.errors import CkptraceError
-from ckptrace.output import check_output, write_output
+from ckptrace.output import check_output, not_an_input, write_output
 from ckptrace.terminal import printable
 
 FORMATS = ("perfetto", "chrome")
@@ -48,7 +48,7 @@ def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...
     from ckptrace.trace import read_trace
 
     fmt = fmt or ("chrome" if output.suffix.lower() == ".json" else "perfetto")
-    _not_an_input(output, traces)
+    not_an_input(output, (*traces, *request_files), what="export")
     check_output(output, what="export")
     analyses = [analyze_trace(read_trace(p)) for p in traces]
     timeline = build_timeline(analyses, traces, _request_tables(analyses, traces, request_files))
@@ -62,17 +62,6 @@ def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...
     slices = sum(len(t.slices) + len(t.overlapping) for p in timeline.processes for t in p.threads)
     click.echo(f"wrote {printable(path)}: {fmt}, {len(timeline.processes)} process track(s), "
                f"{slices} slices", err=True)
-
-
-def _not_an_input(output: Path, traces: tuple[str, ...]) -> None:
-    """Never write the export over a trace it reads: that would lose the recording."""
-    for t in traces:
-        try:
-            if os.path.samefile(output, t):
-                raise CkptraceError(f"{printable(output)}: is one of the traces being exported; "
-                                    "choose another -o path")
-        except OSError:
-            continue
 
 
 def _request_tables(analyses, traces: tuple[str, ...], given: tuple[str, ...]) -> list | None:

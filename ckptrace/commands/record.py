@@ -91,7 +91,7 @@ def _pid_list(values: tuple[str, ...]) -> list[tuple[int, str | None]]:
     for value in values:
         for item in value.split(","):
             text, _, label = item.strip().partition("=")
-            if not text.isdigit() or int(text) < 1 or int(text) > (1 << 22):
+            if not (text.isascii() and text.isdigit()) or int(text) < 1 or int(text) > (1 << 22):
                 raise click.BadParameter(f"{printable(item)!r} is not a PID (or PID=LABEL)", param_hint="--pid")
             out.append((int(text), label if _ else None))
     return out

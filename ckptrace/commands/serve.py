@@ -28,7 +28,7 @@ Examples:
               help="ADDRESS:PORT to serve /metrics on; only 127.0.0.1 unless you give another address.")
 @click.option("--label", default="", help="The `label` of every series (default: the process name).")
 @click.option("--ringbuf-pages", type=click.IntRange(min=1, max=1 << 18), default=512, show_default=True,
-              help="Size of each process's BPF ring buffer in 4 KiB pages, a power of two.")
+              help="Size of the BPF ring buffer (one, shared by every process served) in 4 KiB pages, a power of two.")
 @click.option("--hint-after", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
               help="With --comm: say so if no such process has appeared after this many seconds.")
 @click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
