@@ -2,8 +2,8 @@
 (for docs/perfetto.md): `.venv/bin/python scripts/export_screenshot.py TRACE.json OUT.png
 --from-ns T0 --to-ns T1`.
 
-Not the Perfetto UI: that is a web app served from ui.perfetto.dev, which this machine can't reach
-and no package registry ships. DevTools is built into Chromium, reads the same Trace Event JSON,
+Not the Perfetto UI: that is a web app served from ui.perfetto.dev, which the project's test machine
+can't reach and no package registry ships. DevTools is built into Chromium, reads the same Trace Event JSON,
 and draws the slices as its flame chart (it does not draw generic counters). The page is driven
 over the DevTools protocol with the test suite's driver (tests/browser.py); every wait is on a
 condition, and the script fails if the trace's process and thread tracks are not there.
