@@ -17,8 +17,23 @@ kernel side must not look green.
 from __future__ import annotations
 
 import os
+import signal
 
 import pytest
+
+
+def _catch_ignored_stop_signals() -> None:
+    """The suite sends SIGINT, SIGHUP and SIGQUIT to the processes it starts and checks that they
+    stop. A suite started in the background (`cmd &`: SIGINT and SIGQUIT ignored) or under nohup
+    (SIGHUP ignored) would hand those ignored dispositions to every child, and the children would
+    rightly ignore the signals. A Python handler here keeps pytest itself as it was started (the
+    signal still does nothing to it) while exec gives each child the default disposition."""
+    for s in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+        if signal.getsignal(s) == signal.SIG_IGN:
+            signal.signal(s, lambda signum, frame: None)
+
+
+_catch_ignored_stop_signals()
 
 REQUIRE_EBPF = os.environ.get("CKPTRACE_REQUIRE_EBPF") == "1"
 
