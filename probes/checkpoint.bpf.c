@@ -830,7 +830,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
 
 /* ---- resident memory: kmem:rss_stat, rate-limited to one row per RSS_STEP bytes of change ----
  * The tracepoint fires on every RSS counter change of every process (each fault), so the common
- * path is one hash lookup, and a row is emitted only when the process's resident bytes (file +
+ * path (a process not traced) is one hash lookup of its tgid, and a row is emitted only when the process's resident bytes (file +
  * anon + shmem, as in /proc/PID/status VmRSS) moved by RSS_STEP since its last row. */
 TRACEPOINT_PROBE(kmem, rss_stat)
 {
@@ -838,16 +838,19 @@ TRACEPOINT_PROBE(kmem, rss_stat)
     int m = args->member;
     if (m < 0 || m > 3)
         return 0;
-    struct rss_state *st = rss_by_mm.lookup(&mm);
+    struct rss_state *st;
     if (args->curr) {
         u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        if (!targets.lookup(&tgid))
+            return 0; /* every other process's fault: this one lookup and nothing else */
+        st = rss_by_mm.lookup(&mm);
         if (st && st->pid != tgid) {
             /* A freed mm's id reused by another process's mm: forget the old one. */
             rss_by_mm.delete(&mm);
             st = 0;
         }
         if (!st) {
-            if (!targets.lookup(&tgid) || rss_before_exec.lookup(&tgid))
+            if (rss_before_exec.lookup(&tgid))
                 return 0;
             struct rss_state fresh = {};
             struct rss_state *seed = rss_seed.lookup(&tgid);
@@ -862,8 +865,10 @@ TRACEPOINT_PROBE(kmem, rss_stat)
             if (!st)
                 return 0;
         }
-    } else if (!st) {
-        return 0; /* another task's change to an mm not seen from its own threads */
+    } else {
+        st = rss_by_mm.lookup(&mm);
+        if (!st)
+            return 0; /* another task's change to an mm not seen from its own threads */
     }
     s64 size = args->size;
     if (m == 0)
