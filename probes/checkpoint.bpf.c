@@ -363,30 +363,40 @@ int ckpt_return(struct pt_regs *ctx)
 
 /* ---- fill: std::vector<unsigned char>::_M_default_append(n), only inside a checkpoint ---- */
 
-int fill_enter(struct pt_regs *ctx)
+/* The calling thread's state when it is inside a checkpoint with no fill or copy open; else 0
+ * (growth elsewhere in the process is not a checkpoint fill). */
+static __always_inline struct tstate *fill_state(void)
 {
     u32 tid;
     if (!target_tid(&tid))
         return 0;
     struct tstate *s = threads.lookup(&tid);
     if (!s || !s->ckpt || s->phase != P_NONE)
-        return 0; /* growth elsewhere in the process is not a checkpoint fill */
+        return 0;
+    return s;
+}
+
+static __always_inline int open_fill(struct tstate *s, u64 bytes)
+{
     s->phase = P_FILL;
-    s->ph_bytes = PT_REGS_PARM2(ctx);
+    s->ph_bytes = bytes;
     s->ph_addr = 0;
     open_span(&s->ph, s);
     return 0;
+}
+
+int fill_enter(struct pt_regs *ctx)
+{
+    struct tstate *s = fill_state();
+    return s ? open_fill(s, PT_REGS_PARM2(ctx)) : 0;
 }
 
 /* libc++ builds: std::__1::vector<unsigned char>::resize(n) with the growth (__append) inlined.
  * Only a call that grows is a fill: n above the size its begin/end pointers give now. */
 int fill_enter_resize(struct pt_regs *ctx)
 {
-    u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
-    if (!s || !s->ckpt || s->phase != P_NONE)
+    struct tstate *s = fill_state();
+    if (!s)
         return 0;
     u64 be[2] = {};
     if (bpf_probe_read_user(be, sizeof(be), (void *)PT_REGS_PARM1(ctx)) != 0 || be[1] < be[0])
@@ -394,11 +404,16 @@ int fill_enter_resize(struct pt_regs *ctx)
     u64 n = PT_REGS_PARM2(ctx);
     if (n <= be[1] - be[0])
         return 0; /* no growth: a pool hit or a shrink */
-    s->phase = P_FILL;
-    s->ph_bytes = n - (be[1] - be[0]);
-    s->ph_addr = 0;
-    open_span(&s->ph, s);
-    return 0;
+    return open_fill(s, n - (be[1] - be[0]));
+}
+
+/* A growth inlined into update_tgt (clang + libc++): a uprobe on each `call memset` in it opens the
+ * fill (memset(dst, 0, n): n in the third argument register), and fill_return, attached as a plain
+ * uprobe to the instruction after the call, closes it. */
+int fill_enter_call(struct pt_regs *ctx)
+{
+    struct tstate *s = fill_state();
+    return s ? open_fill(s, PT_REGS_PARM3(ctx)) : 0;
 }
 
 int fill_return(struct pt_regs *ctx)

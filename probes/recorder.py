@@ -55,6 +55,9 @@ PROGRAMS = {
     "state_restore": ("restore_copy_enter", "restore_copy_return"),
     "spec_state": ("spec_state_enter", "aux_return"),
     "prompt_save": ("prompt_save_enter", "aux_return"),
+    # call sites, not functions: plain uprobes on the call and on the instruction after it
+    "fill_call_end": ("fill_return", None),
+    "fill_call": ("fill_enter_call", None),
 }
 # spans other probed calls nest in: attached last (see _attach)
 OUTER_POINTS = ("update_tgt", "update_dft", "update_slots", "create_checkpoint", "load_tgt", "load_dft",
@@ -393,6 +396,9 @@ def _start_line(opts: RecordOptions, targets: Targets, child, command, attached:
     line = (f"ckptrace: tracing {what}: {attached} uprobes in {objects} "
             f"objects (profile {profiles}), {faults}, mmap/munmap/mremap{rss}. "
             + ("Ctrl-C to stop." if not opts.duration_s else f"{opts.duration_s:g} s, or Ctrl-C to stop."))
+    for fill in dict.fromkeys(t.plan.fill for t in targets if t.plan.by_point("fill_call")):
+        line += (f"\nckptrace: note: fill: {fill}: each fill is a memset call to its return "
+                 "(operator new's mmap before it is its own row)")
     if not all(t.plan.fill_probed for t in targets):
         line += ("\nckptrace: note: no fill probe: the growth behind resize() is inlined in this build "
                  "(no _M_default_append, __append or libc++ resize symbol); analyze derives each "
@@ -577,7 +583,7 @@ def _load(bcc, targets: Targets, offsets: dict, sched: dict | None, opts: Record
     bpf = kernel.load_bpf(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
     # Load every uprobe program now, so a verifier rejection is reported here, in one line.
     for enter, ret in PROGRAMS.values():
-        for fn in (enter, ret):
+        for fn in (enter, ret) if ret else (enter,):
             _quietly(f"the kernel rejected the BPF program {fn}", bpf.load_func, fn.encode(), bcc.BPF.KPROBE)
     if not opts.rss_step_mib:
         for tp in (b"kmem:rss_stat", b"sched:sched_process_exec"):  # bcc attached them: their cost goes too
@@ -622,7 +628,7 @@ def _attach(bpf, plan, target: int) -> tuple[int, int]:
     # return probe first, then the entries, the outer ones (checkpoint, iteration) last. So a
     # call whose entry is seen has its return and its inner calls seen too; one already running
     # is at worst a return without its entry, dropped and counted (partial_spans).
-    order = [(p, False) for p in plan.points] + sorted(
+    order = [(p, False) for p in plan.points if PROGRAMS[p.point][1]] + sorted(
         ((p, True) for p in plan.points), key=lambda pe: pe[0].point in OUTER_POINTS)
     for p, entry in order:
         enter, ret = PROGRAMS[p.point]

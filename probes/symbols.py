@@ -17,6 +17,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from ckptrace.errors import NotPermitted, SymbolError, TargetError
+from ckptrace.probes import callsites
 from ckptrace.probes.target import process_of, unreadable
 from ckptrace.meta import ObjectInfo, ProfileInfo  # the trace records these as they are
 
@@ -65,11 +66,16 @@ POINTS = (
     Point("decision_order", "llama_batch_ext::set_decision_order", False, b"set_decision_order", (),
           probed=False),
 )
-FILL_POINTS = ("resize_grow", "resize_grow_libcxx", "resize_libcxx")
+# The growth's own functions, then (where it is inlined into update_tgt) its memset call sites
+GROWTH_POINTS = ("resize_grow", "resize_grow_libcxx", "resize_libcxx")
+CALL_POINTS = ("fill_call", "fill_call_end")
+FILL_POINTS = (*GROWTH_POINTS, *CALL_POINTS)
+CALL_SITE_FUNCTIONS = ("update_tgt", "update_dft")
 BATCH_POINTS = ("llama_decode", "llama_process")
 ITERATION_POINTS = ("update_slots", *BATCH_POINTS)
 NO_ITERATION_NOTE = "iteration boundary (neither update_slots nor a batch entry point found)"
 NO_FILL_NOTE = "fill (the vector growth is inlined: analyze derives it)"
+CALL_SITE_FILL = "memset call sites in {} (inlined growth)"
 
 
 @dataclass(frozen=True)
@@ -139,6 +145,7 @@ class ProbePlan:
     profile: ProfileInfo = field(default_factory=lambda: ProfileInfo("unknown", "not matched"))
     stdlib: str = "libstdc++"  # of the growth behind resize(): decides llama_batch_ext's token size
     markers: list[ProbePoint] = field(default_factory=list)
+    fill: str = "not probed"  # how the fill is measured (format_plan's `fill:` line)
 
     def to_dict(self) -> dict:
         return {
@@ -149,6 +156,7 @@ class ProbePlan:
             "missing_optional": list(self.missing_optional),
             "profile": asdict(self.profile),
             "stdlib": self.stdlib,
+            "fill": self.fill,
             "costs": self.costs(),
         }
 
@@ -186,6 +194,7 @@ class _Object:
     has_symtab: bool
     has_dynsym: bool
     found: list[tuple[str, ProbePoint]]  # (point name, probe point)
+    calls: list[ProbePoint]  # memset call sites in update_tgt/update_dft (fill_call, fill_call_end)
     candidates: set[str]  # demangled names of defined functions matching a hint
 
 
@@ -249,7 +258,7 @@ def _sym_dtype(elf: ELFFile) -> np.dtype:
 
 
 def _defined_functions_matching(elf: ELFFile, section, needles: list[bytes]):
-    """Yield (raw name, st_value, binding) of defined functions whose raw name holds a needle.
+    """Yield (raw name, st_value, binding, st_size) of defined functions whose raw name holds a needle.
 
     pyelftools builds one Python object per symbol (about 25 us each: over a second for a 46k
     symbol .dynsym), so the table is scanned as one numpy array and only names containing a
@@ -286,7 +295,8 @@ def _defined_functions_matching(elf: ELFFile, section, needles: list[bytes]):
         hit |= (j < len(p)) & (first + len(needle) <= end)
     for k in np.flatnonzero(keep & hit):
         raw = strtab[off[k]:end[k]].decode("utf-8", "replace")
-        yield raw, int(syms["st_value"][k]), _BINDINGS.get(int(syms["st_info"][k]) >> 4, "OTHER")
+        yield (raw, int(syms["st_value"][k]), _BINDINGS.get(int(syms["st_info"][k]) >> 4, "OTHER"),
+               int(syms["st_size"][k]))
 
 
 def demangle(raw: str) -> str:
@@ -339,12 +349,13 @@ def _read_object(path: str) -> _Object:
         dynsym = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_DYNSYM"), None)
         section = symtab if symtab is not None else dynsym
         obj = _Object(path, build_id, etype, elf.elfclass, elf["e_machine"], needed, rpath,
-                      runpath, symtab is not None, dynsym is not None, [], set())
+                      runpath, symtab is not None, dynsym is not None, [], [], set())
         if section is None:
             return obj
         needles = sorted({p.needle for p in POINTS} | {h.encode() for p in POINTS for h in p.hints})
         seen: set[tuple[str, int]] = set()
-        for raw, value, binding in _defined_functions_matching(elf, section, needles):
+        sizes: dict[int, int] = {}
+        for raw, value, binding, size in _defined_functions_matching(elf, section, needles):
             base, _, suffix = raw.partition(".")
             if suffix and any(part in _NOT_ENTRY_CLONES for part in suffix.split(".")):
                 continue
@@ -362,10 +373,34 @@ def _read_object(path: str) -> _Object:
                 seen.add((p.name, value))  # aliases at one address: one probe
                 obj.found.append((p.name, ProbePoint(p.name, dem, raw, path, value, offset,
                                                      build_id, binding)))
+                sizes[value] = max(size, sizes.get(value, 0))
                 matched = True
             if not matched:
                 obj.candidates.add(dem)
+        obj.calls = _fill_call_points(elf, section, obj, sizes)
         return obj
+
+
+def _fill_call_points(elf: ELFFile, section, obj: _Object, sizes: dict[int, int]) -> list[ProbePoint]:
+    """The memset calls in this object's update_tgt/update_dft: fill_call at each call, fill_call_end
+    at the instruction after it (the ends first: attached before the calls they close)."""
+    owners = [pp for name, pp in obj.found if name in CALL_SITE_FUNCTIONS]
+    if not owners or not callsites.supported(elf):
+        return []
+    funcs = {value: raw.split("@", 1)[0] for raw, value, _, _ in
+             _defined_functions_matching(elf, section, [c.encode() for c in callsites.FILL_CALLEES])
+             if raw.split("@", 1)[0] in callsites.FILL_CALLEES}
+    begins, ends = [], []
+    for pp in owners:
+        for site in callsites.fill_calls(elf, pp.vaddr, sizes.get(pp.vaddr, 0), funcs):
+            for point, vaddr, out in (("fill_call", site.call, begins), ("fill_call_end", site.after, ends)):
+                offset = _file_offset(elf, vaddr)
+                if offset is None:
+                    continue
+                where = f"{vaddr - pp.vaddr:#x}"
+                out.append(ProbePoint(point, f"{pp.symbol}+{where} (call {site.callee})", f"{pp.mangled}+{where}",
+                                      pp.object, vaddr, offset, pp.build_id, pp.binding))
+    return ends + begins
 
 
 # ---------------------------------------------------------------------------------------------
@@ -494,6 +529,8 @@ def _plan(target: str, pid: int | None, objects: list[_Object]) -> ProbePlan:
                 plan.points += found_here
             else:
                 plan.markers += found_here
+    if not plan.fill_probed:  # the growth is inlined: time its memset calls instead
+        plan.points += [pp for o in objects for pp in o.calls]
     found = {pp.point for pp in plan.points + plan.markers}
     missing_required = [p for p in POINTS if p.required and p.name not in found]
     if missing_required:
@@ -503,11 +540,23 @@ def _plan(target: str, pid: int | None, objects: list[_Object]) -> ProbePlan:
                                or any(os.path.basename(o.path).startswith("libc++.so") for o in objects)) \
         else "libstdc++"
     plan.missing_optional = [m for m in plan.profile.missing if m != "fill"]
+    plan.fill = _fill_description(plan)
     if not plan.fill_probed:
         plan.missing_optional.append(NO_FILL_NOTE)
     if not any(name in found for name in ITERATION_POINTS):
         plan.missing_optional.append(NO_ITERATION_NOTE)
     return plan
+
+
+def _fill_description(plan: ProbePlan) -> str:
+    calls = [p for p in plan.points if p.point == "fill_call"]
+    if calls:
+        where = [f for f in CALL_SITE_FUNCTIONS if any(f"::{f}(" in p.symbol for p in calls)]
+        return CALL_SITE_FILL.format(" and ".join(where))
+    growth = sorted({qualified_name(p.symbol).rsplit("::", 1)[-1] for p in plan.points if p.point in GROWTH_POINTS})
+    if growth:
+        return "entry to return of " + ", ".join(growth) + " (the growth behind resize())"
+    return "not probed (the growth is inlined with no memset call left: analyze derives it)"
 
 
 def _has(role: str, found: set[str]) -> bool:
@@ -694,6 +743,7 @@ def format_plan(plan: ProbePlan) -> str:
     if prof.name == "unknown":
         lines += _wrap("found: " + (", ".join(prof.matched) or "none"))
     lines.append(f"stdlib: {plan.stdlib}")
+    lines += _wrap(f"fill: {plan.fill}")
     if plan.missing_optional:
         lines += _wrap("missing optional: " + ", ".join(plan.missing_optional))
         for name, cost in plan.costs().items():

@@ -48,7 +48,7 @@ def build_dir() -> pathlib.Path:
     return _cache_root() / f"workload-{_source_hash()}"
 
 
-VARIANTS = ("static", "upstream", "inlined", "libcxx")  # see the Makefile
+VARIANTS = ("static", "upstream", "inlined", "inlined-memset", "libcxx")  # see the Makefile
 
 
 def workload_binary(static: bool = False, variant: str | None = None) -> pathlib.Path:

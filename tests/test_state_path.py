@@ -144,6 +144,35 @@ def test_libcxx_build_measures_fill(tmp_path):
     assert (by_start(a.iterations)["tokens"] == by_start(r.truth["iteration"])["tokens"]).all()
 
 
+def test_inlined_growth_fill_is_measured_at_its_memset_calls(tmp_path):
+    # resize()'s growth inlined into update_tgt/update_dft (no growth symbol anywhere), its zero fill
+    # a call to memset: each call site is probed, and the fill is measured, not derived
+    binary = variant("inlined-memset")
+    out = ckptrace("symbols", "--json", binary)
+    plan = json.loads(out.stdout)
+    assert plan["fill"] == "memset call sites in update_tgt and update_dft (inlined growth)"
+    assert not {p["point"] for p in plan["points"]} & {"resize_grow", "resize_grow_libcxx", "resize_libcxx"}
+    r = record_with_truth(tmp_path, [binary, *UPSTREAM_ARGS])
+    calls = [p for p in r.trace.meta.probes if p.point == "fill_call"]
+    assert calls and all("(call memset@plt)" in p.symbol for p in calls)
+    assert "no fill probe" not in r.proc.stderr and "fill" not in r.trace.meta.profile.missing
+    a = analyze_trace(r.trace)
+    # the memset inside the workload's clocks around the resize; its faults are the resize's but the
+    # page operator new's malloc header touches (at most 2 apart: assert_checkpoints_match's margin)
+    assert_checkpoints_match(a, r.truth)
+    ck, t = by_start(a.checkpoints), by_start(r.truth["checkpoint"])
+    fills = r.trace.events[r.trace.events["kind"] == "fill"]
+    assert len(fills) == (~t["pool_hit"].astype(bool)).sum() and (fills["bytes"] > 0).all()
+    starts = ck["ckpt"].map(fills.groupby("ckpt")["start_ns"].min())
+    ends = ck["ckpt"].map(fills.groupby("ckpt")["end_ns"].max())
+    grown = ~t["pool_hit"].astype(bool)
+    assert (t.loc[grown, "fill_start_ns"] <= starts[grown]).all()
+    assert (ends[grown] <= t.loc[grown, "fill_start_ns"] + t.loc[grown, "fill_ns"]).all()
+    assert (ck.loc[grown, "fill_faults"] > 0).all()
+    doc = json.loads(ckptrace("analyze", "--json", r.path).stdout)
+    assert {c["fill_source"] for c in doc["checkpoints"]} == {"measured"}
+
+
 def test_inlined_fill_is_derived_and_flagged(inlined):
     r = inlined
     assert "no fill probe" in r.proc.stderr and "derived" in r.proc.stderr

@@ -303,7 +303,7 @@ def test_numpy_scan_matches_pyelftools(pie):
         for sec in elf.iter_sections():
             if sec["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
                 continue
-            ours = sorted((n, v) for n, v, _ in symbols._defined_functions_matching(elf, sec, needles))
+            ours = sorted((n, v) for n, v, *_ in symbols._defined_functions_matching(elf, sec, needles))
             theirs = sorted(
                 (s.name, s["st_value"]) for s in sec.iter_symbols()
                 if s["st_info"]["type"] in ("STT_FUNC", "STT_LOOS")  # STT_LOOS == STT_GNU_IFUNC
@@ -378,3 +378,59 @@ def test_cli_needs_exactly_one_target(args):
     assert r.returncode == 2
     assert "exactly one of BINARY or --pid" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+# --- a growth inlined into update_tgt: its memset call sites ---------------------------------
+
+def objdump_calls(path: str, function: str, callee: str) -> list[tuple[int, int]]:
+    """(call, next instruction) of each call to `callee` in `function`, as binutils disassembles it."""
+    out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", f"--disassemble={function}", path],
+                         capture_output=True, text=True, check=True).stdout
+    addrs = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"^\s*([0-9a-f]+):\t(.*)$", out, re.M)]
+    return [(a, addrs[i + 1][0]) for i, (a, text) in enumerate(addrs)
+            if re.match(rf"call\s+[0-9a-f]+ <{re.escape(callee)}>", text)]
+
+
+def test_memset_call_sites_agree_with_objdump():
+    from ckptrace.samples import workload_binary
+
+    binary = str(workload_binary(variant="inlined-memset"))
+    plan = resolve_binary(binary)
+    assert not plan.by_point("resize_grow") and plan.profile.name == "11434" and "fill" in plan.profile.matched
+    want = [c for f in (UPDATE_TGT, UPDATE_TGT.replace("10update_tgt", "10update_dft"))
+            for c in objdump_calls(binary, f, "memset@plt")]
+    assert len(want) == 4  # the growth's and the in-capacity zero fill, in each
+    assert sorted(p.vaddr for p in plan.by_point("fill_call")) == sorted(c for c, _ in want)
+    assert sorted(p.vaddr for p in plan.by_point("fill_call_end")) == sorted(a for _, a in want)
+    assert plan.fill == "memset call sites in update_tgt and update_dft (inlined growth)"
+    assert "fill: memset call sites in update_tgt and update_dft (inlined growth)" in format_plan(plan)
+    assert not any("fill" in m for m in plan.missing_optional)
+
+
+def test_a_static_binarys_memset_is_found_through_its_ifunc(tmp_path):
+    # static glibc: memset is an IFUNC called through a PLT slot with an IRELATIVE relocation whose
+    # addend is the resolver; binutils' chain is the truth: call -> stub's slot -> readelf's addend
+    exe = str(compile_cpp(tmp_path, "grow", """
+        #include <cstring>
+        struct common_prompt_checkpoint { void update_tgt(void *, int, unsigned); unsigned char *p; };
+        __attribute__((noinline)) void common_prompt_checkpoint::update_tgt(void *, int n, unsigned) {
+            p = new unsigned char[n]; memset(p, 0, n); p[0] = 1; }
+        extern "C" size_t llama_state_seq_get_data_ext(void *, unsigned char *, size_t, int, unsigned) { return 0; }
+        int main(int c, char **) { common_prompt_checkpoint k; k.update_tgt(0, c * 4096, 0);
+            return (int) llama_state_seq_get_data_ext(0, k.p, 0, 0, 0); }
+    """, "-static"))
+    run = lambda *a: subprocess.run(a, capture_output=True, text=True, check=True).stdout  # noqa: E731
+    memset_at = int(re.search(r"^([0-9a-f]+) i memset$", run("nm", exe), re.M).group(1), 16)
+    irelative = {int(m.group(1), 16): int(m.group(2), 16)
+                 for m in re.finditer(r"^([0-9a-f]+)\s+\S+\s+R_X86_64_IRELATIVE\s+([0-9a-f]+)", run("readelf", "-rW", exe), re.M)}
+    stubs = {int(m.group(1), 16): int(m.group(2), 16)
+             for m in re.finditer(r"^\s*([0-9a-f]+):\tjmp\s+\*0x[0-9a-f]+\(%rip\)\s+# ([0-9a-f]+)",
+                                  run("objdump", "-d", "--no-show-raw-insn", "-j", ".plt", exe), re.M)}
+    body = run("objdump", "-d", "--no-show-raw-insn", f"--disassemble={UPDATE_TGT.replace('P13llama_contextij', 'Pvij')}", exe)
+    lines = [(int(m.group(1), 16), m.group(2)) for m in re.finditer(r"^\s*([0-9a-f]+):\t(.*)$", body, re.M)]
+    want = [(a, lines[i + 1][0]) for i, (a, text) in enumerate(lines)
+            if (m := re.match(r"call\s+([0-9a-f]+) ", text)) and irelative.get(stubs.get(int(m.group(1), 16))) == memset_at]
+    assert len(want) == 1
+    plan = resolve_binary(exe)
+    assert [(p.vaddr, e.vaddr) for p, e in zip(plan.by_point("fill_call"), plan.by_point("fill_call_end"))] == want
+    assert plan.by_point("fill_call")[0].symbol.endswith("(call memset@plt)")

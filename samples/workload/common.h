@@ -13,7 +13,10 @@
 // weak symbol: instantiated once in each library (vector_u8.cpp), called through the PLT.
 // SAMPLE_INLINE_FILL: a build whose growth has no symbol of its own (as when a compiler inlines
 // it): every growth goes through sample_grow, which never instantiates resize().
-#ifndef SAMPLE_INLINE_FILL
+// SAMPLE_MEMSET_FILL: resize() with its growth inlined into every caller (the Makefile raises the
+// inliner's limit), as clang does with libc++ in the real upstream build: operator new, a call to
+// memset for the zero fill, the old bytes copied and the old buffer freed, all inside update_tgt.
+#if !defined(SAMPLE_INLINE_FILL) && !defined(SAMPLE_MEMSET_FILL)
 extern template class std::vector<unsigned char>;
 #endif
 
