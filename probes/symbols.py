@@ -76,6 +76,8 @@ ITERATION_POINTS = ("update_slots", *BATCH_POINTS)
 NO_ITERATION_NOTE = "iteration boundary (neither update_slots nor a batch entry point found)"
 NO_FILL_NOTE = "fill (the vector growth is inlined: analyze derives it)"
 CALL_SITE_FILL = "memset call sites in {} (inlined growth)"
+NO_DISASSEMBLER_NOTE = ("fill (the vector growth is inlined and capstone, which finds its memset calls, is not "
+                        "installed: pip install capstone; analyze derives it)")
 
 
 @dataclass(frozen=True)
@@ -194,7 +196,7 @@ class _Object:
     has_symtab: bool
     has_dynsym: bool
     found: list[tuple[str, ProbePoint]]  # (point name, probe point)
-    calls: list[ProbePoint]  # memset call sites in update_tgt/update_dft (fill_call, fill_call_end)
+    sizes: dict[int, int]  # st_size of each point found, by address (update_tgt's: to disassemble it)
     candidates: set[str]  # demangled names of defined functions matching a hint
 
 
@@ -349,12 +351,11 @@ def _read_object(path: str) -> _Object:
         dynsym = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_DYNSYM"), None)
         section = symtab if symtab is not None else dynsym
         obj = _Object(path, build_id, etype, elf.elfclass, elf["e_machine"], needed, rpath,
-                      runpath, symtab is not None, dynsym is not None, [], [], set())
+                      runpath, symtab is not None, dynsym is not None, [], {}, set())
         if section is None:
             return obj
         needles = sorted({p.needle for p in POINTS} | {h.encode() for p in POINTS for h in p.hints})
         seen: set[tuple[str, int]] = set()
-        sizes: dict[int, int] = {}
         for raw, value, binding, size in _defined_functions_matching(elf, section, needles):
             base, _, suffix = raw.partition(".")
             if suffix and any(part in _NOT_ENTRY_CLONES for part in suffix.split(".")):
@@ -373,26 +374,34 @@ def _read_object(path: str) -> _Object:
                 seen.add((p.name, value))  # aliases at one address: one probe
                 obj.found.append((p.name, ProbePoint(p.name, dem, raw, path, value, offset,
                                                      build_id, binding)))
-                sizes[value] = max(size, sizes.get(value, 0))
+                obj.sizes[value] = max(size, obj.sizes.get(value, 0))
                 matched = True
             if not matched:
                 obj.candidates.add(dem)
-        obj.calls = _fill_call_points(elf, section, obj, sizes)
         return obj
 
 
-def _fill_call_points(elf: ELFFile, section, obj: _Object, sizes: dict[int, int]) -> list[ProbePoint]:
+def _fill_call_points(obj: _Object) -> list[ProbePoint]:
     """The memset calls in this object's update_tgt/update_dft: fill_call at each call, fill_call_end
-    at the instruction after it (the ends first: attached before the calls they close)."""
+    at the instruction after it (the ends first: attached before the calls they close). Read only
+    for a build with no growth symbol."""
     owners = [pp for name, pp in obj.found if name in CALL_SITE_FUNCTIONS]
-    if not owners or not callsites.supported(elf):
+    if not owners:
         return []
+    f, elf = _open_elf(obj.path)
+    with f:
+        return _call_points_in(elf, obj, owners) if callsites.supported(elf) else []
+
+
+def _call_points_in(elf: ELFFile, obj: _Object, owners: list[ProbePoint]) -> list[ProbePoint]:
+    section = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_SYMTAB"), None) or \
+        next(s for s in elf.iter_sections() if s["sh_type"] == "SHT_DYNSYM")
     funcs = {value: raw.split("@", 1)[0] for raw, value, _, _ in
              _defined_functions_matching(elf, section, [c.encode() for c in callsites.FILL_CALLEES])
              if raw.split("@", 1)[0] in callsites.FILL_CALLEES}
     begins, ends = [], []
     for pp in owners:
-        for site in callsites.fill_calls(elf, pp.vaddr, sizes.get(pp.vaddr, 0), funcs):
+        for site in callsites.fill_calls(elf, pp.vaddr, obj.sizes.get(pp.vaddr, 0), funcs):
             for point, vaddr, out in (("fill_call", site.call, begins), ("fill_call_end", site.after, ends)):
                 offset = _file_offset(elf, vaddr)
                 if offset is None:
@@ -529,8 +538,12 @@ def _plan(target: str, pid: int | None, objects: list[_Object]) -> ProbePlan:
                 plan.points += found_here
             else:
                 plan.markers += found_here
+    no_disassembler = False
     if not plan.fill_probed:  # the growth is inlined: time its memset calls instead
-        plan.points += [pp for o in objects for pp in o.calls]
+        try:
+            plan.points += [pp for o in objects for pp in _fill_call_points(o)]
+        except ModuleNotFoundError:  # a declared dependency; without it the fill is derived, as said
+            no_disassembler = True
     found = {pp.point for pp in plan.points + plan.markers}
     missing_required = [p for p in POINTS if p.required and p.name not in found]
     if missing_required:
@@ -542,7 +555,7 @@ def _plan(target: str, pid: int | None, objects: list[_Object]) -> ProbePlan:
     plan.missing_optional = [m for m in plan.profile.missing if m != "fill"]
     plan.fill = _fill_description(plan)
     if not plan.fill_probed:
-        plan.missing_optional.append(NO_FILL_NOTE)
+        plan.missing_optional.append(NO_DISASSEMBLER_NOTE if no_disassembler else NO_FILL_NOTE)
     if not any(name in found for name in ITERATION_POINTS):
         plan.missing_optional.append(NO_ITERATION_NOTE)
     return plan

@@ -434,3 +434,12 @@ def test_a_static_binarys_memset_is_found_through_its_ifunc(tmp_path):
     plan = resolve_binary(exe)
     assert [(p.vaddr, e.vaddr) for p, e in zip(plan.by_point("fill_call"), plan.by_point("fill_call_end"))] == want
     assert plan.by_point("fill_call")[0].symbol.endswith("(call memset@plt)")
+
+
+def test_without_capstone_the_fill_is_derived_and_said(monkeypatch):
+    from ckptrace.samples import workload_binary
+
+    monkeypatch.setitem(sys.modules, "capstone", None)  # as if not installed: import fails
+    plan = resolve_binary(str(workload_binary(variant="inlined-memset")))
+    assert not plan.fill_probed and symbols.NO_DISASSEMBLER_NOTE in plan.missing_optional
+    assert "fill" in plan.costs()
