@@ -28,6 +28,13 @@ RELEASE_COLUMNS: dict[str, object] = {"t_ns": np.dtype("int64"), "pid": np.dtype
                                       "bytes": np.dtype("int64"), "phase": object, "held_after_bytes": np.dtype("int64")}
 
 
+MMAP, MUNMAP, MREMAP = 0, 1, 2
+KIND_NAMES = ("mmap", "munmap", "mremap")
+# Address segments per row the vectorised replay takes on before it replays row by row instead
+# (a row covering many buffers' edges, e.g. one munmap of a whole region, expands to many).
+MAX_SEGMENTS_PER_ROW = 4
+
+
 def held_series(events: pd.DataFrame) -> pd.DataFrame:
     """[t_ns, pid, held_bytes]: one row per change of the bytes held in checkpoint buffers, per
     process, in time order (a step function: the value holds until the next row of its pid)."""
@@ -106,28 +113,80 @@ def _walk(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     # A mapping exists from the mmap's return; an munmap's pages go at its entry.
     t = np.where(sc["kind"] == "munmap", sc["start_ns"], sc["end_ns"])
     sc = sc.assign(t_ns=t).sort_values(["pid", "t_ns"], kind="stable")
-    held: dict[str, list] = {c: [] for c in HELD_COLUMNS}
-    rel: dict[str, list] = {c: [] for c in RELEASE_COLUMNS}
-    # Plain Python values column by column: a row at a time through pandas costs several times more.
-    cols = zip(sc["pid"].tolist(), sc["kind"].astype(str).tolist(), sc["phase"].astype(str).tolist(),
-               sc["addr"].tolist(), sc["bytes"].tolist(), sc["t_ns"].tolist(), sc["tid"].tolist())
-    buffers, current = None, None
-    for pid, kind, phase, addr, nbytes, t_ns, tid in cols:
-        if pid != current:
-            buffers, current = HeldBuffers(), pid
-        changed, freed = buffers.step(kind, phase, addr, nbytes)
-        if not changed:
-            continue
-        if freed and kind == "munmap":
-            for c, v in zip(rel.values(), (t_ns, pid, tid, freed, phase, buffers.held)):
-                c.append(v)
-        held["t_ns"].append(t_ns)
-        held["pid"].append(pid)
-        held["held_bytes"].append(buffers.held)
-    held_df = pd.DataFrame(held).astype(HELD_COLUMNS)
-    rel_df = pd.DataFrame(rel).astype(RELEASE_COLUMNS)
+    kind = np.select([(sc["kind"] == k).to_numpy() for k in ("mmap", "munmap")], [MMAP, MUNMAP], MREMAP)
+    buffer = (kind == MMAP) & sc["phase"].isin(BUFFER_PHASES).to_numpy()
+    addr, nbytes, pid = sc["addr"].to_numpy("uint64"), sc["bytes"].to_numpy("int64"), sc["pid"].to_numpy()
+    changed = np.zeros(len(sc), bool)
+    freed = np.zeros(len(sc), "int64")
+    held = np.zeros(len(sc), "int64")
+    cuts = np.flatnonzero(pid[1:] != pid[:-1]) + 1
+    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(sc)]):  # one process at a time: its own address space
+        part = slice(a, b)
+        changed[part], freed[part], held[part] = _replay(kind[part], buffer[part], addr[part], nbytes[part])
+    keep = changed
+    held_df = pd.DataFrame({"t_ns": sc["t_ns"].to_numpy()[keep], "pid": pid[keep],
+                            "held_bytes": held[keep]}).astype(HELD_COLUMNS)
+    out = keep & (kind == MUNMAP) & (freed > 0)
+    rel_df = pd.DataFrame({"t_ns": sc["t_ns"].to_numpy()[out], "pid": pid[out], "tid": sc["tid"].to_numpy()[out],
+                           "bytes": freed[out], "phase": sc["phase"].loc[out].astype(str).to_numpy(),
+                           "held_after_bytes": held[out]}).astype(RELEASE_COLUMNS)
     return held_df.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True), \
         rel_df.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True)
+
+
+def _replay(kind: np.ndarray, buffer: np.ndarray, addr: np.ndarray, nbytes: np.ndarray):
+    """One process's rows in time order -> (held changed, bytes freed, held after) per row: the
+    vectorised replay where it applies, else HeldBuffers row by row (the same rule)."""
+    out = _replay_segments(kind, buffer, addr, nbytes)
+    if out is not None:
+        return out
+    buffers = HeldBuffers()
+    changed = np.zeros(len(kind), bool)
+    freed = np.zeros(len(kind), "int64")
+    held = np.zeros(len(kind), "int64")
+    phases = np.where(buffer, BUFFER_PHASES[0], "none")  # step() asks only whether an mmap is a buffer's
+    rows = zip(kind.tolist(), phases.tolist(), addr.tolist(), nbytes.tolist())
+    for i, (k, phase, a, n) in enumerate(rows):
+        changed[i], freed[i] = buffers.step(KIND_NAMES[k], phase, a, n)
+        held[i] = buffers.held
+    return changed, freed, held
+
+
+def _replay_segments(kind: np.ndarray, buffer: np.ndarray, addr: np.ndarray, nbytes: np.ndarray):
+    """HeldBuffers' rule without a Python step per row: cut the address space at every row's
+    start and end, so each row covers whole segments; a segment is held after a row covering it
+    when that row is a buffer's mmap, and not held after any other (an munmap, or a mapping
+    placed over it). A row's held change is then the sum over its segments of (now - before) x
+    length. None where the rule needs the ranges themselves (an mremap resizes the buffer
+    starting at its address; an empty or wrapping range) or the rows cover too many segments."""
+    if (kind == MREMAP).any() or (nbytes <= 0).any():
+        return None
+    start = addr
+    stop = addr + nbytes.astype("uint64")
+    if (stop <= start).any():
+        return None
+    edges = np.unique(np.concatenate([start, stop]))
+    first = np.searchsorted(edges, start)
+    count = np.searchsorted(edges, stop) - first  # segments each row covers, >= 1
+    total = int(count.sum())
+    if total > MAX_SEGMENTS_PER_ROW * len(kind):
+        return None
+    row = np.repeat(np.arange(len(kind)), count)
+    offset = np.cumsum(count) - count  # each row's first entry
+    seg = np.arange(total) - np.repeat(offset - first, count)
+    order = np.argsort(seg, kind="stable")  # by segment, each in row (time) order
+    s_seg = seg[order]
+    now = buffer[row[order]]
+    before = np.zeros(total, bool)
+    before[1:] = now[:-1] & (s_seg[1:] == s_seg[:-1])
+    length = np.diff(edges).astype("int64")[s_seg]
+    delta = np.empty(total, "int64")
+    delta[order] = (now.astype("int64") - before) * length
+    lost = np.empty(total, "int64")
+    lost[order] = np.where(before & ~now, length, 0)
+    delta_row = np.add.reduceat(delta, offset)
+    freed = np.add.reduceat(lost, offset)
+    return buffer | (freed > 0), freed, np.cumsum(delta_row)
 
 
 class HeldBuffers:
