@@ -85,11 +85,17 @@ def _records(frame: pd.DataFrame) -> list[dict]:
 
 
 def _summed(series: pd.DataFrame, col: str) -> pd.DataFrame:
-    """[t_ns, value]: the sum over processes of a per-process step series, at each change."""
+    """[t_ns, value]: the sum over processes of a per-process step series, at each change
+    (`series` in time order): each row adds its change from its process's previous value, so the
+    running total after the last row at a time is every process's latest value summed."""
     if not len(series):
         return pd.DataFrame({"t_ns": np.array([], "int64"), "value": np.array([], "int64")})
-    wide = series.pivot_table(index="t_ns", columns="pid", values=col, aggfunc="last").sort_index().ffill().fillna(0)
-    return pd.DataFrame({"t_ns": wide.index.to_numpy("int64"), "value": wide.sum(axis=1).to_numpy("int64")})
+    value = series[col].to_numpy("int64")
+    previous = series.groupby("pid", sort=False)[col].shift(1, fill_value=0).to_numpy("int64")
+    total = np.cumsum(value - previous)
+    t = series["t_ns"].to_numpy("int64")
+    last = np.r_[t[1:] != t[:-1], True]  # the last row at each time
+    return pd.DataFrame({"t_ns": t[last], "value": total[last]})
 
 
 def _buffer_maps(events: pd.DataFrame) -> pd.DataFrame:
@@ -153,25 +159,45 @@ def _replay(kind: np.ndarray, buffer: np.ndarray, addr: np.ndarray, nbytes: np.n
 
 
 def _replay_segments(kind: np.ndarray, buffer: np.ndarray, addr: np.ndarray, nbytes: np.ndarray):
-    """HeldBuffers' rule without a Python step per row: cut the address space at every row's
-    start and end, so each row covers whole segments; a segment is held after a row covering it
-    when that row is a buffer's mmap, and not held after any other (an munmap, or a mapping
-    placed over it). A row's held change is then the sum over its segments of (now - before) x
-    length. None where the rule needs the ranges themselves (an mremap resizes the buffer
-    starting at its address; an empty or wrapping range) or the rows cover too many segments."""
-    if (kind == MREMAP).any() or (nbytes <= 0).any():
+    """HeldBuffers' rule without a Python step per row, or None where it needs the ranges
+    themselves: an mremap changes nothing unless it starts where a live range starts, which can
+    only be a buffer's start or another row's end; such an mremap needs the row-by-row rule."""
+    n = len(kind)
+    remap = kind == MREMAP
+    if not remap.any():
+        return _segments(buffer, addr, nbytes)
+    keep = ~remap
+    if np.isin(addr[remap], np.concatenate([addr[buffer], addr[keep] + nbytes[keep].astype("uint64")])).any():
         return None
-    start = addr
+    changed, freed, held = np.zeros(n, bool), np.zeros(n, "int64"), np.zeros(n, "int64")
+    if not keep.any():
+        return changed, freed, held
+    sub = _segments(buffer[keep], addr[keep], nbytes[keep])
+    if sub is None:
+        return None
+    changed[keep], freed[keep] = sub[0], sub[1]
+    last = np.cumsum(keep) - 1  # the last other row at or before each row: its held stands
+    held[:] = np.where(last >= 0, sub[2][np.maximum(last, 0)], 0)
+    return changed, freed, held
+
+
+def _segments(buffer: np.ndarray, addr: np.ndarray, nbytes: np.ndarray):
+    """mmap/munmap rows replayed on address segments: cut the address space at every row's start
+    and end, so each row covers whole segments; a segment is held after a row covering it when
+    that row is a buffer's mmap, and not held after any other (an munmap, or a mapping placed
+    over it). A row's held change is the sum over its segments of (now - before) x length.
+    None for an empty or wrapping range, or rows covering too many segments."""
+    n = len(buffer)
     stop = addr + nbytes.astype("uint64")
-    if (stop <= start).any():
+    if (nbytes <= 0).any() or (stop <= addr).any():
         return None
-    edges = np.unique(np.concatenate([start, stop]))
-    first = np.searchsorted(edges, start)
+    edges = np.unique(np.concatenate([addr, stop]))
+    first = np.searchsorted(edges, addr)
     count = np.searchsorted(edges, stop) - first  # segments each row covers, >= 1
     total = int(count.sum())
-    if total > MAX_SEGMENTS_PER_ROW * len(kind):
+    if total > MAX_SEGMENTS_PER_ROW * n:
         return None
-    row = np.repeat(np.arange(len(kind)), count)
+    row = np.repeat(np.arange(n), count)
     offset = np.cumsum(count) - count  # each row's first entry
     seg = np.arange(total) - np.repeat(offset - first, count)
     order = np.argsort(seg, kind="stable")  # by segment, each in row (time) order
@@ -184,9 +210,8 @@ def _replay_segments(kind: np.ndarray, buffer: np.ndarray, addr: np.ndarray, nby
     delta[order] = (now.astype("int64") - before) * length
     lost = np.empty(total, "int64")
     lost[order] = np.where(before & ~now, length, 0)
-    delta_row = np.add.reduceat(delta, offset)
     freed = np.add.reduceat(lost, offset)
-    return buffer | (freed > 0), freed, np.cumsum(delta_row)
+    return buffer | (freed > 0), freed, np.cumsum(np.add.reduceat(delta, offset))
 
 
 class HeldBuffers:
