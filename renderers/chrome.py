@@ -2,8 +2,12 @@
 
 The JSON object form: `{"traceEvents": [...], "displayTimeUnit": "ns", "otherData": {...}}`.
 - `ph: "M"` names each process (`process_name`, `process_sort_index` in leg order) and thread.
-- `ph: "X"` is a slice: `ts` and `dur` in microseconds (CLOCK_MONOTONIC, with three decimals, so
-  nanoseconds survive), `cat` the row kind (`ckptrace.fill`...), `args` its figures.
+- `ph: "X"` is a slice: `ts` in microseconds since the file's first timestamp and `dur` in
+  microseconds, `cat` the row kind (`ckptrace.fill`...), `args` its figures. `otherData.ts_base_ns`
+  is that first timestamp (CLOCK_MONOTONIC ns, an integer): absolute ns = ts_base_ns + ts x 1000.
+  Why relative: a double holds every ns only below 2^53 ns (104 days); CLOCK_MONOTONIC counts from
+  boot, so an absolute `ts` loses nanoseconds on a machine up longer, a relative one stays exact
+  (written with up to three decimals) for recordings up to 52 days long.
 - `ph: "C"` is a counter sample: held checkpoint memory and RSS per process, page faults of the
   fill/copy/restore copy spans per thread (its own counter name, since JSON counters belong to a process).
 - The metadata slice is on a thread of its own named "ckptrace recording" (a tid far above every
@@ -22,46 +26,64 @@ SPARE_TID = (1 << 31) - 1  # extra threads count down from here: far above any r
 def chrome_writer(timeline: Timeline):
     """A function writing `timeline` as Trace Event JSON into a binary file object."""
     def write(f) -> None:
-        doc = {"traceEvents": chrome_events(timeline), "displayTimeUnit": "ns",
-               "otherData": {"clock": timeline.clock, "producer": "ckptrace export"}}
+        base = ts_base_ns(timeline)
+        doc = {"traceEvents": chrome_events(timeline, base), "displayTimeUnit": "ns",
+               "otherData": {"clock": timeline.clock, "ts_base_ns": base,
+                             "ts": "microseconds since ts_base_ns (CLOCK_MONOTONIC ns)",
+                             "producer": "ckptrace export"}}
         f.write(json.dumps(doc, allow_nan=False, separators=(",", ":")).encode())
     return write
 
 
-def chrome_events(timeline: Timeline) -> list[dict]:
+def ts_base_ns(timeline: Timeline) -> int:
+    """The earliest timestamp in the timeline (0 for an empty one): every `ts` is counted from it."""
+    first = []
+    for proc in timeline.processes:
+        first.append(proc.recording.ts)
+        first += [s.ts for lane in proc.lanes for s in lane.slices[:1]]
+        for th in proc.threads:
+            first += [s[0].ts for s in (th.slices, th.overlapping) if s] + [ts for ts, _ in th.faults[:1]]
+        first += [c.points[0][0] for c in proc.counters if c.points]
+    return int(min(first, default=0))
+
+
+def chrome_events(timeline: Timeline, base: int = 0) -> list[dict]:
     events: list[dict] = []
     spare = iter(range(SPARE_TID, 0, -1))  # ids of the extra threads, unique in the file
     for proc in timeline.processes:
-        events += _process(proc, spare)
+        events += _process(proc, spare, base)
     return events
 
 
 def _us(ns: int) -> float:
-    return round(ns / 1000, 3)
+    """ns as microseconds; Python's int / int is correctly rounded, so ns < 2^53 / 1000 comes back exact."""
+    return ns / 1000
 
 
-def _process(proc: Process, spare) -> list[dict]:
+def _process(proc: Process, spare, base: int) -> list[dict]:
     pid = proc.pid
     out = [_meta("process_name", pid, None, {"name": proc.name}),
            _meta("process_sort_index", pid, None, {"sort_index": proc.leg})]
     tid = next(spare)
     out.append(_meta("thread_name", pid, tid, {"name": "ckptrace recording"}))
-    out.append(_slice(pid, tid, proc.recording))
+    out.append(_slice(pid, tid, proc.recording, base))
     for lane in proc.lanes:
         tid = next(spare)
         out.append(_meta("thread_name", pid, tid, {"name": lane.name}))
-        out += [_slice(pid, tid, s) for s in lane.slices]
+        out += [_slice(pid, tid, s, base) for s in lane.slices]
     for th in proc.threads:
         out.append(_meta("thread_name", pid, th.tid, {"name": th.name}))
-        out += [_slice(pid, th.tid, s) for s in th.slices]
+        out += [_slice(pid, th.tid, s, base) for s in th.slices]
         if th.overlapping:
             tid = next(spare)
             out.append(_meta("thread_name", pid, tid, {"name": f"{th.name} {th.real_tid} (overlapping spans)"}))
-            out += [_slice(pid, tid, s) for s in th.overlapping]
+            out += [_slice(pid, tid, s, base) for s in th.overlapping]
         name = fault_counter_name(th.real_tid)
-        out += [{"ph": "C", "name": name, "pid": pid, "ts": _us(ts), "args": {"faults": v}} for ts, v in th.faults]
+        out += [{"ph": "C", "name": name, "pid": pid, "ts": _us(ts - base), "args": {"faults": v}}
+                for ts, v in th.faults]
     for c in proc.counters:
-        out += [{"ph": "C", "name": c.name, "pid": pid, "ts": _us(ts), "args": {c.unit: v}} for ts, v in c.points]
+        out += [{"ph": "C", "name": c.name, "pid": pid, "ts": _us(ts - base), "args": {c.unit: v}}
+                for ts, v in c.points]
     return out
 
 
@@ -72,6 +94,6 @@ def _meta(name: str, pid: int, tid: int | None, args: dict) -> dict:
     return ev
 
 
-def _slice(pid: int, tid: int, s: Slice) -> dict:
+def _slice(pid: int, tid: int, s: Slice, base: int) -> dict:
     return {"ph": "X", "name": s.name, "cat": f"{CATEGORY}.{s.kind}", "pid": pid, "tid": tid,
-            "ts": _us(s.ts), "dur": _us(s.end - s.ts), "args": s.args}
+            "ts": _us(s.ts - base), "dur": _us(s.end - s.ts), "args": s.args}

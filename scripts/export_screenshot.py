@@ -61,7 +61,8 @@ def main(argv=None) -> None:
         missing = [n for n in names if not any(g.startswith(n) for g in groups)]
         if missing:
             raise SystemExit(f"DevTools shows no track for {missing} (tracks: {groups})")
-        lo, hi = a.from_ns / 1e6, a.to_ns / 1e6  # DevTools' window is in milliseconds
+        base = doc["otherData"]["ts_base_ns"]  # the file's ts count from it
+        lo, hi = (a.from_ns - base) / 1e6, (a.to_ns - base) / 1e6  # DevTools' window is in milliseconds
         b.evaluate("(async () => { const TB = await import('./services/trace_bounds/trace_bounds.js');"
                    " TB.TraceBounds.BoundsManager.instance().setTimelineVisibleWindow("
                    f"{{min: {lo * 1000}, max: {hi * 1000}, range: {(hi - lo) * 1000}}}); }})()")

@@ -8,7 +8,7 @@ import json
 import shutil
 import subprocess
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -200,14 +200,17 @@ def test_chrome_export_matches_analyze(tmp_path):
     doc = json.loads(data)
     ev = doc["traceEvents"]
     assert doc["displayTimeUnit"] == "ns" and doc["otherData"]["clock"] == "CLOCK_MONOTONIC"
+    base = doc["otherData"]["ts_base_ns"]
+    assert base == min(read_trace(leg).meta.attach_ns for leg in LEGS[:2])  # the first timestamp: ts 0
+    assert min(e["ts"] for e in ev if "ts" in e) == 0
     for leg in LEGS[:2]:
         a = analysis_json(analyze_trace(read_trace(leg)))
         pid = a["trace"]["pid"]
         names = [e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "process_name" and e["pid"] == pid]
         assert len(names) == 1 and a["trace"]["label"] in names[0]
         ck = [e for e in ev if e["ph"] == "X" and e["pid"] == pid and e["cat"] == "ckptrace.checkpoint"]
-        # Microseconds with three decimals: the nanoseconds survive.
-        got = sorted((e["tid"], round(e["ts"] * 1000), round(e["dur"] * 1000), e["args"]["fill_ns"]) for e in ck)
+        # Microseconds since ts_base_ns: the nanoseconds survive.
+        got = sorted((e["tid"], base + round(e["ts"] * 1000), round(e["dur"] * 1000), e["args"]["fill_ns"]) for e in ck)
         want = sorted((c["tid"], c["start_ns"], c["end_ns"] - c["start_ns"], c["fill_ns"]) for c in a["checkpoints"])
         assert got == want
         faults = sum(e["args"]["faults"] for e in ev if e["ph"] == "C" and e["pid"] == pid
@@ -217,6 +220,39 @@ def test_chrome_export_matches_analyze(tmp_path):
         assert held and all("bytes" in e["args"] for e in held)
         rec = [e for e in ev if e["ph"] == "X" and e["pid"] == pid and e["cat"] == "ckptrace.recording"]
         assert len(rec) == 1 and rec[0]["args"]["complete"] is True
+
+
+def test_chrome_timestamps_keep_every_ns_after_200_days_of_uptime(tmp_path):
+    """CLOCK_MONOTONIC counts from boot: at 200 days (1.7e16 ns, past 2^53) an absolute microsecond
+    double can't hold every ns. The sample trace moved there (an odd ns offset) exports with ts
+    relative to ts_base_ns, and every slice comes back to the exact ns of its row."""
+    t = read_trace(LEGS[0])
+    shift = 200 * 86_400 * 10**9 + 123_456_789 - int(t.meta.attach_ns)
+    ev = t.events.assign(start_ns=t.events["start_ns"] + shift, end_ns=t.events["end_ns"] + shift)
+    meta = replace(t.meta, attach_ns=t.meta.attach_ns + shift, stop_ns=t.meta.stop_ns + shift,
+                   first_event_ns=t.meta.first_event_ns + shift)
+    moved = tmp_path / "uptime-200d.parquet"
+    write_trace(moved, ev, meta)
+    starts = ev["start_ns"].to_numpy().tolist()
+    # the premise: as absolute microseconds (the old format) some of these ns are lost
+    assert any(round(round(s / 1000, 3) * 1000) != s for s in starts)
+    doc = json.loads(export(tmp_path, moved, fmt="chrome")[0])
+    base = doc["otherData"]["ts_base_ns"]
+    assert base == meta.attach_ns and isinstance(base, int)
+    got = defaultdict(list)
+    for e in doc["traceEvents"]:
+        if e["ph"] == "X":
+            got[e["cat"].split(".", 1)[1]].append((base + round(e["ts"] * 1000), round(e["dur"] * 1000)))
+    a = analyze_trace(read_trace(moved))
+    want = {"checkpoint": a.checkpoints, "iteration": a.iterations,
+            **{k: ev[ev["kind"] == k] for k in RAW_KINDS}}
+    for kind, rows in want.items():
+        exact = sorted(zip(rows["start_ns"].tolist(), (rows["end_ns"] - rows["start_ns"]).tolist()))
+        assert sorted(got[kind]) == exact and exact, kind
+    assert got["recording"] == [(meta.attach_ns, meta.stop_ns - meta.attach_ns)]
+    counters = [base + round(e["ts"] * 1000) for e in doc["traceEvents"] if e["ph"] == "C"]
+    fills = ev[ev["kind"] == "fill"]
+    assert set(fills["start_ns"]) | set(fills["end_ns"]) <= set(counters)  # the fault counter's steps
 
 
 def test_the_same_trace_twice_is_two_processes(tmp_path):
