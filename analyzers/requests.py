@@ -6,12 +6,18 @@ intersects the window counts for the time of the intersection only: a checkpoint
 before the request was sent and ended inside its window counts from the send on. llama-server
 makes checkpoints on its one server thread, between the batches of every slot, so a checkpoint
 stalls every request in flight, not only the one whose prompt it saves.
-- `ckpt_ns`: time inside the window in checkpoint spans (update_tgt / update_dft), split into
-  `ckpt_fill_ns`, `ckpt_copy_ns` (time in those spans inside the window) and `ckpt_other_ns`.
-  `ckpt_fault_ns`, `ckpt_cpu_ns`, `ckpt_wait_ns`: the span's measured figure (analyze's fault
-  time, on-CPU time, run-queue wait) times the share of the span inside the window; exact for a
-  span wholly inside, prorated for one cut by the window's edge (`cut_spans` counts those). NA
-  where not recorded, never 0.
+- `ckpt_ns`: time inside the window in checkpoint spans: each `create` span (upstream's
+  create_checkpoint: evicting old checkpoints, update_tgt, update_dft, the speculative state) as
+  a whole, and each checkpoint (update_tgt / update_dft) outside any create span (a speculative
+  round's, or a build whose create_checkpoint was not probed); a checkpoint inside a create span
+  counts once, as part of it. Split into `ckpt_fill_ns`, `ckpt_copy_ns` (time in the fills and
+  copies inside the window) and `ckpt_other_ns` (the rest), of which `ckpt_create_ns` is
+  create_checkpoint's own time outside its checkpoints (unmapping the evicted ones, stashing the
+  speculative state). `ckpt_fault_ns`: the fills' and copies'
+  fault time; `ckpt_cpu_ns`, `ckpt_wait_ns`: each create span's (else checkpoint's) on-CPU time
+  and run-queue wait; each the span's measured figure times the share of the span inside the
+  window: exact for a span wholly inside, prorated for one cut by the window's edge (`cut_spans`
+  counts those). NA where not recorded, never 0.
 - `restore_ns`, `restore_copy_ns`: time inside the window in `restore` spans (the server loading
   a checkpoint back) and in their state copies (`restore_copy`, part of `restore_ns`; a copy
   outside any restore span, where load_tgt was not probed, counts as restore time itself). NA
@@ -23,6 +29,8 @@ stalls every request in flight, not only the one whose prompt it saves.
 A request whose window is not wholly inside the recording (or that failed: no first token) has
 no breakdown (NA): the trace did not see all of its window. Requests none of whose windows meet
 the recording are a file from another run: AnalysisError, one line.
+A request file carries no pid: in a trace of several processes the caller names the process the
+requests went to (`request_process`) and only its spans count.
 """
 from __future__ import annotations
 
@@ -33,6 +41,7 @@ from ckptrace.errors import AnalysisError
 from ckptrace.trace import Trace, time_origin
 
 from .spans import NA_INT, kind_mask, select
+from .state_path import _enclosing as enclosing
 from .summary import describe
 
 REQUEST_COLUMNS: dict[str, object] = {
@@ -49,6 +58,7 @@ REQUEST_COLUMNS: dict[str, object] = {
     "ckpt_fill_ns": NA_INT,
     "ckpt_copy_ns": NA_INT,
     "ckpt_other_ns": NA_INT,
+    "ckpt_create_ns": NA_INT,  # part of ckpt_other_ns: create_checkpoint outside its checkpoints
     "ckpt_fault_ns": NA_INT,
     "ckpt_cpu_ns": NA_INT,
     "ckpt_wait_ns": NA_INT,
@@ -74,6 +84,31 @@ def recording_range(trace: Trace) -> tuple[int, int]:
     start = time_origin(meta, ev)
     end = meta.stop_ns or (int(ev["end_ns"].max()) if len(ev) else start)
     return int(start), int(max(end, start))
+
+
+def request_process(trace: Trace, choice: str | None, source: str = "") -> int | None:
+    """The pid whose spans count for a request file (`--requests-pid PID|LABEL`), None for a
+    one-process trace. A request file carries no pid, so a trace of several processes needs the
+    choice; a choice naming no process of the trace, or naming several, is an AnalysisError."""
+    from ckptrace.terminal import printable
+
+    from .processes import process_info, process_label
+
+    infos = process_info(trace)
+    name = printable(source or trace.path or trace.label)
+    listed = ", ".join(f"{p.pid} ({printable(process_label(p))})" for p in infos)
+    if choice is None:
+        if len(infos) <= 1:
+            return None
+        raise AnalysisError(
+            f"{name} holds {len(infos)} processes ({listed}) and a request file carries no pid: name the one the "
+            "requests went to with --requests-pid PID|LABEL")
+    found = [p for p in infos if str(p.pid) == choice.strip()] or \
+        [p for p in infos if process_label(p) == choice or (len(infos) == 1 and choice == trace.label)]
+    if len(found) != 1:
+        what = "names no process of" if not found else f"names {len(found)} processes of"
+        raise AnalysisError(f"--requests-pid {printable(choice)} {what} {name} (its processes: {listed or 'none'})")
+    return found[0].pid if len(infos) > 1 else None
 
 
 def restores_recorded(trace: Trace) -> bool:
@@ -108,6 +143,11 @@ def _overlap(ws: np.ndarray, we: np.ndarray, spans: pd.DataFrame, values: dict[s
     return total, met, cut, out
 
 
+def _clocks(spans: pd.DataFrame) -> dict[str, np.ndarray]:
+    """The spans' on-CPU time and run-queue wait, NaN where not recorded."""
+    return {c: spans[f"{c}_ns"].to_numpy("float64", na_value=np.nan) for c in ("cpu", "wait")}
+
+
 def _na_int(x: np.ndarray, keep: np.ndarray) -> pd.arrays.IntegerArray:
     """Rounded to whole ns; NA where not `keep` or NaN."""
     x = np.asarray(x, dtype="float64")
@@ -115,11 +155,13 @@ def _na_int(x: np.ndarray, keep: np.ndarray) -> pd.arrays.IntegerArray:
     return pd.arrays.IntegerArray(np.rint(np.where(mask, 0, x)).astype("int64"), mask)
 
 
-def request_table(requests: pd.DataFrame, analysis, source: str = "request file") -> pd.DataFrame:
+def request_table(requests: pd.DataFrame, analysis, source: str = "request file", pid: int | None = None
+                  ) -> pd.DataFrame:
     """One row per request (REQUEST_COLUMNS), by the rules in the module docstring.
 
     `requests`: ckptrace.requests_file.read_requests(); `analysis`: analyze_trace() of the trace
-    recorded while they ran. `source` names the request file in the error line."""
+    recorded while they ran; `pid`: the process they went to (request_process), None for all.
+    `source` names the request file in the error line."""
     trace = analysis.trace
     lo, hi = recording_range(trace)
     ok = (requests["status"] == "ok").to_numpy() & requests["ttft_ns"].notna().to_numpy()
@@ -136,6 +178,9 @@ def request_table(requests: pd.DataFrame, analysis, source: str = "request file"
 
     ck = analysis.checkpoints
     ev = trace.events
+    if pid is not None:
+        ev = ev.loc[(ev["pid"] == pid).to_numpy()]
+        ck = ck.loc[ck["tid"].isin(ev["tid"].unique()).to_numpy()]  # a tid is one process's
     cols = ["ckpt", "start_ns", "end_ns"]
     fills = select(ev, kind_mask(ev, "fill"), cols)
     copies = select(ev, kind_mask(ev, "copy"), cols)
@@ -150,17 +195,23 @@ def request_table(requests: pd.DataFrame, analysis, source: str = "request file"
         return v * (part["end_ns"] - part["start_ns"]).to_numpy("float64") / np.maximum(w, 1)
 
     ws, we = start, end
-    ck_total, ck_met, ck_cut, ck_vals = _overlap(ws, we, ck, {
-        "cpu": ck["cpu_ns"].to_numpy("float64", na_value=np.nan),
-        "wait": ck["wait_ns"].to_numpy("float64", na_value=np.nan)})
+    # Checkpoint time: create spans whole, and the checkpoints outside them.
+    creates = select(ev, kind_mask(ev, "create"), ["tid", "start_ns", "end_ns", "cpu_ns", "wait_ns"])
+    in_create = enclosing(ck, creates) >= 0
+    cr_total, _, cr_cut, cr_vals = _overlap(ws, we, creates, _clocks(creates))
+    lone_total, _, lone_cut, lone_vals = _overlap(ws, we, ck.loc[~in_create], _clocks(ck.loc[~in_create]))
+    nested_total = _overlap(ws, we, ck.loc[in_create], {})[0]
+    ck_met = _overlap(ws, we, ck, {})[1]
+    ck_total = cr_total + lone_total
     fill_total, _, _, fill_vals = _overlap(ws, we, fills, {"fault": per_span(fills, "fill_fault_ns", "fill_ns")})
     copy_total, _, _, copy_vals = _overlap(ws, we, copies, {"fault": per_span(copies, "copy_fault_ns", "copy_ns")})
     watched = restores_recorded(trace)
-    restore = select(ev, kind_mask(ev, "restore"), ["start_ns", "end_ns"])
-    restore_copy = select(ev, kind_mask(ev, "restore_copy"), ["start_ns", "end_ns", "phase"])
-    # A copy outside any restore span (a build whose load_tgt was not probed) is restore time of its own.
-    alone = restore_copy[(restore_copy["phase"].astype(str) != "restore").to_numpy()]
-    rs_total, _, rs_cut, _ = _overlap(ws, we, pd.concat([restore, alone[["start_ns", "end_ns"]]]), {})
+    restore = select(ev, kind_mask(ev, "restore"), ["tid", "start_ns", "end_ns"])
+    restore_copy = select(ev, kind_mask(ev, "restore_copy"), ["tid", "start_ns", "end_ns"])
+    # A copy outside any restore span (a build whose load_tgt was not probed) is restore time of its
+    # own; inside one it is part of it (a span row's phase is its own kind: enclosure tells).
+    alone = restore_copy[enclosing(restore_copy, restore) < 0]
+    rs_total, _, rs_cut, _ = _overlap(ws, we, pd.concat([restore, alone]), {})
     rc_total, _, _, _ = _overlap(ws, we, restore_copy, {})
 
     stall = ck_total + (rs_total if watched else 0)
@@ -174,14 +225,15 @@ def request_table(requests: pd.DataFrame, analysis, source: str = "request file"
         "ttft_ns": requests["ttft_ns"].array,
         "in_recording": inside,
         "checkpoints": _na_int(ck_met, inside),
-        "cut_spans": _na_int(ck_cut + rs_cut, inside),
+        "cut_spans": _na_int(cr_cut + lone_cut + rs_cut, inside),
         "ckpt_ns": _na_int(ck_total, inside),
         "ckpt_fill_ns": _na_int(fill_total, inside),
         "ckpt_copy_ns": _na_int(copy_total, inside),
         "ckpt_other_ns": _na_int(ck_total - fill_total - copy_total, inside),
+        "ckpt_create_ns": _na_int(cr_total - nested_total, inside),
         "ckpt_fault_ns": _na_int(fill_vals["fault"] + copy_vals["fault"], inside),
-        "ckpt_cpu_ns": _na_int(ck_vals["cpu"], inside),
-        "ckpt_wait_ns": _na_int(ck_vals["wait"], inside),
+        "ckpt_cpu_ns": _na_int(cr_vals["cpu"] + lone_vals["cpu"], inside),
+        "ckpt_wait_ns": _na_int(cr_vals["wait"] + lone_vals["wait"], inside),
         "restore_ns": _na_int(rs_total, inside & watched),
         "restore_copy_ns": _na_int(rc_total, inside & watched),
         "stall_ns": _na_int(stall, inside),
@@ -198,9 +250,9 @@ def _span_s(a: int, b: int) -> str:
     return f"{a / 1e9:.1f}..{b / 1e9:.1f} s"
 
 
-def request_summary(table: pd.DataFrame, trace: Trace) -> dict:
+def request_summary(table: pd.DataFrame, trace: Trace, pid: int | None = None) -> dict:
     """Counts, and count/mean/median (p50)/p90/p99 in ns of SUMMARY_FIGURES over the requests with
-    a breakdown; notes say what was left out and why."""
+    a breakdown; notes say what was left out and why. `pid`: as given to request_table."""
     n = len(table)
     ok = int((table["status"] == "ok").sum())
     inside = table["in_recording"].to_numpy()
@@ -219,11 +271,12 @@ def request_summary(table: pd.DataFrame, trace: Trace) -> dict:
     if cut:
         notes.append(f"{cut} requests' windows cut a checkpoint or restore span: only the time inside the window "
                      "counts, and its fault, on-CPU and wait figures are prorated by that share")
-    tids = trace.events.loc[kind_mask(trace.events, "checkpoint"), "tid"].nunique()
+    ev = trace.events if pid is None else trace.events.loc[(trace.events["pid"] == pid).to_numpy()]
+    tids = ev.loc[kind_mask(ev, "checkpoint"), "tid"].nunique()
     if tids > 1:
         notes.append(f"checkpoints came from {tids} threads: a request's checkpoint time adds up every thread's "
                      "and can exceed its TTFT where they ran at once")
-    return {"requests": n, "completed": ok, "with_breakdown": int(inside.sum()),
+    return {"requests": n, "completed": ok, "with_breakdown": int(inside.sum()), "pid": pid,
             "stats": {f: describe(rows[f]) for f in SUMMARY_FIGURES},
             "estimate": "est_ttft_without_fill_ns = ttft_ns - ckpt_fill_ns: an estimate, it assumes nothing "
                         "else would move without the fill",

@@ -210,8 +210,9 @@ def request_lines(table: pd.DataFrame, s: dict, limit: int | None) -> list[str]:
             "restore": ms_column(shown["restore_ns"]), "rest": ms_column(shown["rest_ns"]),
             "no-fill~": ms_column(shown["est_ttft_without_fill_ns"])}
     widths = {k: max(len(k), 5, int(v.str.len().max()) if len(v) else 0) for k, v in cols.items()}
-    lines = [wrap("Requests (ms): time to first token = checkpoint time inside the window (fill, copy, "
-                  "other; fault is part of fill and copy) + restore + rest; no-fill~ is an ESTIMATE: "
+    lines = [wrap("Requests (ms): time to first token = checkpoint time inside the window (create_checkpoint "
+                  "spans whole, evictions included, else the checkpoint: fill, copy, other; fault is part of "
+                  "fill and copy) + restore + rest; no-fill~ is an ESTIMATE: "
                   "ttft - fill; - = no breakdown (failed, or not wholly inside the recording)"),
              " ".join(k.rjust(widths[k]) for k in cols)]
     rows = zip(*(v.astype(str).tolist() for v in cols.values()))

@@ -64,7 +64,7 @@ CHECKPOINT_ARGS = ["ckpt", "iter", "bytes", "total_ns", "fill_ns", "copy_ns", "o
                    "copy_fault_ns", "fault_source", "faults", "fill_faults", "copy_faults", "mmaps", "munmaps",
                    "pool_hit", "draft", "spec"]
 REQUEST_ARGS = ["request", "client", "status", "ttft_ns", "stall_ns", "ckpt_ns", "ckpt_fill_ns", "ckpt_copy_ns",
-                "ckpt_other_ns", "ckpt_fault_ns", "ckpt_cpu_ns", "ckpt_wait_ns", "restore_ns", "restore_copy_ns",
+                "ckpt_other_ns", "ckpt_create_ns", "ckpt_fault_ns", "ckpt_cpu_ns", "ckpt_wait_ns", "restore_ns", "restore_copy_ns",
                 "rest_ns", "est_ttft_without_fill_ns", "checkpoints", "cut_spans", "prompt_tokens",
                 "predicted_tokens"]
 ITERATION_ARGS = ["iter", "kind", "span_ns", "checkpoints", "bytes", "fill_ns", "copy_ns", "fault_ns", "other_ns",

@@ -193,3 +193,61 @@ def test_compare_judges_restores_and_says_a_fill_is_derived(upstream, inlined):
     assert {"restore_total_ns", "restore_copy_ns"} <= set(rows)
     assert rows["restore_total_ns"]["baseline_mean"] > 0 and rows["restore_total_ns"]["candidate_mean"] > 0
     assert any("leg 2: fill derived, not measured" in w for w in doc["warnings"])
+
+
+def union_ns(spans, lo: int, hi: int) -> int:
+    """Independent truth: time in [lo, hi] covered by any of the (start, end) spans, by a plain sweep."""
+    total, reach = 0, lo
+    for s, e in sorted((max(s, lo), min(e, hi)) for s, e in spans):
+        if e > reach:
+            total += e - max(s, reach)
+            reach = e
+    return total
+
+
+def test_requests_count_whole_create_spans_once(upstream, tmp_path):
+    """analyze --requests on the upstream generation: a create_checkpoint span (the eviction of the
+    slot's old checkpoint, update_tgt, the speculative state) is checkpoint time as a whole, its
+    nested checkpoint counted once; speculative checkpoints (outside any create) count themselves."""
+    from test_requests import request, write_requests_file
+
+    r = upstream
+    ev, a = r.trace.events, analyze_trace(r.trace)
+    creates = by_start(ev[ev["kind"] == "create"])
+    ck = by_start(ev[ev["kind"] == "checkpoint"])
+    t_create = by_start(r.truth["create"])
+    evicting = (t_create["evictions"] > 0).to_numpy()
+    assert evicting.sum() == 4 and len(creates) == len(t_create)
+    c = creates[evicting].iloc[0]  # a create that evicted: its munmaps lie before its checkpoint
+    inner = ck[(ck["start_ns"] >= c.start_ns) & (ck["end_ns"] <= c.end_ns)].iloc[0]
+    lo, hi = int(ev["start_ns"].min()), int(ev["end_ns"].max())
+    reqs = [request(0, c.start_ns, c.end_ns - c.start_ns),  # exactly the create span
+            request(1, c.start_ns, inner.start_ns - c.start_ns),  # its part before the checkpoint
+            request(2, lo, hi - lo)]  # the whole recording
+    p = ckptrace("analyze", r.path, "--requests", write_requests_file(tmp_path / "r.json", reqs), "--json")
+    assert p.returncode == 0, p.stderr
+    rows = {q["request"]: q for q in json.loads(p.stdout)["requests"]}
+    for q in rows.values():  # the split adds up to the ns
+        assert q["ckpt_fill_ns"] + q["ckpt_copy_ns"] + q["ckpt_other_ns"] == q["ckpt_ns"], q
+        assert q["ckpt_ns"] + q["restore_ns"] == q["stall_ns"] and q["stall_ns"] + q["rest_ns"] == q["ttft_ns"], q
+    # the whole create, not create + checkpoint: all of the window, once; it holds the workload's own create clock
+    q = rows[0]
+    assert q["ckpt_ns"] == q["ttft_ns"] == c.end_ns - c.start_ns and q["rest_ns"] == 0 and q["cut_spans"] == 0
+    assert q["ckpt_ns"] >= t_create[evicting].iloc[0]["end_ns"] - t_create[evicting].iloc[0]["start_ns"]
+    assert q["checkpoints"] == 1 and q["ckpt_create_ns"] == q["ckpt_ns"] - (inner.end_ns - inner.start_ns) > 0
+    # before the checkpoint: the eviction's munmaps, all create time
+    q = rows[1]
+    evictions = a.evictions[a.evictions["create_start_ns"] == c.start_ns]
+    assert len(evictions) and ((evictions["start_ns"] > c.start_ns) & (evictions["start_ns"] < inner.start_ns)).all()
+    assert q["ckpt_ns"] == q["ckpt_create_ns"] == q["ckpt_other_ns"] == q["ttft_ns"] and q["checkpoints"] == 0
+    # every create and every checkpoint outside one, against a plain sweep over the rows
+    q = rows[2]
+    spans = list(zip(creates["start_ns"], creates["end_ns"])) + list(zip(ck["start_ns"], ck["end_ns"]))
+    assert q["ckpt_ns"] == union_ns(spans, lo, hi)
+    assert q["checkpoints"] == len(r.truth["checkpoint"]) == 18
+    restores = ev[ev["kind"] == "restore"]
+    assert q["restore_ns"] == int((restores["end_ns"] - restores["start_ns"]).sum()) > 0
+    spec = ck[ck["spec"]]
+    assert q["ckpt_create_ns"] == q["ckpt_ns"] - int((ck["end_ns"] - ck["start_ns"]).sum())
+    assert len(spec) == 12 and q["ckpt_ns"] == int((creates["end_ns"] - creates["start_ns"]).sum()
+                                                  + (spec["end_ns"] - spec["start_ns"]).sum())
