@@ -111,6 +111,30 @@ def request_process(trace: Trace, choice: str | None, source: str = "") -> int |
     return found[0].pid if len(infos) > 1 else None
 
 
+def request_pids(traces: list[Trace], requests: list | None, choices: tuple[str, ...]) -> list[int | None]:
+    """Per leg, request_process of its trace: `choices` holds one --requests-pid for every leg (a
+    process label is the same in each) or one per leg; a leg without a request file gets None."""
+    out: list[int | None] = []
+    for i, trace in enumerate(traces):
+        if requests is None or requests[i] is None:
+            out.append(None)
+            continue
+        choice = choices[0] if len(choices) == 1 else choices[i] if choices else None
+        out.append(request_process(trace, choice, source=f"leg {i + 1} ({trace.path or trace.label})"))
+    return out
+
+
+def process_analysis(analysis, pid: int | None):
+    """The analysis of one process of the trace (`pid`; None: the analysis as it is), for a
+    comparison of the process the requests went to."""
+    if pid is None:
+        return analysis
+    from . import analyze_trace
+    from .processes import process_traces
+
+    return analyze_trace(next(sub for info, sub in process_traces(analysis.trace) if info.pid == pid))
+
+
 def restores_recorded(trace: Trace) -> bool:
     """Whether this trace could see restores: it has restore rows, or a restore probe was attached."""
     return bool(kind_mask(trace.events, "restore", "restore_copy").any()

@@ -19,7 +19,8 @@ formats show the same slices with the same names and figures.
 - A metadata slice per process covering the recording: label, file, build-id, lost events and
   whether the recording was cut short (then the slice's name says so: what is there is exported).
 - With a request file (`ckptrace drive -o`): each answered request's time to first token as a
-  slice on request lanes of the leg's (first) process, with analyze --requests' breakdown.
+  slice on request lanes of the process the requests went to (a leg's one process, else the one
+  named by --requests-pid), with analyze --requests' breakdown.
 
 Times stay CLOCK_MONOTONIC nanoseconds, as recorded.
 """
@@ -64,8 +65,8 @@ CHECKPOINT_ARGS = ["ckpt", "iter", "bytes", "total_ns", "fill_ns", "copy_ns", "o
                    "copy_fault_ns", "fault_source", "faults", "fill_faults", "copy_faults", "mmaps", "munmaps",
                    "pool_hit", "draft", "spec"]
 REQUEST_ARGS = ["request", "client", "status", "ttft_ns", "stall_ns", "ckpt_ns", "ckpt_fill_ns", "ckpt_copy_ns",
-                "ckpt_other_ns", "ckpt_create_ns", "ckpt_fault_ns", "ckpt_cpu_ns", "ckpt_wait_ns", "restore_ns", "restore_copy_ns",
-                "rest_ns", "est_ttft_without_fill_ns", "checkpoints", "cut_spans", "prompt_tokens",
+                "ckpt_other_ns", "ckpt_create_ns", "ckpt_fault_ns", "ckpt_cpu_ns", "ckpt_wait_ns", "restore_ns",
+                "restore_copy_ns", "rest_ns", "est_ttft_without_fill_ns", "checkpoints", "cut_spans", "prompt_tokens",
                 "predicted_tokens"]
 ITERATION_ARGS = ["iter", "kind", "span_ns", "checkpoints", "bytes", "fill_ns", "copy_ns", "fault_ns", "other_ns",
                   "cpu_ns", "wait_ns", "tokens", "prompt_tokens", "faults", "mmaps", "munmaps"]
@@ -123,9 +124,10 @@ class Timeline:
     clock: str = "CLOCK_MONOTONIC"
 
 
-def build_timeline(analyses, paths, requests=None) -> Timeline:
+def build_timeline(analyses, paths, requests=None, request_pids=None) -> Timeline:
     """The timeline of each analysed trace (`analyzers.Analysis`), legs in command-line order;
-    `requests`: per leg, its request table (analyzers/requests.py) or None."""
+    `requests`: per leg, its request table (analyzers/requests.py) or None; `request_pids`: per
+    leg, the process its requests went to (None: the leg's first process)."""
     taken: set[int] = set()
     processes = []
     for leg, (analysis, path) in enumerate(zip(analyses, paths)):
@@ -140,7 +142,9 @@ def build_timeline(analyses, paths, requests=None) -> Timeline:
         for pid in sorted(set(pids.tolist()) or {int(analysis.trace.meta.pid or 0)}):
             processes.append(_process(analysis, events, path, leg, pid, pids, shift, held, rss))
         if requests is not None and requests[leg] is not None:
-            processes[first].lanes = request_lanes(requests[leg])  # the leg's server: its first process
+            pid = request_pids[leg] if request_pids else None
+            server = next((p for p in processes[first:] if p.real_pid == pid), processes[first])
+            server.lanes = request_lanes(requests[leg])  # the leg's server (its first process unless named)
     return Timeline(processes)
 
 

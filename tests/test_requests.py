@@ -22,7 +22,7 @@ import pandas as pd
 import pytest
 
 from ckptrace.analyzers import analyze_trace
-from ckptrace.analyzers.requests import request_summary, request_table
+from ckptrace.analyzers.requests import request_process, request_summary, request_table
 from ckptrace.requests_file import read_requests, requests_path
 from ckptrace.trace import read_trace, write_trace
 from helpers import assert_one_line_error, ckptrace
@@ -346,3 +346,86 @@ def test_drive_writes_the_request_file_it_prints(tmp_path):
     r = read_requests(out)
     assert list(r["request"]) == [0, 1, 2] and (r["predicted_tokens"] == 2).all() and (r["status"] == "ok").all()
     assert_one_line_error(ckptrace("drive", "http://127.0.0.1:1", "-o", tmp_path), "is a directory", code=1)
+
+
+def two_servers(tmp_path: Path, east: Path, west: Path, label: str, name: str) -> Path:
+    """One trace of two processes, as `record --pid A=east --pid B=west` writes it: two sample
+    recordings, the west one moved in time so that its checkpoints interleave with the east one's.
+    Beside it, a request file whose windows sit on the east process's checkpoints."""
+    from ckptrace.meta import ProcessInfo
+
+    e, w = read_trace(east), read_trace(west)
+    first = lambda t: int(t.events.loc[t.events["kind"] == "checkpoint", "start_ns"].min())  # noqa: E731
+    shift = first(e) + 7_000_000 - first(w)
+    ids = {c: w.events[c].where(w.events[c] == 0, w.events[c] + int(e.events[c].max())) for c in ("ckpt", "iter")}
+    wev = w.events.assign(start_ns=w.events["start_ns"] + shift, end_ns=w.events["end_ns"] + shift, **ids)
+    ev = pd.concat([e.events, wev], ignore_index=True).sort_values("start_ns", kind="stable", ignore_index=True)
+    meta = replace(e.meta, label=label, processes=[
+        ProcessInfo(pid=e.meta.pid, label="east", comm="ckpt-workload", executable=e.meta.executable),
+        ProcessInfo(pid=w.meta.pid, label="west", comm="ckpt-workload", executable=w.meta.executable)],
+        attach_ns=min(e.meta.attach_ns, w.meta.attach_ns + shift), stop_ns=max(e.meta.stop_ns, w.meta.stop_ns + shift),
+        first_event_ns=int(ev["start_ns"].min()))
+    dst = tmp_path / f"{name}.parquet"
+    write_trace(dst, ev, meta)
+    write_requests_file(requests_path(dst), windows_around(analyze_trace(read_trace(east)))[:5])
+    return dst
+
+
+def test_requests_in_a_trace_of_two_processes_name_the_process(tmp_path):
+    """A request file carries no pid: in a trace of two processes analyze, dashboard and export
+    refuse it in one line until --requests-pid names one, and then count that process's spans only."""
+    both = two_servers(tmp_path, OFF1, ON, "off", "both")
+    f = requests_path(both)
+    east_pid, west_pid = read_trace(OFF1).meta.pid, read_trace(ON).meta.pid
+    for cmd in (["analyze", both], ["dashboard", both, "-o", tmp_path / "r.html"],
+                ["export", both, "-o", tmp_path / "x.json"]):
+        line = assert_one_line_error(ckptrace(*cmd, "--requests", f), code=1)
+        assert "holds 2 processes" in line and f"{east_pid} (east)" in line and "--requests-pid" in line, line
+    assert_one_line_error(ckptrace("analyze", both, "--requests", f, "--requests-pid", "north"),
+                          "--requests-pid north names no process of", code=1)
+    assert_one_line_error(ckptrace("analyze", both, "--requests-pid", "east"), "give --requests too", code=2)
+    # east by label or pid: the same split as the east recording alone, to the ns
+    alone = request_table(read_requests(f), analyze_trace(read_trace(OFF1))).set_index("request")
+    whole = request_table(read_requests(f), analyze_trace(read_trace(both))).set_index("request")
+    cols = ["checkpoints", "cut_spans", "ckpt_ns", "ckpt_fill_ns", "ckpt_copy_ns", "ckpt_cpu_ns", "ckpt_wait_ns",
+            "stall_ns", "rest_ns"]
+    assert (whole["ckpt_ns"] > alone["ckpt_ns"]).any()  # the premise: west's checkpoints fall in the windows
+    assert request_process(read_trace(both), str(east_pid)) == request_process(read_trace(both), "east") == east_pid
+    p = ckptrace("analyze", both, "--requests", f, "--requests-pid", "east", "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    got = pd.DataFrame(doc["requests"]).set_index("request")
+    for c in cols:
+        assert got[c].tolist() == [None if pd.isna(v) else int(v) for v in alone[c]], c
+    assert doc["summary"]["requests"]["pid"] == east_pid
+    p = ckptrace("dashboard", both, "-o", tmp_path / "r.html", "--requests", f, "--requests-pid", "east")
+    assert p.returncode == 0, p.stderr
+    # export: the lanes go under the process named, whose spans the breakdown counts
+    p = ckptrace("export", both, "-o", tmp_path / "x.json", "--requests", f, "--requests-pid", "west")
+    assert p.returncode == 0, p.stderr
+    ev = json.loads((tmp_path / "x.json").read_text())["traceEvents"]
+    lanes = {e["pid"] for e in ev if e["name"] == "thread_name" and e["args"]["name"].startswith("requests: time to")}
+    assert lanes == {west_pid}
+    west = request_table(read_requests(f), analyze_trace(read_trace(both)), pid=west_pid).set_index("request")
+    slices = {e["args"]["request"]: e["args"] for e in ev if e["ph"] == "X" and e["cat"] == "ckptrace.request"}
+    assert {r: a["ckpt_ns"] for r, a in slices.items()} == {r: int(v) for r, v in west["ckpt_ns"].dropna().items()}
+
+
+def test_compare_of_legs_of_two_processes_compares_the_one_named(tmp_path):
+    legs = [two_servers(tmp_path, e, w, label, f"{i + 1}-{label}")
+            for i, (e, w, label) in enumerate([(OFF1, ON, "off"), (ON, OFF2, "on"), (OFF2, OFF1, "off")])]
+    line = assert_one_line_error(ckptrace("compare", *legs), code=1)
+    assert "leg 1 (" in line and "holds 2 processes" in line
+    assert_one_line_error(ckptrace("compare", *legs, "--requests-pid", "east", "--requests-pid", "west"),
+                          "given 2 times for 3 traces", code=2)
+    p = ckptrace("compare", *legs, "--requests-pid", "east", "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    rows = {m["metric"]: m for m in doc["metrics"]}
+    # east alone: pool-off in legs 1 and 3, pool-on in leg 2 (west holds the opposite)
+    n = [len(analyze_trace(read_trace(x)).checkpoints) for x in (OFF1, ON, OFF2)]
+    assert (rows["checkpoint_total_ns"]["samples_baseline"], rows["checkpoint_total_ns"]["samples_candidate"]) == \
+        (n[0] + n[2], n[1])
+    assert rows["checkpoint_fill_cpu_ns"]["verdict"] == "faster", rows["checkpoint_fill_cpu_ns"]
+    assert rows["ttft_p90_ms"]["samples_baseline"] == 10
+    assert sum("only pid" in w for w in doc["warnings"]) == 3, doc["warnings"]

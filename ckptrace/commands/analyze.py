@@ -14,6 +14,7 @@ Examples:
   ckptrace analyze off.parquet --json | jq '.summary.stats.checkpoint_fill_ns'
   ckptrace analyze off.parquet --csv out/
   ckptrace analyze off.parquet --requests off.requests.json
+  ckptrace analyze both.parquet --requests east.requests.json --requests-pid east
 """)
 @click.argument("trace", metavar="TRACE")
 @click.option("--json", "as_json", is_flag=True, help="Print {trace, checkpoints, iterations, summary} as JSON.")
@@ -21,10 +22,13 @@ Examples:
 @click.option("--requests", "requests_file", metavar="FILE",
               help="Request file of the load that ran while TRACE was recorded (`ckptrace drive --json -o "
                    "FILE`): split each request's time to first token into checkpoint, restore and the rest.")
+@click.option("--requests-pid", "requests_pid", metavar="PID|LABEL",
+              help="The process the requests went to, by pid or process label, in a trace of several "
+                   "processes (a request file carries no pid): only its spans count. Required there.")
 @click.option("--all", "show_all", is_flag=True, help="List every checkpoint, not only the first --rows.")
 @click.option("--rows", type=click.IntRange(min=0), default=20, show_default=True,
               help="Checkpoints listed before '... N more'.")
-def command(trace, as_json, csv_dir, requests_file, show_all, rows):
+def command(trace, as_json, csv_dir, requests_file, requests_pid, show_all, rows):
     """Per-checkpoint and per-iteration breakdown of one trace.
 
     Each checkpoint is split into fill (the resize's zero fill), copy (the state copy) and other;
@@ -41,15 +45,19 @@ def command(trace, as_json, csv_dir, requests_file, show_all, rows):
     from ckptrace.renderers.json import analysis_json, dumps, records
     from ckptrace.renderers.text import analysis_report
 
+    if requests_pid is not None and not requests_file:
+        raise click.UsageError("--requests-pid says which process a request file's requests went to: "
+                               "give --requests too")
     # The request split reads restore rows and spans the batched read does not keep.
     analysis = analyze_trace(read_trace(trace)) if requests_file else analyze_file(trace)
     requests = None
     if requests_file:
-        from ckptrace.analyzers.requests import request_summary, request_table
+        from ckptrace.analyzers.requests import request_process, request_summary, request_table
         from ckptrace.requests_file import read_requests
 
-        requests = request_table(read_requests(requests_file), analysis, source=printable(requests_file))
-        analysis.summary["requests"] = request_summary(requests, analysis.trace)
+        pid = request_process(analysis.trace, requests_pid)
+        requests = request_table(read_requests(requests_file), analysis, source=printable(requests_file), pid=pid)
+        analysis.summary["requests"] = request_summary(requests, analysis.trace, pid=pid)
     if csv_dir:
         paths = write_csv(analysis, csv_dir, requests)
         if not as_json:

@@ -49,6 +49,17 @@ def leg_requests(traces: tuple[str, ...], given: tuple[str, ...]) -> list | None
     return [read_requests(p) if p.exists() else None for p in paired]
 
 
+def request_pid_choices(traces, requests: list | None, choices: tuple[str, ...]) -> tuple[str, ...]:
+    """--requests-pid, checked against the traces and request files: once, or once per trace."""
+    if choices and len(choices) not in (1, len(traces)):
+        raise click.UsageError(f"--requests-pid given {len(choices)} times for {len(traces)} traces: give it once "
+                               "(a process label, the same in every leg) or once per trace, in the same order")
+    if choices and requests is None:
+        raise click.UsageError("--requests-pid says which process a leg's requests went to: there is no request "
+                               "file (--requests, or NAME.requests.json beside NAME.parquet)")
+    return choices
+
+
 @click.command("compare", epilog="""\b
 Examples:
   ckptrace compare off1.parquet on.parquet off2.parquet
@@ -60,6 +71,8 @@ Examples:
       --metrics checkpoint_total_cpu_ns,ttft_p90_ms --format markdown > comment.md
   # legs that each recorded two servers (record --pid A=east --pid B=west)
   ckptrace compare off1.parquet on.parquet off2.parquet --per-process
+  # ... and the load drove the east one: compare it, with its requests
+  ckptrace compare off1.parquet on.parquet off2.parquet --requests-pid east
 
 \b
 Exit status: 0 compared (and the gate, if any, passed); 1 an error; 2 a
@@ -74,6 +87,10 @@ usage error; 3 --fail-on tripped (the table is printed first).
               help="A leg's request file (`ckptrace drive --json -o FILE`), once per trace in the same "
                    "order. Default: NAME.requests.json beside each NAME.parquet, where there is one. Adds "
                    "ttft_p50_ms, ttft_p90_ms, ttft_p99_ms and throughput_tok_s.")
+@click.option("--requests-pid", "requests_pid", multiple=True, metavar="PID|LABEL",
+              help="In legs of several processes, the one the requests went to (a request file carries no "
+                   "pid): that process alone is compared. Once (a process label is the same in every leg) "
+                   "or once per trace. Required for such legs with a request file.")
 @click.option("--fail-on", "fail_on", type=click.Choice(["slower", "faster", "any-change"]), default=None,
               help="Exit 3 when a metric's verdict is slower / faster / either (for CI).")
 @click.option("--metrics", "gate_metrics", callback=split_metrics, metavar="A,B",
@@ -88,7 +105,8 @@ usage error; 3 --fail-on tripped (the table is printed first).
               help="Compare each process apart: legs that recorded several processes are split by "
                    "process label (record's --pid PID=LABEL; NAME#RANK for --comm or unlabelled pids), "
                    "and each label is compared across the legs that hold it.")
-def command(traces, as_json, fmt, request_files, fail_on, gate_metrics, seed, n_boot, min_effect, per_process):
+def command(traces, as_json, fmt, request_files, requests_pid, fail_on, gate_metrics, seed, n_boot, min_effect,
+            per_process):
     """Compare baseline and candidate legs, given in run order (A/B/A).
 
     Legs are grouped by their label: the first label is the baseline, the second the candidate.
@@ -111,15 +129,24 @@ def command(traces, as_json, fmt, request_files, fail_on, gate_metrics, seed, n_
     fmt = "json" if as_json else (fmt or "text")
     if per_process:  # request files paired by name are not looked for: only given ones are refused
         legs = [read_trace(t) for t in traces]
-        _per_process(legs, fmt, request_files or None, fail_on, seed=seed, n_boot=n_boot, min_effect_pct=min_effect)
+        _per_process(legs, fmt, request_files or requests_pid or None, fail_on, seed=seed, n_boot=n_boot,
+                     min_effect_pct=min_effect)
         return
     requests = leg_requests(traces, request_files)
+    choices = request_pid_choices(traces, requests, requests_pid)
     from ckptrace.analyzers import analyze_file, analyze_trace
+    from ckptrace.analyzers.requests import process_analysis, request_pids
 
     # A leg with requests is read whole: the request split reads rows the batched read does not keep.
     analyses = [analyze_trace(read_trace(t)) if r is not None else analyze_file(t)
                 for t, r in zip(traces, requests or [None] * len(traces))]
+    # A leg of several processes: the one its requests went to, alone.
+    pids = request_pids([a.trace for a in analyses], requests, choices)
+    alone = [f"leg {i + 1}: only pid {pid} is compared (the process its requests went to)"
+             for i, pid in enumerate(pids) if pid is not None]
+    analyses = [process_analysis(a, pid) for a, pid in zip(analyses, pids)]
     c = compare(analyses, seed=seed, n_boot=n_boot, min_effect_pct=min_effect, requests=requests)
+    c.warnings += alone
     tripped = unjudged = None
     if fail_on:
         tripped, unjudged = gate(c, fail_on, gate_metrics)
@@ -145,7 +172,7 @@ def _per_process(legs, fmt: str, requests, fail_on, **kw) -> None:
 
     if requests is not None or fail_on or fmt == "markdown":
         raise click.UsageError("--per-process compares checkpoint and memory figures only: without "
-                               "request files, --fail-on or --format markdown")
+                               "request files (--requests, --requests-pid), --fail-on or --format markdown")
     parts = compare_per_process(legs, **kw)
     if fmt == "json":
         from ckptrace.renderers.json import comparison_json, dumps

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from ckptrace.commands.compare import leg_requests
+from ckptrace.commands.compare import leg_requests, request_pid_choices
 from ckptrace.errors import AnalysisError, CkptraceError
 from ckptrace.output import check_output, not_an_input
 from ckptrace.terminal import printable
@@ -33,7 +33,12 @@ nothing from the network and opens from disk in any browser.
                    "(default: NAME.requests.json beside each NAME.parquet, where there is one): adds a panel "
                    "of each request's checkpoint time inside its time to first token, and TTFT rows to the "
                    "comparison.")
-def command(traces: tuple[Path, ...], output: Path, title: str, request_files: tuple[str, ...]) -> None:
+@click.option("--requests-pid", "requests_pid", multiple=True, metavar="PID|LABEL",
+              help="In traces of several processes, the one the requests went to (a request file carries no "
+                   "pid): only its spans count in the requests panel. Once (a process label is the same in "
+                   "every leg) or once per trace. Required for such traces with a request file.")
+def command(traces: tuple[Path, ...], output: Path, title: str, request_files: tuple[str, ...],
+            requests_pid: tuple[str, ...]) -> None:
     """Write a self-contained HTML report of one or more TRACE files."""
     from ckptrace.analyzers import analyze_file, analyze_trace
     from ckptrace.dashboards.report import write_dashboard
@@ -46,14 +51,17 @@ def command(traces: tuple[Path, ...], output: Path, title: str, request_files: t
     not_an_input(output, (*traces, *request_files), what="report")
     check_output(output, what="report")
     requests = leg_requests(tuple(map(str, traces)), request_files)
+    choices = request_pid_choices(traces, requests, requests_pid)
     # A leg with requests is read whole: the request split reads rows the batched read does not keep.
     analyses = [analyze_trace(read_trace(p)) if r is not None else analyze_file(p)
                 for p, r in zip(traces, requests or [None] * len(traces))]
     tables = None
     if requests is not None:
-        from ckptrace.analyzers.requests import request_table
-        tables = [None if r is None else request_table(r, a, source=f"the request file of {printable(a.trace.path)}")
-                  for a, r in zip(analyses, requests)]
+        from ckptrace.analyzers.requests import request_pids, request_table
+        pids = request_pids([a.trace for a in analyses], requests, choices)
+        tables = [None if r is None else request_table(r, a, source=f"the request file of {printable(a.trace.path)}",
+                                                       pid=pid)
+                  for a, r, pid in zip(analyses, requests, pids)]
     comparison, notes = None, []
     if len({a.trace.label for a in analyses}) >= 2:
         from ckptrace.analyzers.compare import compare

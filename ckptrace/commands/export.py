@@ -19,6 +19,7 @@ Examples:
   ckptrace export off1.parquet on.parquet off2.parquet -o aba.perfetto-trace
   ckptrace export run.parquet -o run.json        # .json: Chrome's format
   ckptrace export run.parquet --requests run.requests.json -o run.perfetto-trace
+  ckptrace export both.parquet --requests east.requests.json --requests-pid east -o both.perfetto-trace
   ckptrace export run.parquet -o /dev/stdout | gzip > run.perfetto-trace.gz
 
 \b
@@ -38,10 +39,15 @@ with a system trace taken at the same time.
               help="Request file (`ckptrace drive -o`) of each TRACE, repeated in TRACE order. Default: "
                    "NAME.requests.json beside each NAME.parquet, where there is one. Draws each request's "
                    "time to first token with its checkpoint/restore breakdown.")
+@click.option("--requests-pid", "requests_pid", multiple=True, metavar="PID|LABEL",
+              help="In traces of several processes, the one the requests went to (a request file carries no "
+                   "pid): their lanes go under it and only its spans count. Once (a process label is the same "
+                   "in every leg) or once per trace. Required for such traces with a request file.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="perfetto: protobuf TrackEvents; chrome: Trace Event JSON (microseconds). "
                    "Default: chrome when -o ends in .json, else perfetto.")
-def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...], fmt: str | None) -> None:
+def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...], requests_pid: tuple[str, ...],
+            fmt: str | None) -> None:
     """Write TRACE files as a timeline for Perfetto or Chrome's trace viewers."""
     from ckptrace.analyzers import analyze_trace
     from ckptrace.renderers.timeline import build_timeline, recording_notes
@@ -51,7 +57,7 @@ def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...
     not_an_input(output, (*traces, *request_files), what="export")
     check_output(output, what="export")
     analyses = [analyze_trace(read_trace(p)) for p in traces]
-    timeline = build_timeline(analyses, traces, _request_tables(analyses, traces, request_files))
+    timeline = build_timeline(analyses, traces, *_request_tables(analyses, traces, request_files, requests_pid))
     if fmt == "perfetto":
         from ckptrace.renderers.perfetto import perfetto_writer as writer
     else:
@@ -64,15 +70,19 @@ def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...
                f"{slices} slices", err=True)
 
 
-def _request_tables(analyses, traces: tuple[str, ...], given: tuple[str, ...]) -> list | None:
-    """Each leg's request table (analyze --requests' rows), None for a leg without a file."""
-    from ckptrace.analyzers.requests import request_table
-    from ckptrace.commands.compare import leg_requests
+def _request_tables(analyses, traces: tuple[str, ...], given: tuple[str, ...], choices: tuple[str, ...]
+                    ) -> tuple[list | None, list | None]:
+    """Each leg's request table (analyze --requests' rows), None for a leg without a file, and the
+    pid its requests went to (None: the leg's one process)."""
+    from ckptrace.analyzers.requests import request_pids, request_table
+    from ckptrace.commands.compare import leg_requests, request_pid_choices
     from ckptrace.requests_file import requests_path
 
     frames = leg_requests(traces, given)
+    choices = request_pid_choices(traces, frames, choices)
     if frames is None:
-        return None
+        return None, None
+    pids = request_pids([a.trace for a in analyses], frames, choices)
     sources = given or tuple(str(requests_path(t)) for t in traces)
-    return [None if f is None else request_table(f, a, source=printable(src))
-            for f, a, src in zip(frames, analyses, sources)]
+    return [None if f is None else request_table(f, a, source=printable(src), pid=pid)
+            for f, a, src, pid in zip(frames, analyses, sources, pids)], pids
