@@ -212,15 +212,16 @@ def perfetto_ui_shot(a) -> None:
                                           "severity in ('error', 'data_loss')")
             if errors:
                 raise SystemExit(f"the Perfetto UI's trace processor counted import errors: {errors}")
-            clocks = ui_query(b, "clocks", "select clock_name, clock_value, ts from clock_snapshot")
+            clocks = ui_query(b, "clocks", "select clock_name, cast(clock_value as text) as clock_value, "
+                                           "cast(ts as text) as ts from clock_snapshot")
             procs = ui_query(b, "procs", "select pid, name from process where pid != 0 order by pid")
             names = Counter(n for n, _, _ in got)
             print(f"Perfetto UI ({PERFETTO_UI}): {len(got)} slices at the file's "
                   f"ns ({', '.join(f'{k} {v}' for k, v in names.most_common())}); counters "
                   f"{', '.join(f'{k}: {v}' for k, v in sorted(counters.items()))}; 0 import errors; clock snapshot "
                   f"{clocks}; processes {[(p['pid'], p['name']) for p in procs]}")
-            first = ui_query(b, "pick", "select id, track_id, ts, dur from slice where name = 'checkpoint' and ts >= "
-                                        f"{a.from_ns} order by ts limit 1")
+            first = ui_query(b, "pick", "select id, track_id, cast(ts as text) as ts, dur from slice where name = "
+                                        f"'checkpoint' and ts >= {a.from_ns} order by ts limit 1")
             if first:
                 s = first[0]
                 ui_track = b.evaluate(f"Object.values(globals.state.tracks).find(t => t.config && (t.config.trackId === "
