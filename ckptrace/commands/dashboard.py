@@ -35,8 +35,9 @@ nothing from the network and opens from disk in any browser.
                    "comparison.")
 @click.option("--requests-pid", "requests_pid", multiple=True, metavar="PID|LABEL",
               help="In traces of several processes, the one the requests went to (a request file carries no "
-                   "pid): only its spans count in the requests panel. Once (a process label is the same in "
-                   "every leg) or once per trace. Required for such traces with a request file.")
+                   "pid): only its spans count in the requests panel, and the comparison compares it alone. "
+                   "Once (a process label is the same in every leg) or once per trace. Required for such "
+                   "traces with a request file.")
 def command(traces: tuple[Path, ...], output: Path, title: str, request_files: tuple[str, ...],
             requests_pid: tuple[str, ...]) -> None:
     """Write a self-contained HTML report of one or more TRACE files."""
@@ -55,7 +56,7 @@ def command(traces: tuple[Path, ...], output: Path, title: str, request_files: t
     # A leg with requests is read whole: the request split reads rows the batched read does not keep.
     analyses = [analyze_trace(read_trace(p)) if r is not None else analyze_file(p)
                 for p, r in zip(traces, requests or [None] * len(traces))]
-    tables = None
+    tables, pids = None, [None] * len(analyses)
     if requests is not None:
         from ckptrace.analyzers.requests import request_pids, request_table
         pids = request_pids([a.trace for a in analyses], requests, choices)
@@ -65,8 +66,9 @@ def command(traces: tuple[Path, ...], output: Path, title: str, request_files: t
     comparison, notes = None, []
     if len({a.trace.label for a in analyses}) >= 2:
         from ckptrace.analyzers.compare import compare
-        try:
-            comparison = compare(analyses, requests=requests)
+        from ckptrace.analyzers.requests import process_analysis
+        try:  # as `compare` does: a leg of several processes is the one its requests went to
+            comparison = compare([process_analysis(a, pid) for a, pid in zip(analyses, pids)], requests=requests)
         except AnalysisError as e:
             # The traces are still worth seeing: draw them, and say why there is no comparison.
             notes.append(f"No comparison: {e}")
