@@ -21,7 +21,7 @@ from .iterations import ITERATION_COLUMNS, iteration_table
 from .memory import memory_summary
 from .processes import process_info, process_label, process_trace
 from .spans import iteration_spans
-from .state_path import eviction_table, restore_table
+from .state_path import eviction_table, prompt_save_table, restore_table
 from .summary import summarize
 
 __all__ = ["Analysis", "KindRows", "analyze_file", "analyze_rows", "analyze_trace", "checkpoint_table",
@@ -39,6 +39,7 @@ class Analysis:
     processes: list[dict] = field(default_factory=list)  # each process's breakdown (processes.py)
     restores: pd.DataFrame | None = None  # state_path.py (trace format 3)
     evictions: pd.DataFrame | None = None
+    prompt_saves: pd.DataFrame | None = None  # state_path.py: prompt-cache saves and their copies
 
     def events_between(self, t0: int, t1: int) -> pd.DataFrame:
         """Every event lying within [t0, t1] ns: from memory, or read from the trace file."""
@@ -77,6 +78,7 @@ def analyze_rows(trace: Trace, rows: KindRows, per_process: bool = True) -> Anal
     checkpoints = checkpoint_table(rows, spans, fill_probed(trace))
     iterations = iteration_table(rows, spans, checkpoints)
     restores = restore_table(rows.of_group("memory"), spans)
+    prompt_saves = prompt_save_table(rows.of_group("memory"), rows.of("copy"), spans)
     del spans  # peak memory: the largest frame the analysis builds, gone before the memory replay
     evictions = eviction_table(rows.state_events())
     summary = summarize(checkpoints, iterations, trace.meta)
@@ -85,7 +87,7 @@ def analyze_rows(trace: Trace, rows: KindRows, per_process: bool = True) -> Anal
                                 per_process=False)) for info in infos] if len(infos) > 1 else []
     rows.release(keep="memory")
     a = Analysis(trace, checkpoints, iterations, summary, memory_summary(rows.of_group("memory")), rows,
-                 restores=restores, evictions=evictions)
+                 restores=restores, evictions=evictions, prompt_saves=prompt_saves)
     if per_process:
         subs = subs or [(infos[0] if infos else ProcessInfo(pid=0, label=trace.label), a)]
         a.processes = [{**asdict(info), "label": process_label(info), "summary": sub.summary, "memory": sub.memory}

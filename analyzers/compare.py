@@ -73,8 +73,13 @@ METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
     # Restores (trace format 3), per restore: rows only when a leg recorded any.
     "restore_total_ns": ("restore", ("total_ns",), "ns"),
     "restore_copy_ns": ("restore", ("copy_ns",), "ns"),
+    # Prompt-cache saves, per save, the same way.
+    "prompt_save_total_ns": ("prompt save", ("total_ns",), "ns"),
+    "prompt_save_copy_ns": ("prompt save", ("copy_ns",), "ns"),
 }
+# Metrics of the state path: rows only when a leg recorded any of their sample unit.
 RESTORE_METRICS = ("restore_total_ns", "restore_copy_ns")
+PROMPT_SAVE_METRICS = ("prompt_save_total_ns", "prompt_save_copy_ns")
 # Request metrics, from each leg's request file (`ckptrace drive --json`): metric -> (percentile
 # of TTFT or None for throughput, unit). The statistic is that percentile itself (or tokens per
 # second), bootstrapped over the arm's completed requests like any other metric.
@@ -84,7 +89,7 @@ REQUEST_METRICS: dict[str, tuple[int | None, str]] = {
 }
 # Wall-clock metrics: they include run-queue wait, so a busy machine moves them (see "Busy machine").
 WALL_METRICS = frozenset({"checkpoint_fill_ns", "checkpoint_copy_ns", "checkpoint_total_ns", "prefill_iteration_ns",
-                          *RESTORE_METRICS,
+                          *RESTORE_METRICS, *PROMPT_SAVE_METRICS,
                           *REQUEST_METRICS})
 JUDGED = ("faster", "slower", "no change", "within drift")
 NOT_JUDGED = "not judged"
@@ -135,8 +140,9 @@ class Comparison:
 def _rows_of(a: Analysis, source: str) -> pd.DataFrame:
     if source == "checkpoint":
         return a.checkpoints
-    if source == "restore":
-        return a.restores if a.restores is not None else pd.DataFrame(columns=["total_ns", "copy_ns"])
+    if source in ("restore", "prompt save"):
+        t = a.restores if source == "restore" else a.prompt_saves
+        return t if t is not None else pd.DataFrame(columns=["total_ns", "copy_ns"])
     return a.iterations.loc[(a.iterations["kind"] == "prefill").to_numpy()]
 
 
@@ -547,8 +553,9 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
 
     rows = []
     restored = any(a.restores is not None and len(a.restores) for a in analyses)
+    saved = any(a.prompt_saves is not None and len(a.prompt_saves) for a in analyses)
     for i, name in enumerate(METRICS):  # a handful of metrics: the work is inside, vectorised
-        if name in RESTORE_METRICS and not restored:
+        if (name in RESTORE_METRICS and not restored) or (name in PROMPT_SAVE_METRICS and not saved):
             continue
         per_leg = [_samples(a, name) for a in analyses]
         strata = None

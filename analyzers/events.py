@@ -31,8 +31,8 @@ GROUPS: dict[str, tuple[tuple[str, ...], list[str]]] = {
     "checkpoint": (("checkpoint",), ["ckpt", "iter", *SPAN, "bytes", "draft", "faults", *CLOCKS, "pid", "spec"]),
     "fill": (("fill",), PART),
     "copy": (("copy",), PART),
-    # memory.py's syscalls and RSS, and state_path.py's restores and creates
-    "memory": (("mmap", "munmap", "mremap", "rss", "create", "restore", "restore_copy"),
+    # memory.py's syscalls and RSS, and state_path.py's restores, creates and prompt saves
+    "memory": (("mmap", "munmap", "mremap", "rss", "create", "restore", "restore_copy", "prompt_save"),
                ["kind", "pid", *SPAN, "ckpt", "iter", "addr", "bytes", "phase", "draft", "faults", *CLOCKS,
                 "fault_ns"]),
 }

@@ -1,4 +1,4 @@
-"""The rest of the checkpoint state path (trace format 3): restores and evictions.
+"""The rest of the checkpoint state path (trace format 3): restores, prompt saves and evictions.
 
 - Restores, one row each: a `restore` span (`load_tgt`/`load_dft`, `draft` true for dft) with the
   `restore_copy` rows (`llama_state_seq_set_data_ext`) inside it on its thread, `source`
@@ -7,6 +7,9 @@
   returns at once) restored nothing and is left out. `copy_ns`, `copy_cpu_ns`, `copy_faults`,
   `copy_fault_ns` are the copies'; `cpu_ns`, `wait_ns`, `faults` the whole span's (NA when not
   recorded). `iter`: the iteration it falls in (spans.py), 0 when none.
+- Prompt saves, one row each: a `prompt_save` span (`server_slot::prompt_save`, the prompt cache)
+  with the `copy` rows inside it on its thread (`llama_state_seq_get_data_ext`; ckpt 0, phase
+  `prompt_save`), their figures as a restore's. `bytes`: what its copies wrote.
 - Evictions: the `munmap` rows made inside a `create` span (`create_checkpoint`) on its thread
   before that create's first checkpoint began: old checkpoints erased to make room.
 """
@@ -37,6 +40,7 @@ RESTORE_COLUMNS: dict[str, object] = {
     "wait_ns": NA_INT,
     "faults": np.dtype("int64"),
 }
+PROMPT_SAVE_COLUMNS: dict[str, object] = {c: t for c, t in RESTORE_COLUMNS.items() if c not in ("draft", "source")}
 EVICTION_COLUMNS: dict[str, object] = {
     "tid": np.dtype("int32"),
     "start_ns": np.dtype("int64"),
@@ -71,28 +75,46 @@ def restore_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     rc = select(events, kind_mask(events, "restore_copy"), _SPAN_COLS).reset_index(drop=True)
     if not len(rc):
         return empty_frame(RESTORE_COLUMNS)
-    parent = _enclosing(rc, rs)
-    rc = rc.assign(parent=parent, ns=rc["end_ns"] - rc["start_ns"])
-
-    inside = rc[rc["parent"] >= 0]
-    g = inside.groupby("parent")
-    per = pd.DataFrame({"copy_ns": g["ns"].sum(), "copy_faults": g["faults"].sum()})
-    for c, src in (("copy_cpu_ns", "cpu_ns"), ("copy_fault_ns", "fault_ns")):
-        per[c] = g[src].agg(lambda v: v.sum() if v.notna().all() else pd.NA)
-    spans_part = rs.join(per, how="inner")  # a restore without a copy restored nothing
+    spans_part, rc = _with_copies(rs, rc)  # a restore without a copy restored nothing
     spans_part = spans_part.assign(source="checkpoint")
 
     alone = rc[rc["parent"] < 0]
     alone_part = alone.assign(source="other", copy_ns=alone["ns"], copy_faults=alone["faults"],
                               copy_cpu_ns=alone["cpu_ns"], copy_fault_ns=alone["fault_ns"])
-    t = pd.concat([spans_part, alone_part], ignore_index=True)
+    return _finish(pd.concat([spans_part, alone_part], ignore_index=True), spans, RESTORE_COLUMNS)
+
+
+def prompt_save_table(events: pd.DataFrame, copies: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
+    """One row per prompt save with a state copy (PROMPT_SAVE_COLUMNS), sorted by start_ns; `events`
+    holds the prompt_save rows, `copies` the copy rows (a checkpoint's, ckpt > 0, are not its)."""
+    ps = select(events, kind_mask(events, "prompt_save"), _SPAN_COLS).reset_index(drop=True)
+    own = select(copies, (copies["ckpt"] == 0).to_numpy(), ["tid", "start_ns", "end_ns", "faults", "cpu_ns",
+                                                                "fault_ns"]).reset_index(drop=True)
+    if not len(ps) or not len(own):
+        return empty_frame(PROMPT_SAVE_COLUMNS)
+    return _finish(_with_copies(ps, own)[0], spans, PROMPT_SAVE_COLUMNS)
+
+
+def _with_copies(outer: pd.DataFrame, copies: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The `outer` spans that hold copies on their thread, each with its copies' copy_ns,
+    copy_faults, copy_cpu_ns and copy_fault_ns (NA when a part was not measured); and `copies`
+    with `parent` (its outer span's position, -1 for none) and `ns`."""
+    copies = copies.assign(parent=_enclosing(copies, outer), ns=copies["end_ns"] - copies["start_ns"])
+    g = copies[copies["parent"] >= 0].groupby("parent")
+    per = pd.DataFrame({"copy_ns": g["ns"].sum(), "copy_faults": g["faults"].sum()})
+    for c, src in (("copy_cpu_ns", "cpu_ns"), ("copy_fault_ns", "fault_ns")):
+        per[c] = g[src].agg(lambda v: v.sum() if v.notna().all() else pd.NA)
+    return outer.join(per, how="inner"), copies
+
+
+def _finish(t: pd.DataFrame, spans: pd.DataFrame, columns: dict[str, object]) -> pd.DataFrame:
     if not len(t):
-        return empty_frame(RESTORE_COLUMNS)
+        return empty_frame(columns)
     t["total_ns"] = t["end_ns"] - t["start_ns"]
     for c in ("copy_cpu_ns", "copy_fault_ns"):
         t[c] = t[c].astype(NA_INT)
     t["iter"] = assign_iterations(t, spans)
-    t = t[list(RESTORE_COLUMNS)].astype(RESTORE_COLUMNS)
+    t = t[list(columns)].astype(columns)
     return t.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)
 
 

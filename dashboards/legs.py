@@ -12,7 +12,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from ckptrace.analyzers.state_path import PROMPT_SAVE_COLUMNS, RESTORE_COLUMNS
 from ckptrace.meta import TraceMeta
+from ckptrace.trace import empty_frame
 
 # Above this many rows per leg, distributions show evenly spaced order statistics and the
 # per-iteration panel shows bins: keeps 100k checkpoints well under 10 MB of HTML.
@@ -21,7 +23,8 @@ MAX_BARS = 1_500
 
 ARM_COLOURS = ["#4C78A8", "#F58518", "#54A24B", "#B279A2", "#9D755D", "#72B7B2", "#EECA3B", "#FF9DA6"]
 PHASE_COLOURS = {"fill": "#4C78A8", "copy": "#F58518", "faults": "#E45756", "wait": "#B279A2", "other": "#BAB0AC",
-                 "decode": "#72B7B2", "checkpoint": "#D8D8D8"}
+                 "decode": "#72B7B2", "checkpoint": "#D8D8D8", "restore": "#54A24B", "spec_state": "#9D755D",
+                 "prompt_save": "#EECA3B"}
 VERDICT_COLOURS = {"faster": "#2E7D32", "slower": "#C62828", "no change": "#757575", "within drift": "#EF8F00",
                    "not judged": "#9E9E9E"}
 
@@ -54,6 +57,16 @@ class Leg:
     def prefill(self) -> pd.DataFrame:
         it = self.analysis.iterations
         return it.loc[(it["kind"] == "prefill").to_numpy()]
+
+    @property
+    def restores(self) -> pd.DataFrame:
+        rs = self.analysis.restores
+        return rs if rs is not None else empty_frame(RESTORE_COLUMNS)
+
+    @property
+    def prompt_saves(self) -> pd.DataFrame:
+        ps = self.analysis.prompt_saves
+        return ps if ps is not None else empty_frame(PROMPT_SAVE_COLUMNS)
 
     @property
     def meta(self) -> TraceMeta:

@@ -139,11 +139,47 @@ def _sched(meta: TraceMeta) -> str:
 MAX_TIMELINE_ROWS = 120
 
 
+# The state path's spans drawn beside the checkpoints (trace format 3): kind -> its row's name, and
+# the kind of the copies inside it (a prompt save's are copy rows of no checkpoint)
+STATE_SPANS = {"restore": ("restore", "restore_copy"), "spec_state": ("speculative state", None),
+               "prompt_save": ("prompt save", "copy")}
+COPY_NAMES = {"restore_copy": "restore copy", "copy": "copy"}
+
+
 def _chosen_iteration(leg: Leg) -> pd.Series | None:
+    """The longest prefill iteration with a checkpoint; of those, one that also restored, else one
+    that saved the prompt, when there is such (so those are drawn too)."""
     it = leg.prefill
     with_ck = it.loc[(it["checkpoints"] > 0).to_numpy()]
     pick = with_ck if len(with_ck) else it
+    for table in (leg.restores, leg.prompt_saves):
+        held = pick.loc[pick["iter"].isin(set(table["iter"])).to_numpy()]
+        if len(held):
+            pick = held
+            break
     return pick.loc[pick["span_ns"].idxmax()] if len(pick) else None
+
+
+def _state_rows(ev: pd.DataFrame, tid: int, t0: int, t1: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The restore, speculative-state and prompt-save spans of thread `tid` inside [t0, t1], each
+    with its timeline row (`row`: "restore 1", ...), and the copies inside them with their span's row."""
+    on = (ev["tid"] == tid).to_numpy() & (ev["start_ns"] >= t0).to_numpy() & (ev["end_ns"] <= t1).to_numpy()
+    kind = ev["kind"].astype(str)
+    outer = ev.loc[on & kind.isin(list(STATE_SPANS)).to_numpy()].sort_values("start_ns", kind="stable")
+    k = outer["kind"].astype(str)
+    outer = outer.assign(row=[f"{STATE_SPANS[a][0]} {n + 1}" for a, n in zip(k, k.groupby(k).cumcount())])
+    inner = ev.loc[on & ((kind == "restore_copy") | ((kind == "copy") & (ev["ckpt"] == 0))).to_numpy()]
+    if not len(outer):
+        return outer, inner.iloc[:0].assign(row="")
+    pos = np.searchsorted(outer["start_ns"].to_numpy(), inner["start_ns"].to_numpy(), side="right") - 1
+    ok = (pos >= 0) & (inner["end_ns"].to_numpy() <= outer["end_ns"].to_numpy()[np.maximum(pos, 0)])
+    return outer, inner.loc[ok].assign(row=outer["row"].to_numpy()[pos[ok]])
+
+
+def _state_count(leg: Leg, r: pd.Series) -> int:
+    """Restores and prompt saves analyzed in the iteration (speculative states are not: a row or two
+    more than the height holds, drawn all the same)."""
+    return int((leg.restores["iter"] == r["iter"]).sum() + (leg.prompt_saves["iter"] == r["iter"]).sum())
 
 
 def timeline_panel(legs: list[Leg]) -> Panel:
@@ -160,7 +196,8 @@ def timeline_panel(legs: list[Leg]) -> Panel:
     items = list(chosen.values())
     titles = [f"{leg.name}: iteration {int(r['iter'])} ({r['span_ns'] / 1e6:.1f} ms, "
               f"{int(r['checkpoints'])} checkpoints)" for leg, r in items]
-    rows_px = [max(4, 2 + min(int(r["checkpoints"]), MAX_TIMELINE_ROWS)) * 26 + 40 for _, r in items]
+    rows_px = [max(4, 2 + min(int(r["checkpoints"]) + _state_count(leg, r), MAX_TIMELINE_ROWS)) * 26 + 40
+               for leg, r in items]
     gap_px = 90
     height = 150 + sum(rows_px) + gap_px * (len(items) - 1)
     fig = make_subplots(rows=len(items), cols=1, subplot_titles=titles, vertical_spacing=gap_px / height,
@@ -177,7 +214,14 @@ def timeline_panel(legs: list[Leg]) -> Panel:
         dec = ev.loc[(ev["kind"] == "decode").to_numpy() & (ev["tid"] == tid).to_numpy()
                      & (ev["start_ns"] >= t0).to_numpy() & (ev["end_ns"] <= t1).to_numpy()]
         ck_row = {int(c): f"ckpt {int(c)}" for c in ck["ckpt"]}
-        y_order = ["iteration"] + (["llama_decode"] if len(dec) else []) + list(ck_row.values())
+        state, state_copies = _state_rows(ev, tid, t0, t1)
+        if len(ck) + len(state) > MAX_TIMELINE_ROWS:
+            notes.append(f"{leg.name}: timeline shows the first {max(0, MAX_TIMELINE_ROWS - len(ck))} of "
+                         f"{len(state)} restores and state saves.")
+            state = state.iloc[:max(0, MAX_TIMELINE_ROWS - len(ck))]
+            state_copies = state_copies.loc[state_copies["row"].isin(state["row"]).to_numpy()]
+        y_order = (["iteration"] + (["llama_decode"] if len(dec) else []) + list(ck_row.values())
+                   + list(state["row"]))
         show = row == 1
 
         def bar(y, start, end, name, colour, width, hover):
@@ -201,11 +245,23 @@ def timeline_panel(legs: list[Leg]) -> Panel:
                 bar([ck_row[int(c)] for c in s["ckpt"]], s["start_ns"], s["end_ns"], phase, PHASE_COLOURS[phase],
                     0.45, [f"{d / 1e6:.2f} ms, {n} faults, {b / MIB:.1f} MiB"
                            for d, n, b in zip(s["end_ns"] - s["start_ns"], s["faults"], s["bytes"])])
+        for kind, (name, _) in STATE_SPANS.items():  # drawn like checkpoints: the span, its copies inside
+            s = state.loc[(state["kind"].astype(str) == kind).to_numpy()]
+            if len(s):
+                bar(list(s["row"]), s["start_ns"], s["end_ns"], name, PHASE_COLOURS[kind], 0.8,
+                    [f"total {d / 1e6:.2f} ms, {b / MIB:.1f} MiB, faults {n}"
+                     for d, n, b in zip(s["end_ns"] - s["start_ns"], s["faults"], s["bytes"])])
+        for kind, name in COPY_NAMES.items():
+            s = state_copies.loc[(state_copies["kind"].astype(str) == kind).to_numpy()]
+            if len(s):
+                bar(list(s["row"]), s["start_ns"], s["end_ns"], name, PHASE_COLOURS["copy"], 0.45,
+                    [f"{d / 1e6:.2f} ms, {n} faults, {b / MIB:.1f} MiB"
+                     for d, n, b in zip(s["end_ns"] - s["start_ns"], s["faults"], s["bytes"])])
         fig.update_yaxes(categoryorder="array", categoryarray=y_order[::-1], row=row, col=1)
         fig.update_xaxes(title_text="ms since iteration start", row=row, col=1)
     fig.update_layout(barmode="overlay")
-    return Panel(_layout(fig, "One prefill iteration per arm (the longest): checkpoints and their phases",
-                         height), notes=notes)
+    return Panel(_layout(fig, "One prefill iteration per arm (the longest): checkpoints, restores and state "
+                              "saves, and their phases", height), notes=notes)
 
 
 # -- distributions -------------------------------------------------------------------------------
@@ -215,7 +271,10 @@ DISTRIBUTIONS = [("checkpoints", "fill_ns", "fill (ms)"),
                  ("checkpoints", "fault_ns", "faults (ms)"),
                  ("checkpoints", "total_ns", "checkpoint (ms)"),
                  ("checkpoints", "cpu_ns", "checkpoint on CPU (ms)"),
-                 ("prefill", "span_ns", "prefill iteration (ms)")]
+                 ("prefill", "span_ns", "prefill iteration (ms)"),
+                 ("restores", "total_ns", "restore (ms)"),
+                 ("restores", "copy_ns", "restore copy (ms)"),
+                 ("prompt_saves", "total_ns", "prompt save (ms)")]
 
 
 def distributions_panel(legs: list[Leg]) -> Panel:

@@ -438,8 +438,10 @@ int copy_enter(struct pt_regs *ctx)
     if (!target_tid(&tid))
         return 0;
     struct tstate *s = threads.lookup(&tid);
-    if (s && !s->ckpt && s->ax_kind == K_PROMPT_SAVE) {
-        s->ax_in_copy = 1; /* a prompt save's copy: counted in its bytes, no row of its own */
+    if (s && !s->ckpt && s->ax_kind == K_PROMPT_SAVE && !s->ax_in_copy) {
+        s->ax_in_copy = 1; /* a prompt save's copy: a copy row of its own (ckpt 0, phase prompt_save) */
+        s->ph_addr = PT_REGS_PARM2(ctx);
+        open_span(&s->ph, s);
         return 0;
     }
     if (!s || !s->ckpt || s->phase != P_NONE)
@@ -460,7 +462,9 @@ int copy_return(struct pt_regs *ctx)
     struct tstate *s = threads.lookup(&tid);
     if (s && s->ax_in_copy) {
         s->ax_in_copy = 0;
-        s->ax_bytes += PT_REGS_RC(ctx);
+        u64 saved = PT_REGS_RC(ctx);
+        s->ax_bytes += saved;
+        emit_span(K_COPY, tid, s, &s->ph, now, saved, s->ph_addr);
         return 0;
     }
     if (!s || !s->ckpt || s->phase != P_COPY)

@@ -39,7 +39,7 @@ def analysis_json(analysis) -> dict:
     return {"trace": analysis.trace.meta.to_json(), "checkpoints": records(analysis.checkpoints),
             "iterations": records(analysis.iterations), "summary": analysis.summary,
             "memory": analysis.memory, "processes": analysis.processes, "restores": records(analysis.restores),
-            "evictions": records(analysis.evictions)}
+            "evictions": records(analysis.evictions), "prompt_saves": records(analysis.prompt_saves)}
 
 
 def comparison_json(c) -> dict:

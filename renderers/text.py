@@ -97,9 +97,9 @@ def checkpoint_lines(analysis, limit: int | None) -> list[str]:
 
 
 def state_path_lines(analysis) -> list[str]:
-    """Restores and evictions (trace format 3), when the recording saw any."""
-    rs, ev = analysis.restores, analysis.evictions
-    if (rs is None or not len(rs)) and (ev is None or not len(ev)):
+    """Restores, prompt saves and evictions (trace format 3), when the recording saw any."""
+    rs, ev, ps = analysis.restores, analysis.evictions, analysis.prompt_saves
+    if all(t is None or not len(t) for t in (rs, ev, ps)):
         return []
     lines = ["State path"]
     if rs is not None and len(rs):
@@ -108,6 +108,11 @@ def state_path_lines(analysis) -> list[str]:
             f"restores: {len(rs)} ({from_ckpt} of a checkpoint, {len(rs) - from_ckpt} other: prompt cache or "
             f"slot), {rs['bytes'].sum() / MIB:.1f} MiB put back; mean {fmt_ms(rs['total_ns'].mean())} ms, "
             f"of which copy {fmt_ms(rs['copy_ns'].mean())} ms, {rs['copy_faults'].sum()} copy faults", "  "))
+    if ps is not None and len(ps):
+        lines.append(wrap(
+            f"prompt saves: {len(ps)}, {ps['bytes'].sum() / MIB:.1f} MiB copied to the prompt cache; mean "
+            f"{fmt_ms(ps['total_ns'].mean())} ms, of which copy {fmt_ms(ps['copy_ns'].mean())} ms, "
+            f"{ps['copy_faults'].sum()} copy faults", "  "))
     if ev is not None and len(ev):
         lines.append(wrap(f"evictions: {len(ev)} buffers unmapped in create_checkpoint before its checkpoint, "
                           f"{ev['bytes'].sum() / MIB:.1f} MiB", "  "))
@@ -272,7 +277,8 @@ NAMES = {"checkpoint_fill_ns": "ckpt fill ms", "checkpoint_copy_ns": "ckpt copy 
          "prefill_iteration_ns": "prefill iter ms", "checkpoint_faults": "ckpt faults",
          "checkpoint_fill_cpu_ns": "fill on-CPU ms", "checkpoint_total_cpu_ns": "total on-CPU ms",
          "ttft_p50_ms": "ttft p50 ms", "ttft_p90_ms": "ttft p90 ms", "ttft_p99_ms": "ttft p99 ms",
-         "throughput_tok_s": "tokens/s", "restore_total_ns": "restore ms", "restore_copy_ns": "restore copy ms"}
+         "throughput_tok_s": "tokens/s", "restore_total_ns": "restore ms", "restore_copy_ns": "restore copy ms",
+         "prompt_save_total_ns": "prompt save ms", "prompt_save_copy_ns": "prompt save copy ms"}
 
 
 def _pct(x: float) -> str:

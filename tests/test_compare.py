@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 
 from ckptrace.analyzers import analyze_trace
-from ckptrace.analyzers.compare import METRICS, RESTORE_METRICS, compare
+from ckptrace.analyzers.compare import METRICS, PROMPT_SAVE_METRICS, RESTORE_METRICS, compare
 from ckptrace.errors import AnalysisError, TraceFormatError
 from ckptrace.meta import ObjectInfo, ProbeInfo, TraceMeta
 from ckptrace.renderers.json import comparison_json
@@ -107,7 +107,7 @@ def test_pooled_candidate_is_faster_in_aba():
     assert "fill" in c.explanation and "pool-on against pool-off" in c.explanation
     assert not any("build" in w for w in c.warnings)  # a candidate from another build is expected
     assert not any("waiting for a CPU" in w for w in c.warnings)  # 2% waiting: nothing to say
-    assert set(c.metrics["metric"]) == set(METRICS) - set(RESTORE_METRICS)  # no leg restored anything
+    assert set(c.metrics["metric"]) == set(METRICS) - set(RESTORE_METRICS) - set(PROMPT_SAVE_METRICS)  # no leg restored or saved
 
 
 # Compare's rules one by one (README): each case sits far from its threshold.

@@ -134,6 +134,26 @@ def test_upstream_generation_every_state_kind_matches_the_workload(upstream):
     assert {"start_ns", "end_ns", "tid", "bytes", "copy_ns", "copy_faults", "cpu_ns", "wait_ns"} <= set(doc["restores"][0])
 
 
+def test_prompt_saves_have_their_copies(upstream):
+    # each prompt save's llama_state_seq_get_data_ext is a copy row (ckpt 0, phase prompt_save) inside
+    # the workload's own clocks around that copy, analyzed as a checkpoint's copy is
+    r = upstream
+    ev, want = r.trace.events, by_start(r.truth["prompt_save"])
+    rows = by_start(ev[(ev["kind"] == "copy") & (ev["ckpt"] == 0)])
+    assert len(rows) == len(want) > 0 and (rows["phase"] == "prompt_save").all()
+    assert (rows["bytes"] == want["bytes"]).all() and (rows["tid"] == want["tid"]).all()
+    assert (want["copy_start_ns"] <= rows["start_ns"]).all()
+    assert (rows["end_ns"] <= want["copy_start_ns"] + want["copy_ns"]).all()
+    ps = analyze_trace(r.trace).prompt_saves
+    assert len(ps) == len(want) and (ps["bytes"] == want["bytes"]).all()
+    assert (ps["copy_ns"] == (rows["end_ns"] - rows["start_ns"]).to_numpy()).all()
+    assert within_cpu(ps["copy_cpu_ns"], want["copy_cpu_ns"])
+    assert (ps["iter"] > 0).all() and ps["copy_fault_ns"].notna().all()
+    doc = json.loads(ckptrace("analyze", "--json", r.path).stdout)
+    assert len(doc["prompt_saves"]) == len(want)
+    assert f"prompt saves: {len(want)}, " in ckptrace("analyze", r.path).stdout
+
+
 def test_libcxx_build_measures_fill(tmp_path):
     r = record_with_truth(tmp_path, [variant("libcxx"), *UPSTREAM_ARGS])
     assert r.trace.meta.profile.name == "11434"
@@ -190,7 +210,8 @@ def test_inlined_fill_is_derived_and_flagged(inlined):
 def test_compare_judges_restores_and_says_a_fill_is_derived(upstream, inlined):
     doc = json.loads(ckptrace("compare", "--json", upstream.path, inlined.path).stdout)
     rows = {m["metric"]: m for m in doc["metrics"]}
-    assert {"restore_total_ns", "restore_copy_ns"} <= set(rows)
+    assert {"restore_total_ns", "restore_copy_ns", "prompt_save_total_ns", "prompt_save_copy_ns"} <= set(rows)
+    assert rows["prompt_save_copy_ns"]["samples_baseline"] == len(upstream.truth["prompt_save"])
     assert rows["restore_total_ns"]["baseline_mean"] > 0 and rows["restore_total_ns"]["candidate_mean"] > 0
     assert any("leg 2: fill derived, not measured" in w for w in doc["warnings"])
 
@@ -251,3 +272,34 @@ def test_requests_count_whole_create_spans_once(upstream, tmp_path):
     assert q["ckpt_create_ns"] == q["ckpt_ns"] - int((ck["end_ns"] - ck["start_ns"]).sum())
     assert len(spec) == 12 and q["ckpt_ns"] == int((creates["end_ns"] - creates["start_ns"]).sum()
                                                   + (spec["end_ns"] - spec["start_ns"]).sum())
+
+
+def test_dashboard_draws_restores_and_state_saves_like_checkpoints(upstream):
+    # the timeline's iteration is the longest that restored; each restore, speculative state and prompt save
+    # in it is a row with its span and, inside, its copies, at the analysis's own times
+    from ckptrace.dashboards.report import build_panels
+
+    a = analyze_trace(upstream.trace)
+    panels = dict(build_panels([a]))
+    bars = {t.name: t for t in panels["timeline"].figure.data}
+    it = a.iterations
+    held = it[(it["kind"] == "prefill") & (it["checkpoints"] > 0) & it["iter"].isin(set(a.restores["iter"]))]
+    it = held.loc[held["span_ns"].idxmax()]  # the longest of them
+    t0, t1 = int(it["start_ns"]), int(it["end_ns"])
+    assert np.isclose(bars["iteration"].x[0] * 1e6, t1 - t0, rtol=1e-6)
+    ev = upstream.trace.events
+    inside = ev[(ev["start_ns"] >= t0) & (ev["end_ns"] <= t1)]
+    for name, kind, extra in (("restore", "restore", None), ("speculative state", "spec_state", None),
+                              ("prompt save", "prompt_save", None), ("restore copy", "restore_copy", None),
+                              ("copy", "copy", "prompt save")):
+        want = by_start(inside[inside["kind"] == kind])
+        if extra:  # the prompt save's copy, drawn on its row (the checkpoints' copies are another trace)
+            want = by_start(want[want["ckpt"] == 0])
+            drawn = [(b, x) for y, b, x in zip(bars[name].y, bars[name].base, bars[name].x) if y.startswith(extra)]
+        else:
+            drawn = list(zip(bars[name].base, bars[name].x))
+        assert len(want) == len(drawn) > 0, name
+        assert np.allclose([b for b, _ in drawn], (want["start_ns"] - t0) / 1e6, atol=1e-3), name
+        assert np.allclose([x for _, x in drawn], (want["end_ns"] - want["start_ns"]) / 1e6, atol=1e-3), name
+    titles = [x.text for x in panels["distributions"].figure.layout.annotations]
+    assert {"restore (ms)", "restore copy (ms)", "prompt save (ms)"} <= set(titles)
