@@ -106,7 +106,7 @@ def check_leg(d: Decoded, doc: dict, events) -> None:
     assert list(d.tracks[puuid].process.cmdline) == (meta["command"] or [meta["executable"]])
     threads = d.threads_of(meta["pid"])
     assert set(threads) == set(int(t) for t in events.loc[events["kind"] != "rss", "tid"].unique())
-    check_slices(d, threads, doc["checkpoints"], doc["iterations"], events, doc["restores"])
+    check_slices(d, threads, doc["checkpoints"], doc["iterations"], events, doc["restores"], doc["prompt_saves"])
     (held,) = d.children(puuid, "held checkpoint memory")
     assert d.tracks[held].counter.unit == pb.CounterDescriptor.UNIT_SIZE_BYTES
     assert max(v for _, v in d.counters[held]) >= max(c["bytes"] for c in doc["checkpoints"])
@@ -120,7 +120,7 @@ def check_leg(d: Decoded, doc: dict, events) -> None:
 
 
 def check_slices(d: Decoded, threads: dict[int, int], checkpoints: list, iterations: list, events,
-                 restores: list = ()) -> None:
+                 restores: list = (), prompt_saves: list = ()) -> None:
     """The slices on these thread tracks against analyze's checkpoints and iterations (those of
     other threads must not be here) and the event rows of these threads."""
     by_kind = defaultdict(list)
@@ -151,15 +151,20 @@ def check_slices(d: Decoded, threads: dict[int, int], checkpoints: list, iterati
         assert got == sorted(zip(rows["tid"], rows["start_ns"], rows["end_ns"] - rows["start_ns"])), kind
         assert all(s["name"] == name for s in by_kind[f"ckptrace.{kind}"])
     for s in by_kind["ckptrace.fill"] + by_kind["ckptrace.copy"]:
+        if s["args"]["ckpt"] == 0:  # a prompt save's state copy (format 3), inside its save
+            assert s["cat"] == ["ckptrace.copy"] and s["parent"]["cat"] == ["ckptrace.prompt_save"]
+            continue
         assert s["parent"]["cat"] == ["ckptrace.checkpoint"] and s["parent"]["args"]["ckpt"] == s["args"]["ckpt"]
     for s in by_kind["ckptrace.mmap"]:
         if s["args"]["phase"] == "fill":
             assert s["parent"]["cat"] == ["ckptrace.fill"]
-    # The fault counters add up to the checkpoints' fill + copy faults and the restores' copy faults.
+    # The fault counters add up to the checkpoints' fill + copy faults and the restores' and prompt
+    # saves' copy faults.
     fault_tracks = [u for t in threads.values() for u in d.children(t, "page faults")]
     faults = sum(v for u in fault_tracks for _, v in d.counters[u])
     assert faults == sum(c["fill_faults"] + c["copy_faults"] for c in checkpoints if c["tid"] in threads) \
-        + sum(r["copy_faults"] for r in restores if r["tid"] in threads) > 0
+        + sum(r["copy_faults"] for r in restores if r["tid"] in threads) \
+        + sum(p["copy_faults"] for p in prompt_saves if p["tid"] in threads) > 0
 
 
 def test_perfetto_export_of_an_aba_matches_analyze(tmp_path):
