@@ -84,6 +84,9 @@ class ProcessInfo:
     build_id: str | None = None  # the executable's GNU build-id
     profile: str | None = None  # the probe profile its generation matched (probes/symbols.py)
     exited_ns: int | None = None  # CLOCK_MONOTONIC when the recorder saw it gone (None: ran to the end)
+    # /proc/PID/stat starttime (clock ticks after boot): with `pid`, names this process and not a
+    # later one the kernel gave the same pid (None: not recorded)
+    start_ticks: int | None = None
 
 
 @dataclass

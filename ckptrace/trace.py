@@ -76,7 +76,7 @@ ADDED_IN_3 = {"pid", "spec"}
 # Rows per batch iter_batches yields: ~20 MiB of decoded columns, whatever the row groups.
 BATCH_ROWS = 1 << 18
 # Rows per Parquet row group of a finished trace: readers skip or read a trace a group at a time.
-ROW_GROUP_ROWS = 1 << 17  # as the recorder writes its finished trace (probes/recorder.py)
+ROW_GROUP_ROWS = 1 << 17  # also the recorder's finished trace (probes/recorder.py)
 
 
 @dataclass

@@ -110,21 +110,33 @@ class _Target:
 
 
 class CheckpointMetrics(Collector):
-    """Per-process series, folded from event batches; thread-safe against the HTTP thread."""
+    """Per-process series, folded from event batches; thread-safe against the HTTP thread.
+
+    A process is (pid, start time): a pid the kernel gives to a new process after the old one
+    exited is a new process. The kernel side matches one process per pid at a time, so events
+    (which carry the pid only) go to the one not yet ended."""
 
     def __init__(self):
         self._lock = threading.Lock()
-        self._targets: dict[int, _Target] = {}
+        self._targets: dict[tuple[int, int | None], _Target] = {}
         self._lost = 0
 
-    def add(self, pid: int, label: str, build_id: str, fill_probed: bool = True) -> None:
-        """A process to serve; `fill_probed` False: its build has no growth probe (derived fill)."""
+    def add(self, pid: int, label: str, build_id: str, fill_probed: bool = True, start: int | None = None) -> None:
+        """A process to serve (`start`: its start time); `fill_probed` False: its build has no
+        growth probe (derived fill). An ended process with the same pid and labels is dropped
+        now: the two would be one series (the new one starts as a counter reset)."""
+        labels = (str(pid), label, build_id or "")
         with self._lock:
-            self._targets[pid] = _Target((str(pid), label, build_id or ""), fill_probed=fill_probed)
+            for key in [k for k, t in self._targets.items() if t.labels == labels and t.ended_ns is not None]:
+                del self._targets[key]
+            self._targets[(pid, start)] = _Target(labels, fill_probed=fill_probed)
+
+    def _live(self, pid: int) -> _Target | None:
+        return next((t for (p, _), t in self._targets.items() if p == pid and t.ended_ns is None), None)
 
     def fold(self, pid: int, batch) -> None:
         """Add one batch of a process's events (probes/live.py LiveBatch)."""
-        t = self._targets.get(pid)
+        t = self._live(pid)
         if t is None:
             return  # a process detached since (its last events come after it was served)
         ev, fault = batch.events, batch.fault_ns
@@ -151,21 +163,22 @@ class CheckpointMetrics(Collector):
     def end(self, pid: int) -> None:
         """The process exited: its series are served at one more scrape, then removed."""
         with self._lock:
-            t = self._targets.get(pid)
-            if t is not None and t.ended_ns is None:
+            t = self._live(pid)
+            if t is not None:
                 t.ended_ns = time.monotonic_ns()
 
-    def expire(self, linger_ns: int) -> list[int]:
+    def expire(self, linger_ns: int) -> list[tuple[int, int | None]]:
         """Remove ended processes already scraped once since, or ended more than linger_ns ago."""
         now = time.monotonic_ns()
         with self._lock:
-            gone = [pid for pid, t in self._targets.items() if t.ended_ns is not None
+            gone = [key for key, t in self._targets.items() if t.ended_ns is not None
                     and (t.scraped_after_end or now - t.ended_ns > linger_ns)]
-            for pid in gone:
-                del self._targets[pid]
+            for key in gone:
+                del self._targets[key]
         return gone
 
-    def pids(self) -> list[int]:
+    def pids(self) -> list[tuple[int, int | None]]:
+        """The processes served, as (pid, start time)."""
         with self._lock:
             return list(self._targets)
 

@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass
 
 from ckptrace.errors import CkptraceError, TargetError
+from ckptrace.probes.target import alive, process_of, processes_named, start_time
 from ckptrace.terminal import printable
 
 DEFAULT_LISTEN = "127.0.0.1:9464"  # 9464: the port OpenTelemetry's Prometheus exporters use
@@ -84,8 +85,6 @@ def serve(opts: ServeOptions) -> None:
         raise TargetError("give --pid PID (one or more) or --comm NAME")
     if opts.comm and ("/" in opts.comm or len(opts.comm.encode()) > 255):
         raise TargetError(f"--comm takes a process name (as in /proc/PID/comm), got {printable(opts.comm)!r}")
-    from ckptrace.probes.target import process_of
-
     for pid in opts.pids:
         process_of(pid)  # a missing pid, a kernel thread, a zombie: said now, not after the BPF compile
     # Imported here: a bad --listen is said without loading pandas, bcc or the client library.
@@ -108,7 +107,14 @@ def serve(opts: ServeOptions) -> None:
         probes = LiveProbes(opts.ringbuf_pages)
         session = _Serving(opts, probes, metrics)
         for pid in opts.pids:
-            session.attach(pid)
+            try:
+                session.attach(pid)
+            except CkptraceError as e:
+                if len(opts.pids) == 1 or alive(pid):
+                    raise
+                _say(f"ckptrace: note: not serving PID {pid}: {e}")  # it exited: serve the others
+        if opts.pids and not session.targets:
+            raise TargetError("every process given exited while its probes were being attached: nothing to serve")
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/metrics"
         what = (", ".join(f"PID {t.pid} ({t.comm}, {t.probes} uprobes)" for t in session.targets.values())
                 if opts.pids else f"every process named {printable(opts.comm)!r} (looked for every {RESCAN_S:g} s)")
@@ -128,17 +134,15 @@ class _Serving:
 
     def __init__(self, opts: ServeOptions, probes, metrics):
         self.opts, self.probes, self.metrics = opts, probes, metrics
-        self.targets: dict[int, object] = {}  # pid -> LiveTarget
-        self.refused: set[int] = set()  # --comm: processes that could not be attached, said once
+        self.targets: dict[int, object] = {}  # pid -> LiveTarget (one process per pid at a time)
+        self.refused: set[tuple[int, int | None]] = set()  # --comm: (pid, start time) that could not be attached, said once
 
     def attach(self, pid: int) -> None:
         t = self.probes.attach(pid)
         self.targets[t.pid] = t
-        self.metrics.add(t.pid, self.opts.label or t.comm, t.build_id, t.plan.fill_probed)
+        self.metrics.add(t.pid, self.opts.label or t.comm, t.build_id, t.plan.fill_probed, start=t.start)
 
     def run(self, stop: list[str]) -> None:
-        from ckptrace.probes.target import processes_named
-
         t0 = time.monotonic()
         next_scan = 0.0
         hinted = False
@@ -161,7 +165,8 @@ class _Serving:
             if self.opts.comm and now >= next_scan:
                 next_scan = now + RESCAN_S
                 for pid in processes_named(self.opts.comm):
-                    if pid not in self.targets and pid not in self.refused:
+                    # a pid reused by a new process of the name is a new process (key: its start time)
+                    if pid not in self.targets and (pid, start_time(pid)) not in self.refused:
                         self._attach_found(pid)
                 if not hinted and not self.targets and not self.metrics.pids() and now - t0 >= self.opts.hint_after_s:
                     hinted = True
@@ -176,11 +181,13 @@ class _Serving:
     def _attach_found(self, pid: int) -> None:
         """A process of the --comm name appeared: attach it; one that can't be is said once, and
         the others go on."""
+        start = start_time(pid)
         try:
             self.attach(pid)
-        except CkptraceError as e:
-            self.refused.add(pid)
-            _say(f"ckptrace: note: not serving PID {pid}: {e}")
+        except (CkptraceError, OSError) as e:  # e.g. it exited while being attached: the others go on
+            self.refused.add((pid, start))
+            why = str(e) if isinstance(e, CkptraceError) else f"{e.strerror or e}"
+            _say(f"ckptrace: note: not serving PID {pid}: {why}")
             return
         t = self.targets[pid]
         _say(f"ckptrace: serving PID {pid} ({t.comm}, {t.probes} uprobes)")

@@ -18,7 +18,7 @@ import pandas as pd
 
 from ckptrace.errors import TargetError
 from ckptrace.probes import fault_time, kernel, recorder
-from ckptrace.probes.target import alive
+from ckptrace.probes.target import alive, process_of
 from ckptrace.terminal import printable
 from ckptrace.trace import KINDS
 
@@ -34,9 +34,15 @@ class LiveTarget:
     build_id: str
     probes: int  # uprobes attached
     plan: object = field(repr=False)  # symbols.ProbePlan
+    start: int | None = None  # its start time: (pid, start) names it, a reused pid does not
+
+    @property
+    def key(self) -> tuple[int, int | None]:
+        return self.pid, self.start
 
     def alive(self) -> bool:
-        return alive(self.pid)
+        """Running, and still this process (not a later one given its pid)."""
+        return alive(self.pid, self.start)
 
 
 @dataclass
@@ -68,7 +74,7 @@ class LiveProbes:
         # No RSS rows: serve has no series for them (the recorder's kmem:rss_stat program is left out).
         self.opts = recorder.RecordOptions(output=Path(os.devnull), ringbuf_pages=ringbuf_pages, status=False,
                                            rss_step_mib=0)
-        self.bpf = recorder._load(bcc, recorder.Targets([]), offsets, self.sched, self.opts)
+        self.bpf = recorder.load_program(bcc, recorder.Targets([]), offsets, self.sched, self.opts)
         # The ring buffer's records as they come (the recorder's _Session also streams them to its
         # file; serve only needs the bytes): the record layout from the compiler, as the recorder.
         self.dtype = np.dtype(self.bpf["event_layout"].Leaf)
@@ -77,19 +83,19 @@ class LiveProbes:
         self.calibration: dict[str, list[list[int]]] = {"fill": [], "copy": []}
 
     def attach(self, pid: int) -> LiveTarget:
-        """Resolve the probe points in the live process and attach; TargetError/SymbolError when it can't."""
-        _, targets = recorder._resolve_target(pid, None, None, self.opts)
-        t = targets[0]
+        """Resolve the probe points in the live process and attach; a CkptraceError (TargetError,
+        SymbolError, EbpfUnavailable) when it can't, also when it exits meanwhile, and nothing
+        of it left attached."""
+        t = recorder.resolve_process(process_of(pid)[0])
         if len(self.bpf["targets"]) >= recorder.MAX_TARGETS:
             raise TargetError(f"PID {t.pid}: serve follows at most {recorder.MAX_TARGETS} processes at once")
-        self.bpf["targets"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(recorder.target_flags(t.plan))
+        recorder.trace_process(self.bpf, t.pid, t.plan)
         try:
-            attached, _ = recorder._attach(self.bpf, t.plan, t.pid)
+            attached, _ = recorder.attach_probes(self.bpf, t.plan, t.pid, t.start)
         except BaseException:
             self._forget(t.pid, t.plan)
             raise
-        exe = next((o for o in t.plan.objects if o.path == t.plan.target), t.plan.objects[0])
-        return LiveTarget(t.pid, printable(t.comm), t.plan.target, exe.build_id, attached, t.plan)
+        return LiveTarget(t.pid, printable(t.comm), t.plan.target, t.build_id or "", attached, t.plan, t.start)
 
     def batch(self) -> LiveBatch | None:
         """Every event since the last batch, in the kernel's own layout (a numpy record array:
@@ -120,10 +126,7 @@ class LiveProbes:
         self.bpf.cleanup()
 
     def _forget(self, pid: int, plan) -> None:
-        try:
-            del self.bpf["targets"][ctypes.c_uint32(pid)]
-        except KeyError:
-            pass
+        recorder.untrace_process(self.bpf, pid)
         for p in plan.points:
             for detach in (self.bpf.detach_uprobe, self.bpf.detach_uretprobe):
                 try:

@@ -26,15 +26,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ckptrace import __version__
-from ckptrace.errors import EbpfUnavailable, TargetError
+from ckptrace.errors import EbpfUnavailable, SymbolError, TargetError
 from ckptrace.meta import FaultTime, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, SchedCounters, TraceMeta
 from ckptrace.probes import fault_time, kernel
-from ckptrace.probes.target import alive, comm_of, process_of, processes_named, resident_members
+from ckptrace.probes.target import alive, comm_of, process_of, processes_named, resident_members, start_time
 from ckptrace.probes.launch import HeldChild
 from ckptrace.output import OutputError, check_output, write_new, write_output
 from ckptrace.terminal import printable
 from ckptrace.stream import CUT_SHORT, Recording, StreamFull, batches
-from ckptrace.trace import KINDS, OPTIONAL, PHASES, event_schema, normalize_events, to_batch, trace_schema
+from ckptrace.trace import (KINDS, OPTIONAL, PHASES, ROW_GROUP_ROWS, event_schema, normalize_events, to_batch,
+                            trace_schema)
 
 BPF_SOURCE = Path(__file__).with_name("checkpoint.bpf.c")
 
@@ -59,7 +60,7 @@ PROGRAMS = {
     "fill_call_end": ("fill_return", None),
     "fill_call": ("fill_enter_call", None),
 }
-# spans other probed calls nest in: attached last (see _attach)
+# spans other probed calls nest in: attached last (see attach_probes)
 OUTER_POINTS = ("update_tgt", "update_dft", "update_slots", "create_checkpoint", "load_tgt", "load_dft",
                 "prompt_save")
 # llama_batch_ext (llama-batch.h, the same in 0.3.36 and 11434): its token vector's offset,
@@ -74,6 +75,19 @@ def target_flags(plan) -> int:
     """The `targets` map value for a process with this probe plan (checkpoint.h TARGET_*)."""
     return (TARGET_TRACED | (TARGET_CREATE if plan.by_point("create_checkpoint") else 0)
             | (TARGET_LIBCXX if plan.stdlib == "libc++" else 0))
+
+
+def trace_process(bpf, pid: int, plan) -> None:
+    """Public API: the kernel side traces this process's threads from now (its `targets` entry)."""
+    bpf["targets"][ctypes.c_uint32(pid)] = ctypes.c_uint32(target_flags(plan))
+
+
+def untrace_process(bpf, pid: int) -> None:
+    """Public API: stop matching this pid (it exited, and may be given to another process)."""
+    try:
+        del bpf["targets"][ctypes.c_uint32(pid)]
+    except KeyError:
+        pass
 SCHED_COLUMNS = ("cpu_ns", "wait_ns", "nvcsw", "nivcsw")
 # Indices of the kernel's `counters` array (checkpoint.h enum ckpt_counter; C_NEXT_ID is the
 # kernel's id allocator, never read here). tests/test_enums.py holds these to the header.
@@ -99,7 +113,6 @@ STOP_SIGNALS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", sign
 POLL_S = 0.1  # drain period; events are submitted without wakeups (2 MiB of ring: 130k events/s)
 SLICE_POLL_S = 0.05  # with --fault-sample: the timed slices' edges are this exact
 FLUSH_S = 0.5  # a batch goes to disk at least this often (what a killed recorder can lose)
-ROW_GROUP_ROWS = 1 << 17  # rows per Parquet row group in the finished trace
 CHUNK_ROWS = 1 << 15  # rows the finishing pass takes from the stream at a time
 MAX_THREADS = 8192  # default size of the kernel's per-thread map
 MAX_TARGETS = 64  # processes one recording follows (the kernel's `targets` map)
@@ -127,11 +140,20 @@ class Target:
     comm: str
     plan: object  # symbols.ProbePlan
     ended_ns: int | None = None  # CLOCK_MONOTONIC when it was seen gone
+    start: int | None = None  # target.start_time: with pid, this process and not a later one with its pid
+
+    @property
+    def build_id(self) -> str | None:
+        return next((o.build_id for o in self.plan.objects if o.path == self.plan.target), None)
+
+    def alive(self) -> bool:
+        """Still running, and still this process (its pid was not given to another)."""
+        return alive(self.pid, self.start)
 
     def info(self) -> ProcessInfo:
-        build = next((o.build_id for o in self.plan.objects if o.path == self.plan.target), None)
         return ProcessInfo(pid=self.pid, label=self.label, comm=self.comm, executable=self.plan.target,
-                           build_id=build, exited_ns=self.ended_ns, profile=self.plan.profile.name)
+                           build_id=self.build_id, exited_ns=self.ended_ns, profile=self.plan.profile.name,
+                           start_ticks=self.start)
 
 
 class Targets(list):
@@ -143,10 +165,10 @@ class Targets(list):
 
     def any_alive(self) -> bool:
         for t in self:
-            if t.ended_ns is None and not alive(t.pid):
+            if t.ended_ns is None and not t.alive():
                 t.ended_ns = time.monotonic_ns()
                 if self.bpf is not None:  # its pid may be reused: stop matching it
-                    self.bpf["targets"].__delitem__(ctypes.c_uint32(t.pid))
+                    untrace_process(self.bpf, t.pid)
                 if any(o.ended_ns is None for o in self):
                     _say(f"ckptrace: PID {t.pid} ({printable(t.comm)}) exited; recording the others")
         return any(t.ended_ns is None for t in self)
@@ -170,21 +192,21 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
     every process named `comm`, or launch `command`, held until the probes are in."""
     bcc, offsets = _preflight(opts)
     sched, sched_note = kernel.sched_offsets()
-    child, targets = _resolve_target(pid, command, comm, opts)
+    child, targets = resolve_targets(pid, command, comm, opts)
     try:
-        bpf = _load(bcc, targets, offsets, sched, opts, attach=child is None)
+        bpf = load_program(bcc, targets, offsets, sched, opts, attach=child is None)
         targets.bpf = bpf
         attached, attach_retries = 0, 0
         for t in list(targets):
             try:
-                n, r = _attach(bpf, t.plan, t.pid)
+                n, r = attach_probes(bpf, t.plan, t.pid, t.start)
             except TargetError:
-                if len(targets) == 1 or alive(t.pid):
+                if len(targets) == 1 or t.alive():
                     raise
                 _say(f"ckptrace: note: PID {t.pid} exited while its probes were being attached; "
                      "recording the others")
                 targets.remove(t)
-                bpf["targets"].__delitem__(ctypes.c_uint32(t.pid))
+                untrace_process(bpf, t.pid)
                 continue
             attached, attach_retries = attached + n, attach_retries + r
     except BaseException:
@@ -272,8 +294,33 @@ def _preflight(opts: RecordOptions):
     return bcc, kernel.task_struct_offsets()
 
 
-def _resolve_target(pid, command: list[str] | None, comm: str | None, opts: RecordOptions):
-    """(held child or None, Targets); a launched child is held before its exec."""
+def resolve_process(pid: int, label: str | None = None) -> Target:
+    """Public API (record and serve): a running process as a Target, its probe points resolved in
+    the objects it has mapped and its start time taken (label None: its comm). TargetError (one
+    line) when it can't be traced, including a process that exits meanwhile: a vanishing
+    /proc/PID file never escapes as a plain OSError."""
+    from ckptrace.probes import symbols
+
+    start = start_time(pid)
+    try:
+        plan = symbols.resolve_pid(pid)
+    except OSError as e:
+        raise _gone_or(pid, f"PID {pid}: cannot read its mappings ({e.strerror or e})") from None
+    name = comm_of(pid)
+    if start is None or not alive(pid, start):
+        raise _gone_or(pid, "")
+    return Target(pid, name if label is None else label, name, plan, start=start)
+
+
+def _gone_or(pid: int, why: str) -> TargetError:
+    return TargetError(why if why and alive(pid) else f"PID {pid} exited while its probes were being resolved")
+
+
+def resolve_targets(pid, command: list[str] | None, comm: str | None, opts: RecordOptions):
+    """Public API (record): the processes to record, as (held child or None, Targets). `pid` is
+    an int or a list of ints or (pid, label) pairs; `comm` takes every process of that name running
+    now (waiting while there is none; later ones are not added); `command` is launched, held
+    before its exec until the probes are in."""
     from ckptrace.probes import symbols
 
     if command:
@@ -284,7 +331,7 @@ def _resolve_target(pid, command: list[str] | None, comm: str | None, opts: Reco
             child.abandon()
             raise
         name = Path(child.path).name[:15]
-        return child, Targets([Target(child.pid, f"{name}#1", name, plan)])
+        return child, Targets([Target(child.pid, f"{name}#1", name, plan, start=start_time(child.pid))])
     wanted = _wait_for_comm(comm, opts) if comm else [pid] if isinstance(pid, int) else list(pid)
     chosen: dict[int, str | None] = {}
     for item in wanted:
@@ -302,7 +349,14 @@ def _resolve_target(pid, command: list[str] | None, comm: str | None, opts: Reco
         seen[name] = seen.get(name, 0) + 1
         if label is None:  # its name and rank: the same process label in every leg (compare --per-process)
             label = f"{name}#{seen[name]}"
-        targets.append(Target(p, label, name, symbols.resolve_pid(p)))
+        try:
+            targets.append(resolve_process(p, label))
+        except TargetError:
+            if len(chosen) == 1 or alive(p):
+                raise
+            _say(f"ckptrace: note: PID {p} exited while its probes were being resolved; recording the others")
+    if not targets:
+        raise TargetError("every process exited while its probes were being resolved: nothing recorded")
     return None, Targets(targets)
 
 
@@ -562,7 +616,13 @@ def _to_stderr(text: str) -> None:
         pass
 
 
-def _load(bcc, targets: Targets, offsets: dict, sched: dict | None, opts: RecordOptions, attach: bool = True):
+def load_program(bcc, targets: Targets, offsets: dict, sched: dict | None, opts: RecordOptions, attach: bool = True):
+    """Public API (record and serve): compile checkpoint.bpf.c with `opts` as integer defines only,
+    load every program (a verifier rejection is one line now), and trace `targets` (none for
+    serve, which adds its processes with trace_process as it attaches them). `attach` False: the
+    targets are launched commands, not yet exec'ed (their RSS counts from the exec). `bcc` and
+    `offsets` are what kernel.import_bcc and kernel.task_struct_offsets return, `sched`
+    kernel.sched_offsets's offsets (None: not recorded)."""
     pages = opts.ringbuf_pages
     # Integers only: nothing the user typed becomes C source.
     cflags = [
@@ -590,7 +650,7 @@ def _load(bcc, targets: Targets, offsets: dict, sched: dict | None, opts: Record
             bpf.detach_tracepoint(tp=tp)
     seeds = bpf["rss_seed"]
     for t in targets:
-        bpf["targets"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(target_flags(t.plan))
+        trace_process(bpf, t.pid, t.plan)
         if not attach:
             bpf["rss_before_exec"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(1)
         # A running process's counters so far; a launched one starts from zero at its exec.
@@ -619,10 +679,20 @@ def _quietly(what: str, call, *args, **kwargs):
     raise EbpfUnavailable(f"{what}: {reason or failure}")
 
 
-def _attach(bpf, plan, target: int) -> tuple[int, int]:
+def attach_probes(bpf, plan, target: int, start: int | None = None) -> tuple[int, int]:
+    """Public API (record and serve): attach every probe point of `plan` into process `target`
+    (start: its start time, so a pid reused meanwhile is not taken for it); returns (uprobes
+    attached, retries). TargetError when the process exits meanwhile (the caller detaches what
+    was attached), EbpfUnavailable/SymbolError when the kernel or bcc refuses a probe."""
     from ckptrace.probes.symbols import verify_with_bcc
 
-    verify_with_bcc(plan, target)  # bcc maps vaddr -> file offset itself; make sure it agrees
+    gone = TargetError(f"PID {target} exited while its probes were being attached")
+    try:
+        verify_with_bcc(plan, target)  # bcc maps vaddr -> file offset itself; make sure it agrees
+    except SymbolError:
+        if not alive(target, start):
+            raise gone from None
+        raise
     n = retries = 0
     # Attached into a running process, order decides what a call in flight looks like: every
     # return probe first, then the entries, the outer ones (checkpoint, iteration) last. So a
@@ -642,14 +712,15 @@ def _attach(bpf, plan, target: int) -> tuple[int, int]:
                              pid=target)
                     break
                 except EbpfUnavailable:
-                    if not alive(target):
-                        raise TargetError(f"PID {target} exited while the probes were being attached; "
-                                          "nothing was recorded") from None
+                    if not alive(target, start):
+                        raise gone from None
                     if not delay:
                         raise
                     retries += 1
                     time.sleep(delay)
             n += 1
+    if not alive(target, start):
+        raise gone
     return n, retries
 
 

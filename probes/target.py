@@ -21,7 +21,7 @@ def process_of(pid: int) -> tuple[int, str | None]:
     stat = _stat(pid)
     if stat is None:
         raise TargetError(f"no process with PID {pid}")
-    comm, state, flags = stat
+    comm, state, flags, _ = stat
     if int(flags) & PF_KTHREAD:
         raise TargetError(f"PID {pid} ({printable(comm)}) is a kernel thread: it runs no user code to "
                           "probe; give the PID of a llama-server")
@@ -36,9 +36,18 @@ def process_of(pid: int) -> tuple[int, str | None]:
     return pid, None
 
 
-def alive(pid: int) -> bool:
+def alive(pid: int, start: int | None = None) -> bool:
+    """Whether the process runs; with `start` (start_time's value), whether it is still that
+    process and not a later one the pid was given to."""
     stat = _stat(pid)
-    return stat is not None and stat[1] not in ("Z", "X")
+    return stat is not None and stat[1] not in ("Z", "X") and (start is None or stat[3] == start)
+
+
+def start_time(pid: int) -> int | None:
+    """When the process started (/proc/PID/stat field 22, clock ticks since boot); None when it is
+    gone. A pid is reused, (pid, start time) never: it names one process for good."""
+    stat = _stat(pid)
+    return stat[3] if stat else None
 
 
 def unreadable(pid: int, what: str) -> NotPermitted:
@@ -50,8 +59,8 @@ def unreadable(pid: int, what: str) -> NotPermitted:
     return NotPermitted(f"cannot read {what}: run as root or as the owner of PID {pid}")
 
 
-def _stat(pid: int) -> tuple[str, str, str] | None:
-    """(comm, state, flags) from /proc/PID/stat; None when there is no such task."""
+def _stat(pid: int) -> tuple[str, str, str, int] | None:
+    """(comm, state, flags, start time) from /proc/PID/stat; None when there is no such task."""
     try:
         with open(f"/proc/{int(pid)}/stat") as f:
             text = f.read()
@@ -59,9 +68,9 @@ def _stat(pid: int) -> tuple[str, str, str] | None:
         return None
     comm = text[text.find("(") + 1:text.rfind(")")]  # comm may hold spaces and parentheses
     fields = text[text.rfind(")") + 2:].split()
-    if len(fields) < 7:
+    if len(fields) < 20 or not fields[19].isdigit():
         return None
-    return comm, fields[0], fields[6]
+    return comm, fields[0], fields[6], int(fields[19])  # fields[i] is stat's field i + 3
 
 
 def _tgid(pid: int) -> int | None:

@@ -31,8 +31,9 @@ Examples:
               help="Attach to this running process; repeat it or give a comma list for several. "
                    "LABEL names the process in analyze and compare --per-process (default: its name "
                    "and rank, in the order given (by pid for --comm), e.g. llama-server#2).")
-@click.option("--comm", metavar="NAME", help="Attach to every running process with this name (its "
-              "/proc/PID/comm); waits while there is none.")
+@click.option("--comm", metavar="NAME", help="Attach to every process with this name (its /proc/PID/comm) "
+              "running when recording starts, or, while there is none, the first to appear. One started "
+              "later is not added (serve --comm follows those).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path),
               required=True, help="Trace file: an Arrow stream while recording (a killed recorder leaves it, cut "
                    "short), replaced by the finished Parquet trace at the end.")
