@@ -1,9 +1,13 @@
 """Writing an output file safely, as root, wherever the user points: the one helper every writer uses.
 
-- A regular file (or a new name) is replaced atomically: the data goes to a temp file created
-  exclusively (O_EXCL|O_NOFOLLOW, random name, relative to the folder's open descriptor), is
-  fsync'ed, then renamed over the name. A reader never sees half a file and no existing inode is
-  written into, so a hard link or a planted symlink at the name is never written through.
+- A regular file (or a new name) is replaced atomically: the data goes to a new file with no
+  name (O_TMPFILE in the folder's open descriptor), is fsync'ed, is linked to a random temp name
+  created exclusively (linkat never follows or replaces a name), then renamed over the name. A
+  reader never sees half a file, no existing inode is written into, so a hard link or a planted
+  symlink at the name is never written through, and a writer killed while writing (SIGKILL, the
+  OOM killer) leaves nothing: the file had no name, so the kernel frees it. Where the folder's
+  filesystem has no O_TMPFILE, the temp file is named from the start (O_EXCL|O_NOFOLLOW) and a
+  kill while writing leaves it.
 - A FIFO, a terminal, /dev/null, /dev/zero, /dev/full and our own stdout/stderr (`-o /dev/stdout`,
   `/dev/fd/1`) are written into directly, never replaced: that is what a user pointing there means.
 - Any other special file (a block device, /dev/mem, a socket) and a directory are refused.
@@ -201,20 +205,52 @@ def create_in_place(path: str | os.PathLike, head: bytes, *, what: str = "output
     folder, name = os.path.split(target)
     dfd = _open_folder(folder, folder_id, path, what)
     try:
-        fd, tmp = _create_temp(dfd, path, what, f".{name}.", ".tmp")
+        fd, tmp = _new_file(dfd, path, what, f".{name}.", ".tmp")
         try:
             view = memoryview(head)
             while view:
                 view = view[os.write(fd, view):]
             os.fchmod(fd, _default_mode() if st is None else stat.S_IMODE(st.st_mode))
+            tmp = _named(fd, tmp, dfd, path, what, f".{name}.", ".tmp")
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
-        except OSError as e:
+        except BaseException as e:
             os.close(fd)
-            os.unlink(tmp, dir_fd=dfd)
-            raise _error(path, what, e) from None
+            if tmp is not None:
+                os.unlink(tmp, dir_fd=dfd)
+            if isinstance(e, OSError):
+                raise _error(path, what, e) from None
+            raise
     finally:
         os.close(dfd)
     return fd
+
+
+def _new_file(dfd: int, shown, what: str, prefix: str, suffix: str) -> tuple[int, str | None]:
+    """A new file in the folder, open for writing: (fd, None) with no name yet (O_TMPFILE), or,
+    where the filesystem can't make one, (fd, its temp name)."""
+    if os.path.isdir("/proc/self/fd"):  # naming it later takes /proc
+        try:
+            return os.open(".", os.O_TMPFILE | os.O_RDWR | os.O_CLOEXEC, 0o600, dir_fd=dfd), None
+        except OSError:
+            pass  # tmpfs, ext4, xfs and btrfs have O_TMPFILE; other filesystems may not
+    return _create_temp(dfd, shown, what, prefix, suffix)
+
+
+def _named(fd: int, name: str | None, dfd: int, shown, what: str, prefix: str, suffix: str) -> str:
+    """The file's temp name in the folder: the one it has, or a new random one linked to the
+    unnamed file (linkat through /proc/self/fd: O_TMPFILE's documented way to give it a name)."""
+    if name is not None:
+        return name
+    for _ in range(100):
+        name = f"{prefix}{secrets.token_hex(6)}{suffix}"
+        try:
+            os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dfd, follow_symlinks=True)
+            return name
+        except FileExistsError:
+            continue
+        except OSError as e:
+            raise _error(shown, what, e) from None
+    raise OutputError(f"{printable(shown)}: could not create a temp file beside it", errno.EEXIST)
 
 
 def _create_temp(dfd: int, shown, what: str, prefix: str, suffix: str) -> tuple[int, str]:
@@ -231,15 +267,19 @@ def _create_temp(dfd: int, shown, what: str, prefix: str, suffix: str) -> tuple[
 
 
 def _write_temp(dfd: int, write: Writer, shown, what: str, prefix: str, suffix: str, mode: int) -> str:
-    fd, name = _create_temp(dfd, shown, what, prefix, suffix)
+    """Write a new file in the folder and return its temp name (prefix, random, suffix); it has no
+    name while it is written (see the module's note), so a kill meanwhile leaves nothing."""
+    fd, name = _new_file(dfd, shown, what, prefix, suffix)
     try:
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())  # ENOSPC/EIO surface here, before the name points at it
             os.fchmod(f.fileno(), mode)
+            name = _named(f.fileno(), name, dfd, shown, what, prefix, suffix)
     except BaseException as e:
-        os.unlink(name, dir_fd=dfd)
+        if name is not None:
+            os.unlink(name, dir_fd=dfd)
         if isinstance(e, OSError):
             raise _error(shown, what, e) from None
         raise

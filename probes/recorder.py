@@ -506,6 +506,7 @@ def _finisher(out: Recording, session: _Session, meta: TraceMeta):
     schema = trace_schema(meta)
 
     def write(f):
+        _say(f"ckptrace: writing the finished trace ({meta.events} events)")  # a long recording takes seconds
         with pq.ParquetWriter(f, schema, compression="zstd") as w:
             for table in _finished_tables(out, session.unwritten, cal, session.batch_min_start, schema):
                 w.write_table(table)

@@ -131,3 +131,84 @@ def test_a_full_thread_map_is_counted_and_said(tmp_path, workload):
     assert f"{m.map_full} thread events not seen: the per-thread map was full" in p.stderr
     a = ckptrace("analyze", out)
     assert a.returncode == 0 and "per-thread map was" in a.stdout.replace("\n  ", " ")
+
+
+def filled_pipe() -> tuple[int, int]:
+    """A pipe (read end, write end for a child's stderr), and a function filling it to the brim
+    from a second, non-blocking description of its write end: the child's next write then blocks
+    (its own description stays blocking) until the test reads."""
+    import fcntl
+    import os
+
+    r, w = os.pipe()
+    fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, 4096)
+    filler = os.open(f"/proc/self/fd/{w}", os.O_WRONLY | os.O_NONBLOCK)
+
+    def fill():
+        for chunk in (b"#" * 512, b"#"):
+            while True:
+                try:
+                    os.write(filler, chunk)
+                except BlockingIOError:
+                    break
+    return r, w, filler, fill
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_a_kill_while_the_finished_trace_is_written_leaves_the_stream_and_nothing_else(tmp_path, workload):
+    """SIGKILL while the recorder writes the finished Parquet trace: -o is still the whole
+    recording as a readable stream, and nothing else is in its folder (the new file has no name
+    until it is complete). Synchronised on events, not time: the recorder's stderr is a pipe the
+    test has filled, so its 'writing the finished trace' line, printed with the new file open,
+    blocks it there; the kill comes once that file is seen among its descriptors."""
+    import os
+    import signal
+    import subprocess
+
+    from ckptrace.stream import is_stream
+    from helpers import CKPTRACE, go, waiting_workload
+
+    folder = (tmp_path / "out").resolve()
+    folder.mkdir()
+    out, truth = folder / "t.parquet", tmp_path / "t.jsonl"
+    r, w, filler, fill = filled_pipe()
+    with waiting_workload(workload, "--iterations", "24", "--ckpt-mib", "36", truth=truth) as wl:
+        rec = subprocess.Popen([str(CKPTRACE), "record", "--quiet", "-o", str(out), "--pid", str(wl.pid)],
+                               stderr=w)
+        os.close(w)
+        try:
+            with os.fdopen(r, "rb", buffering=0) as err:
+                line = b""
+                while not line.endswith(b"\n"):
+                    line += err.read(1) or b"\n"
+                assert line.startswith(b"ckptrace: tracing"), line
+                fill()
+                go(wl)
+                assert wl.wait(120) == 0
+
+                def writing_file():
+                    """The recorder's open file in the folder that is not -o (the trace being written)."""
+                    for fd in os.listdir(f"/proc/{rec.pid}/fd"):
+                        p = f"/proc/{rec.pid}/fd/{fd}"
+                        try:
+                            if os.readlink(p).startswith(f"{folder}/") and os.stat(p).st_ino != out.stat().st_ino:
+                                return p
+                        except FileNotFoundError:
+                            continue
+                    return None
+                wait_until(writing_file, "the recorder to open the finished trace's file (blocked on its line)")
+                assert rec.poll() is None
+                rec.send_signal(signal.SIGKILL)
+                assert rec.wait(60) == -signal.SIGKILL
+        finally:
+            os.close(filler)
+            if rec.poll() is None:
+                rec.kill()
+                rec.wait(60)
+    assert sorted(os.listdir(folder)) == [out.name]  # no temp file beside -o
+    assert is_stream(out)
+    t = read_trace(out)
+    assert t.meta.complete is False
+    ck = t.events[t.events["kind"] == "checkpoint"]
+    assert len(ck) == len(load_truth(truth)["checkpoint"]) > 0  # flushed before the finishing pass
