@@ -34,7 +34,7 @@ GROUPS: dict[str, tuple[tuple[str, ...], list[str]]] = {
     # memory.py's syscalls and RSS, and state_path.py's restores, creates and prompt saves
     "memory": (("mmap", "munmap", "mremap", "rss", "create", "restore", "restore_copy", "prompt_save"),
                ["kind", "pid", *SPAN, "ckpt", "iter", "addr", "bytes", "phase", "draft", "faults", *CLOCKS,
-                "fault_ns"]),
+                "fault_ns", "old_addr", "old_bytes"]),
 }
 GROUP_OF = {k: g for g, (kinds, _) in GROUPS.items() for k in kinds}
 READ = [c for c in COLUMNS if c in {"kind", "iter", "pid"} or any(c in cols for _, cols in GROUPS.values())]

@@ -3,7 +3,9 @@
 A checkpoint buffer is a mapping made while a checkpoint was being made: an `mmap` row whose phase
 is `fill`, `checkpoint` or `create` (the vector's growth asks glibc, which maps anything above its
 mmap threshold). It is held from that mmap's return until a `munmap` (any thread, any phase)
-returns its pages; a partial munmap returns part of it. So a pool that keeps buffers instead of
+returns its pages; a partial munmap returns part of it. An `mremap` of a buffer (realloc) moves
+or resizes it: its old range (`old_addr`, `old_bytes`) stops being held and its new one is held
+(a trace recorded before those columns, old_addr 0: only a resize in place is seen). So a pool that keeps buffers instead of
 freeing them holds more, and a trim that unmaps them shows as releases. Limits, said where shown:
 buffers mapped before recording began are not known (attach mode); a buffer glibc serves from the
 heap (at most its mmap threshold, 32 MiB at most) is never mapped, so it is not counted.
@@ -108,27 +110,35 @@ def _walk(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     maps = _buffer_maps(events)
     if not len(maps):
         return empty_frame(HELD_COLUMNS), empty_frame(RELEASE_COLUMNS)
+    moves = [c for c in ("old_addr", "old_bytes") if c in events.columns]
     sc = events.loc[events["kind"].isin(["mmap", "munmap", "mremap"]) & events["pid"].isin(maps["pid"].unique()),
-                    ["kind", "pid", "tid", "start_ns", "end_ns", "addr", "bytes", "phase"]]
+                    ["kind", "pid", "tid", "start_ns", "end_ns", "addr", "bytes", "phase", *moves]]
+    if len(moves) < 2:  # a trace from before those columns: not recorded
+        sc = sc.assign(old_addr=np.zeros(len(sc), "uint64"), old_bytes=np.zeros(len(sc), "int64"))
     addr = sc["addr"].to_numpy("uint64")
     end = addr + sc["bytes"].to_numpy("uint64")
     lo, hi = maps["addr"].to_numpy("uint64").min(), (maps["addr"].to_numpy("uint64")
                                                      + maps["bytes"].to_numpy("uint64")).max()
+    remap = (sc["kind"] == "mremap").to_numpy()
+    if remap.any():  # a buffer may move anywhere: every new range may hold one (mremap rows are few)
+        lo, hi = min(lo, addr[remap].min()), max(hi, end[remap].max())
     is_buffer = (sc["kind"] == "mmap").to_numpy() & sc["phase"].isin(BUFFER_PHASES).to_numpy()
-    sc = sc.loc[is_buffer | ((end > lo) & (addr < hi))]  # the rest can't overlap any buffer
+    sc = sc.loc[is_buffer | remap | ((end > lo) & (addr < hi))]  # the rest can't overlap any buffer
     # A mapping exists from the mmap's return; an munmap's pages go at its entry.
     t = np.where(sc["kind"] == "munmap", sc["start_ns"], sc["end_ns"])
     sc = sc.assign(t_ns=t).sort_values(["pid", "t_ns"], kind="stable")
     kind = np.select([(sc["kind"] == k).to_numpy() for k in ("mmap", "munmap")], [MMAP, MUNMAP], MREMAP)
     buffer = (kind == MMAP) & sc["phase"].isin(BUFFER_PHASES).to_numpy()
     addr, nbytes, pid = sc["addr"].to_numpy("uint64"), sc["bytes"].to_numpy("int64"), sc["pid"].to_numpy()
+    old_addr, old_bytes = sc["old_addr"].to_numpy("uint64"), sc["old_bytes"].to_numpy("int64")
     changed = np.zeros(len(sc), bool)
     freed = np.zeros(len(sc), "int64")
     held = np.zeros(len(sc), "int64")
     cuts = np.flatnonzero(pid[1:] != pid[:-1]) + 1
     for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(sc)]):  # one process at a time: its own address space
         part = slice(a, b)
-        changed[part], freed[part], held[part] = _replay(kind[part], buffer[part], addr[part], nbytes[part])
+        changed[part], freed[part], held[part] = _replay(kind[part], buffer[part], addr[part], nbytes[part],
+                                                         old_addr[part], old_bytes[part])
     keep = changed
     held_df = pd.DataFrame({"t_ns": sc["t_ns"].to_numpy()[keep], "pid": pid[keep],
                             "held_bytes": held[keep]}).astype(HELD_COLUMNS)
@@ -140,10 +150,11 @@ def _walk(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
         rel_df.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True)
 
 
-def _replay(kind: np.ndarray, buffer: np.ndarray, addr: np.ndarray, nbytes: np.ndarray):
+def _replay(kind: np.ndarray, buffer: np.ndarray, addr: np.ndarray, nbytes: np.ndarray, old_addr: np.ndarray,
+            old_bytes: np.ndarray):
     """One process's rows in time order -> (held changed, bytes freed, held after) per row: the
     vectorised replay where it applies, else HeldBuffers row by row (the same rule)."""
-    out = _replay_segments(kind, buffer, addr, nbytes)
+    out = _replay_segments(kind, buffer, addr, nbytes, old_addr, old_bytes)
     if out is not None:
         return out
     buffers = HeldBuffers()
@@ -151,23 +162,31 @@ def _replay(kind: np.ndarray, buffer: np.ndarray, addr: np.ndarray, nbytes: np.n
     freed = np.zeros(len(kind), "int64")
     held = np.zeros(len(kind), "int64")
     phases = np.where(buffer, BUFFER_PHASES[0], "none")  # step() asks only whether an mmap is a buffer's
-    rows = zip(kind.tolist(), phases.tolist(), addr.tolist(), nbytes.tolist())
-    for i, (k, phase, a, n) in enumerate(rows):
-        changed[i], freed[i] = buffers.step(KIND_NAMES[k], phase, a, n)
+    rows = zip(kind.tolist(), phases.tolist(), addr.tolist(), nbytes.tolist(), old_addr.tolist(), old_bytes.tolist())
+    for i, (k, phase, a, n, oa, ob) in enumerate(rows):
+        changed[i], freed[i] = buffers.step(KIND_NAMES[k], phase, a, n, oa, ob)
         held[i] = buffers.held
     return changed, freed, held
 
 
-def _replay_segments(kind: np.ndarray, buffer: np.ndarray, addr: np.ndarray, nbytes: np.ndarray):
+def _replay_segments(kind: np.ndarray, buffer: np.ndarray, addr: np.ndarray, nbytes: np.ndarray,
+                     old_addr: np.ndarray, old_bytes: np.ndarray):
     """HeldBuffers' rule without a Python step per row, or None where it needs the ranges
-    themselves: an mremap changes nothing unless it starts where a live range starts, which can
-    only be a buffer's start or another row's end; such an mremap needs the row-by-row rule."""
+    themselves: an mremap with its old range recorded changes nothing unless that range overlaps
+    a buffer; one without, unless it starts where a live range starts, which can only be a
+    buffer's start or another row's end; such an mremap needs the row-by-row rule."""
     n = len(kind)
     remap = kind == MREMAP
     if not remap.any():
         return _segments(buffer, addr, nbytes)
     keep = ~remap
-    if np.isin(addr[remap], np.concatenate([addr[buffer], addr[keep] + nbytes[keep].astype("uint64")])).any():
+    moved = remap & (old_addr != 0)
+    if moved.any():
+        lo, hi = addr[buffer], addr[buffer] + nbytes[buffer].astype("uint64")
+        old_end = old_addr[moved] + old_bytes[moved].astype("uint64")
+        if ((old_addr[moved][:, None] < hi[None, :]) & (old_end[:, None] > lo[None, :])).any():
+            return None
+    if np.isin(addr[remap & ~moved], np.concatenate([addr[buffer], addr[keep] + nbytes[keep].astype("uint64")])).any():
         return None
     changed, freed, held = np.zeros(n, bool), np.zeros(n, "int64"), np.zeros(n, "int64")
     if not keep.any():
@@ -222,10 +241,18 @@ class HeldBuffers:
         self.live: dict[int, int] = {}  # start -> end of each live buffer range
         self.held = 0
 
-    def step(self, kind: str, phase: str, addr: int, nbytes: int) -> tuple[bool, int]:
+    def step(self, kind: str, phase: str, addr: int, nbytes: int, old_addr: int = 0,
+             old_bytes: int = 0) -> tuple[bool, int]:
         """Apply an mmap/munmap/mremap row: (whether the held bytes changed, bytes it freed)."""
         a, b = addr, addr + nbytes
-        if kind == "mremap":  # only its new range is recorded: a buffer resized where it is
+        if kind == "mremap" and old_addr:  # a buffer (or part of one) moved or resized: held at its new range
+            moved = _cut(self.live, old_addr, old_addr + old_bytes)
+            if not moved:
+                return False, 0
+            self.held += b - a - moved - _cut(self.live, a, b)
+            self.live[a] = b
+            return True, 0
+        if kind == "mremap":  # the old range not recorded (an older trace): a buffer resized where it is
             if a not in self.live:
                 return False, 0
             self.held += b - self.live[a]

@@ -68,11 +68,13 @@ COLUMNS: dict[str, object] = {
     # Version 3.
     "pid": np.dtype("int32"),  # process of the row (older traces: the trace's meta.pid)
     "spec": np.dtype("bool"),  # checkpoint made for a speculative round
+    "old_addr": np.dtype("uint64"),  # mremap: the address it moved or resized from (0: not recorded)
+    "old_bytes": np.dtype("int64"),  # mremap: the old length
 }
 # Columns a trace may lack (older versions): read as NA, never as zeros.
 OPTIONAL = {"cpu_ns", "wait_ns", "nvcsw", "nivcsw", "fault_ns"}
 # Version 3 columns an older trace lacks: read as their "none" value (pid: the trace's meta.pid).
-ADDED_IN_3 = {"pid", "spec"}
+ADDED_IN_3 = {"pid", "spec", "old_addr", "old_bytes"}  # old_*: added within version 3, read as 0 (not recorded)
 # Rows per batch iter_batches yields: ~20 MiB of decoded columns, whatever the row groups.
 BATCH_ROWS = 1 << 18
 # Rows per Parquet row group of a finished trace: readers skip or read a trace a group at a time.

@@ -31,7 +31,7 @@ RANGES = {
     "fault_timed": (0, COUNT_MAX), "fault_timed_ns": (0, NS_MAX), "tokens": (0, INT32_MAX),
     "prompt_tokens": (0, INT32_MAX), "cpu_ns": (0, NS_MAX), "wait_ns": (0, NS_MAX),
     "nvcsw": (0, COUNT_MAX), "nivcsw": (0, COUNT_MAX), "fault_ns": (0, NS_MAX),
-    "pid": (0, INT32_MAX),
+    "pid": (0, INT32_MAX), "old_addr": (0, (1 << 64) - 1), "old_bytes": (0, 1 << 48),
 }
 TEXT_COLUMNS = {"kind", "phase"}
 BOOL_COLUMNS = {"draft", "spec"}

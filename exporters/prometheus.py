@@ -285,11 +285,12 @@ def _held_changes(t: _Target, events: np.ndarray):
     sc = events[np.isin(events["kind"], SYSCALL_KINDS)]
     t_ns = np.where(sc["kind"] == K_MUNMAP, sc["start_ns"], sc["end_ns"])
     sc = sc[np.argsort(t_ns, kind="stable")]
-    rows = [(KINDS[k], PHASES[p], a, b) for k, p, a, b in
-            zip(sc["kind"].tolist(), sc["phase"].tolist(), sc["addr"].tolist(), sc["bytes"].tolist())]
+    rows = [(KINDS[k], PHASES[p], a, b, oa, ob) for k, p, a, b, oa, ob in
+            zip(sc["kind"].tolist(), sc["phase"].tolist(), sc["addr"].tolist(), sc["bytes"].tolist(),
+                sc["old_addr"].tolist(), sc["old_bytes"].tolist())]
 
     def apply():
-        for kind, phase, addr, nbytes in rows:
-            if t.buffers.step(kind, phase, addr, nbytes)[0]:
+        for kind, phase, addr, nbytes, old_addr, old_bytes in rows:
+            if t.buffers.step(kind, phase, addr, nbytes, old_addr, old_bytes)[0]:
                 t.peak_bytes = max(t.peak_bytes, t.buffers.held)
     return apply

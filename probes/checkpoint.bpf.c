@@ -64,6 +64,8 @@ struct tstate {
     u64 timed_ns;
     u64 sc_len;        /* pending mmap/mremap length and start between syscall enter and exit */
     u64 sc_start;
+    u64 sc_old_addr;   /* pending mremap: the range it moves or resizes from */
+    u64 sc_old_len;
     u32 phase;         /* P_NONE, P_FILL or P_COPY inside a checkpoint */
     u32 ck_draft;
     u32 dec_open;
@@ -293,7 +295,8 @@ static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struc
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
-static __always_inline void emit_syscall(u32 kind, u32 tid, struct tstate *s, u64 start, u64 bytes, u64 addr)
+static __always_inline void emit_syscall(u32 kind, u32 tid, struct tstate *s, u64 start, u64 bytes, u64 addr,
+                                         u64 old_addr, u64 old_bytes)
 {
     struct ckpt_event *e = events.ringbuf_reserve(sizeof(struct ckpt_event));
     if (!e) {
@@ -307,6 +310,8 @@ static __always_inline void emit_syscall(u32 kind, u32 tid, struct tstate *s, u6
     e->iter = s->iter;
     e->bytes = bytes;
     e->addr = addr;
+    e->old_addr = old_addr;
+    e->old_bytes = old_bytes;
     e->tid = tid;
     e->pid = bpf_get_current_pid_tgid() >> 32;
     e->kind = kind;
@@ -801,7 +806,7 @@ int fault_accounted(struct bpf_raw_tracepoint_args *ctx)
 
 /* ---- mmap / munmap / mremap of the target, attributed to the thread's phase ---- */
 
-static __always_inline int syscall_enter(u32 kind, u64 len)
+static __always_inline int syscall_enter(u32 kind, u64 len, u64 old_addr, u64 old_len)
 {
     u32 tid;
     if (!target_tid(&tid))
@@ -810,6 +815,8 @@ static __always_inline int syscall_enter(u32 kind, u64 len)
     if (!s)
         return 0;
     s->sc_len = len;
+    s->sc_old_addr = old_addr;
+    s->sc_old_len = old_len;
     s->sc_kind = kind;
     s->sc_start = bpf_ktime_get_ns();
     return 0;
@@ -826,13 +833,17 @@ static __always_inline int syscall_exit(u32 kind, s64 ret)
     s->sc_kind = 0;
     if (ret < 0 && ret > -4096)
         return 0; /* failed: nothing was mapped */
-    emit_syscall(kind, tid, s, s->sc_start, s->sc_len, (u64)ret);
+    emit_syscall(kind, tid, s, s->sc_start, s->sc_len, (u64)ret, s->sc_old_addr, s->sc_old_len);
     return 0;
 }
 
-TRACEPOINT_PROBE(syscalls, sys_enter_mmap) { return syscall_enter(K_MMAP, args->len); }
+TRACEPOINT_PROBE(syscalls, sys_enter_mmap) { return syscall_enter(K_MMAP, args->len, 0, 0); }
 TRACEPOINT_PROBE(syscalls, sys_exit_mmap) { return syscall_exit(K_MMAP, args->ret); }
-TRACEPOINT_PROBE(syscalls, sys_enter_mremap) { return syscall_enter(K_MREMAP, args->new_len); }
+/* mremap: the old range too, so a moved buffer stops counting where it was (analyzers/memory.py) */
+TRACEPOINT_PROBE(syscalls, sys_enter_mremap)
+{
+    return syscall_enter(K_MREMAP, args->new_len, args->addr, args->old_len);
+}
 TRACEPOINT_PROBE(syscalls, sys_exit_mremap) { return syscall_exit(K_MREMAP, args->ret); }
 
 TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
@@ -843,7 +854,7 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
     struct tstate *s = state_of(tid);
     if (!s)
         return 0;
-    emit_syscall(K_MUNMAP, tid, s, bpf_ktime_get_ns(), args->len, args->addr);
+    emit_syscall(K_MUNMAP, tid, s, bpf_ktime_get_ns(), args->len, args->addr, 0, 0);
     return 0;
 }
 

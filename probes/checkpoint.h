@@ -78,6 +78,8 @@ struct ckpt_event {
     u32 draft;
     u32 pid;      /* the process (tgid) of the row */
     u32 spec;  /* checkpoint for a speculative round: update_tgt outside create_checkpoint */
+    u64 old_addr;   /* mremap: the range it moved or resized from (0 for other kinds) */
+    u64 old_bytes;
 };
 
 #endif

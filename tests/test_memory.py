@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from ckptrace.analyzers.memory import held_series, memory_summary, releases, rss_series
 from ckptrace.trace import normalize_events, read_trace
@@ -175,3 +176,45 @@ def test_each_process_of_a_leg_is_analysed_compared_and_drawn_apart():
     assert panels["processes"].figure is not None
     names = {tr.name for tr in panels["memory"].figure.data}
     assert {"1: off: east", "1: off: west", "2: on: east", "2: on: west"} <= names
+
+
+MOVED_BUFFER = Path(__file__).resolve().with_name("moved_buffer.cpp")
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_a_buffer_moved_by_mremap_is_held_at_its_new_range_only(tmp_path):
+    """A real program (built here) maps a checkpoint buffer of 8 MiB, moves it with mremap to
+    another place grown to 12 MiB, then unmaps it there: held memory is 8, then 12 (the old range
+    no longer counts), then 0; serve's fold of the same events says the same."""
+    import subprocess
+
+    from ckptrace.exporters.prometheus import CheckpointMetrics
+    from ckptrace.probes.live import LiveBatch
+    from helpers import ckptrace
+    from test_serve import kernel_records
+
+    prog, truth, out = tmp_path / "moved-buffer", tmp_path / "t.json", tmp_path / "m.parquet"
+    subprocess.run(["g++", "-O1", "-g", "-o", prog, MOVED_BUFFER], check=True)
+    p = ckptrace("record", "--quiet", "-o", out, "--", prog, truth)
+    assert p.returncode == 0, p.stderr
+    t = json.loads(truth.read_text())
+    tr = read_trace(out)
+    ev = tr.events[tr.events["pid"] == tr.meta.pid]
+    row = ev[ev["kind"] == "mremap"].iloc[0]
+    assert (row["old_addr"], row["old_bytes"], row["addr"], row["bytes"]) == (t["mapped"], 8 * MIB, t["moved_to"], 12 * MIB)
+    assert row["phase"] == "none" and row["start_ns"] >= t["moved_ns"]
+    held = held_series(ev)
+    assert held["held_bytes"].tolist() == [8 * MIB, 12 * MIB, 0]
+    assert held["t_ns"].iat[1] == row["end_ns"] and held["t_ns"].iat[2] >= t["unmap_ns"]
+    m = memory_summary(ev)
+    assert (m["peak_held_bytes"], m["end_held_bytes"], m["released_bytes"]) == (12 * MIB, 0, 12 * MIB)
+    metrics = CheckpointMetrics()
+    metrics.add(1, "x", "")
+    rec, fault = kernel_records(ev)
+    metrics.fold(1, LiveBatch(rec, fault, sched_recorded=True))
+    got = {s.name: s.value for fam in metrics.collect() for s in fam.samples if s.labels.get("pid") == "1"}
+    assert got["ckptrace_checkpoint_memory_peak_bytes"] == 12 * MIB
+    assert got["ckptrace_checkpoint_memory_held_bytes"] == 0
+    a = ckptrace("analyze", "--json", out)
+    assert a.returncode == 0 and json.loads(a.stdout)["memory"]["end_held_bytes"] == 0, a.stderr

@@ -494,7 +494,7 @@ def test_trace_format_as_other_readers_see_it(tmp_path, workload):
 
     r = record_with_truth(tmp_path, [workload, "--iterations", "3"], "--label", "fmt")
     columns, keys = readme_trace_format()
-    assert len(columns) == 22 and "fault_timed_ns" in columns and "cpu_ns" in columns and len(keys) >= 30  # the parse found them
+    assert len(columns) == 24 and "fault_timed_ns" in columns and "cpu_ns" in columns and len(keys) >= 30  # the parse found them
     df = pd.read_parquet(r.path)
     assert {c: str(df[c].dtype) for c in df.columns} == columns
     meta = df.attrs["ckptrace"]
@@ -512,6 +512,7 @@ def test_mremap_is_a_row_of_its_own(tmp_path, workload):
     assert len(rows) == 1, rows
     row = rows.iloc[0]
     assert (row["tid"], row["addr"], row["bytes"]) == (t["tid"], t["addr"], t["bytes"])
+    assert row["old_addr"] != 0 and row["old_bytes"] == 1 << 20  # the workload grows a 1 MiB mapping
     assert t["start_ns"] <= row["start_ns"] <= row["end_ns"] <= t["end_ns"]
     # outside every checkpoint, and never counted as a checkpoint's mmap or munmap
     assert row["ckpt"] == 0 and row["phase"] == "none"

@@ -266,7 +266,8 @@ def kernel_records(events) -> "np.ndarray":
     in the ring buffer's order: each row is written when its span ends (a trace is sorted by start)."""
     events = events.sort_values("end_ns", kind="stable")
     fields = {"start_ns": "u8", "end_ns": "u8", "ckpt": "u8", "bytes": "u8", "addr": "u8", "faults": "u8",
-              "cpu_ns": "u8", "wait_ns": "u8", "tid": "u4", "kind": "u4", "phase": "u4", "pid": "u4"}
+              "cpu_ns": "u8", "wait_ns": "u8", "tid": "u4", "kind": "u4", "phase": "u4", "pid": "u4",
+              "old_addr": "u8", "old_bytes": "u8"}
     rec = np.zeros(len(events), dtype=list(fields.items()))
     for f in fields:
         col = events[f]
