@@ -213,3 +213,24 @@ def assert_pool_faster(comparison: dict, wall: str = "checkpoint_fill_ns", cpu: 
     assert m[cpu]["verdict"] == "faster", m[cpu]
     busy = any("waiting for a CPU" in w for w in comparison["warnings"])
     assert m[wall]["verdict"] == ("not judged" if busy else "faster"), (m[wall], comparison["warnings"])
+
+
+SPAWN_AT_PID = Path(__file__).resolve().with_name("spawn_at_pid.c")
+
+
+def spawner(folder: Path) -> Path:
+    """spawn_at_pid.c built into `folder`: runs a program as a given (free) pid, to reuse one."""
+    exe = folder / "spawn-at-pid"
+    subprocess.run(["gcc", "-O1", "-o", exe, SPAWN_AT_PID], check=True)
+    return exe
+
+
+def stopped(pid: int) -> bool:
+    """The process is stopped (SIGSTOP): it runs nothing until SIGCONT."""
+    return proc_status(pid).get("State", "").startswith("T")
+
+
+def start_ticks(pid: int) -> int:
+    """/proc/PID/stat field 22, the process's start time (read here independently of ckptrace)."""
+    text = Path(f"/proc/{pid}/stat").read_text()
+    return int(text[text.rfind(")") + 2:].split()[19])

@@ -223,8 +223,31 @@ def test_a_fifo_and_stdout_are_written_into(tmp_path):
     assert r.returncode == 0 and r.stdout == html
 
 
-def test_temp_files_are_exclusive_private_and_unpredictable(tmp_path):
+def test_a_file_being_written_has_no_name_and_is_private(tmp_path):
+    """O_TMPFILE: while written the new file is in no folder (a writer killed then leaves nothing;
+    test_stream kills a recorder there), then it is named and renamed over the target."""
     from ckptrace.output import write_output
+    seen = []
+
+    def writer(f):
+        seen.append(([p.name for p in tmp_path.iterdir() if p.name != "out.bin"],
+                     stat.S_IMODE(os.fstat(f.fileno()).st_mode), os.readlink(f"/proc/self/fd/{f.fileno()}")))
+        f.write(b"data")
+
+    for _ in range(2):
+        write_output(tmp_path / "out.bin", writer)
+    assert [(names, mode) for names, mode, _ in seen] == [([], 0o600), ([], 0o600)]  # no name; private
+    assert all(link.endswith(" (deleted)") for _, _, link in seen)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bin"]  # nothing left behind
+    assert (tmp_path / "out.bin").read_bytes() == b"data"
+    assert stat.S_IMODE((tmp_path / "out.bin").stat().st_mode) == 0o666 & ~_umask()
+
+
+def test_without_o_tmpfile_temp_files_are_exclusive_private_and_unpredictable(tmp_path, monkeypatch):
+    """A filesystem without O_TMPFILE (opening the folder for writing then fails, EISDIR as old
+    kernels answer): a named temp file, created exclusively, private, unpredictable."""
+    from ckptrace.output import write_output
+    monkeypatch.setattr(os, "O_TMPFILE", os.O_DIRECTORY)  # the flag without its tmpfile bit: EISDIR
     seen = []
 
     def writer(f):

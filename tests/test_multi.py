@@ -55,11 +55,13 @@ def test_two_pids_each_process_matches_its_own_truth(tmp_path, workload):
                     ready="ckptrace: tracing") as (rec, line):
         assert f"PID {a.pid} (" in line and f"PID {b.pid} (" in line and "RSS" in line
         go(a)
+        assert a.wait(120) == 0
+        # b starts once the recorder has seen a go: the order is an event, not a race on busy cores
+        assert rec.stderr.readline().strip() == f"ckptrace: PID {a.pid} (ckpt-workload) exited; recording the others"
         go(b)
-        assert a.wait(120) == 0 and b.wait(120) == 0
+        assert b.wait(120) == 0
         _, err = rec.communicate(timeout=120)
         assert rec.returncode == 0, err
-    assert f"PID {a.pid} (ckpt-workload) exited; recording the others" in err
     trace = read_trace(out)
     assert trace.meta.stop_reason == "target exited" and trace.meta.pid is None
     procs = {p.pid: p for p in trace.meta.processes}
@@ -146,3 +148,34 @@ def test_bad_multi_process_input(tmp_path):
     assert f"no process named {name!r} appeared in 0.5 s" in line
     assert_one_line_error(ckptrace("record", "-o", out, "--comm", "a/b"), "process name")
     assert not out.exists()
+
+
+def test_a_pid_given_to_a_new_process_is_not_the_recorded_one(tmp_path, workload):
+    """The recorded process exits and the kernel gives its pid to a new process (made so here,
+    with clone3's set_tid, while the recorder is stopped and can't see the gap): the recorder
+    knows its process by pid and start time, so it ends the recording ('target exited') instead
+    of taking the newcomer for it."""
+    import signal
+    import subprocess
+
+    from helpers import recorder, spawner, start_ticks, stopped, wait_until
+
+    spawn = spawner(tmp_path)
+    out = tmp_path / "r.parquet"
+    with waiting_workload(workload, "--iterations", "3") as old:
+        pid, ticks = old.pid, start_ticks(old.pid)
+        with recorder(out, "--pid", pid) as rec:
+            rec.send_signal(signal.SIGSTOP)
+            wait_until(lambda: stopped(rec.pid), "the recorder to stop")
+            old.kill()
+            old.wait(60)
+            with started([spawn, pid, workload, "--wait-signal"], ready="ready pid=") as (new, line):
+                assert line.strip() == f"ready pid={pid}"  # the same pid, another process
+                rec.send_signal(signal.SIGCONT)
+                assert rec.wait(60) == 0, rec.stderr.read()
+                assert new.poll() is None  # still waiting: it was never taken for the recorded one
+                os.kill(pid, signal.SIGKILL)
+    meta = read_trace(out).meta
+    assert meta.stop_reason == "target exited"
+    (proc,) = meta.processes
+    assert proc.pid == pid and proc.start_ticks == ticks and proc.exited_ns is not None

@@ -2,6 +2,7 @@
 `analyze` of a trace recorded over the same run say; bad --listen values are one line."""
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -367,3 +368,125 @@ def test_upstream_builds_restores_and_a_derived_fill(tmp_path):
     # A derived fill has no fault time of its own: no checkpoint's fault time is observed.
     assert series_value(text_i, "ckptrace_checkpoint_fault_seconds_count", i.pid) == 0
     assert series_value(text_i, "ckptrace_restores_total", i.pid) == 0
+
+
+# Stops one process (its pid in armed[2]) right after its first uprobe perf_event_open returns:
+# at that moment it is attaching its first process, one uprobe in.
+STOP_AT_FIRST_UPROBE = r"""
+BPF_ARRAY(armed, u32, 3);  /* [0]: tid whose uprobe perf_event_open is in flight, [1]: fired, [2]: the pid */
+
+static __always_inline int ours(void)
+{
+    u32 k = 2;
+    u32 *pid = armed.lookup(&k);
+    return pid && *pid && *pid == bpf_get_current_pid_tgid() >> 32;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_enter_perf_event_open)
+{
+    u32 type = 0, k = 0, tid = (u32)bpf_get_current_pid_tgid();
+    if (!ours())
+        return 0;
+    bpf_probe_read_user(&type, sizeof(type), (void *)args->attr_uptr);
+    if (type == UPROBE_TYPE)
+        armed.update(&k, &tid);
+    return 0;
+}
+
+TRACEPOINT_PROBE(syscalls, sys_exit_perf_event_open)
+{
+    u32 k0 = 0, k1 = 1, tid = (u32)bpf_get_current_pid_tgid();
+    u32 *t = armed.lookup(&k0), *fired = armed.lookup(&k1);
+    if (!t || !fired || *t != tid || *fired || args->ret < 0 || !ours())
+        return 0;
+    *fired = 1;
+    bpf_send_signal(19 /* SIGSTOP */);
+    return 0;
+}
+"""
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_a_process_that_exits_while_being_attached_is_a_note_and_the_others_are_served(tmp_path, workload):
+    """serve --pid A --pid B; A exits while serve is attaching it (serve is stopped by a BPF
+    program of the test right after A's first uprobe, A is killed and reaped, serve goes on):
+    one note, B attached and served to its truth, serve stops by itself when B is done."""
+    from bcc import BPF
+
+    from helpers import stopped
+
+    uprobe_type = int(Path("/sys/bus/event_source/devices/uprobe/type").read_text())
+    stopper = BPF(text=STOP_AT_FIRST_UPROBE.encode(), cflags=[f"-DUPROBE_TYPE={uprobe_type}"])
+    tb = tmp_path / "b.jsonl"
+    try:
+        with waiting_workload(workload, "--iterations", "3", "--ckpt-mib", "36") as a, \
+                waiting_workload(workload, "--iterations", "6", "--ckpt-mib", "36", truth=tb) as b, \
+                started(["sh", "-c", 'kill -STOP $$; exec "$@"', "sh", CKPTRACE, "serve", "--listen",
+                         "127.0.0.1:0", "--pid", a.pid, "--pid", b.pid]) as (srv, _):
+            # serve's pid is known before it runs (sh stops itself, then execs it): no race
+            wait_until(lambda: stopped(srv.pid), "the shell to stop before it runs serve")
+            stopper["armed"][ctypes.c_int(2)] = ctypes.c_uint32(srv.pid)
+            srv.send_signal(signal.SIGCONT)
+            wait_until(lambda: stopped(srv.pid) or srv.poll() is not None, "serve to stop at its first uprobe")
+            assert srv.poll() is None
+            a.kill()
+            a.wait(60)
+            srv.send_signal(signal.SIGCONT)
+            note = next_line(srv)
+            assert note.startswith(f"ckptrace: note: not serving PID {a.pid}: PID {a.pid} exited"), note
+            line = next_line(srv)
+            assert line.startswith("ckptrace: serving http://127.0.0.1:") and f"PID {b.pid} " in line, line
+            assert f"PID {a.pid} " not in line
+            url = re.search(r"(http://\S+/metrics)", line).group(1)
+            go(b)
+            assert b.wait(120) == 0
+            final = final_scrapes(url, {b.pid: len(load_truth(tb)["checkpoint"])})[b.pid]
+            assert f'pid="{a.pid}"' not in final
+            # served once more after it exited, then gone; then serve stops by itself
+            wait_until(lambda: srv.poll() is not None or f'pid="{b.pid}"' not in scraped_or_none(url),
+                       "B's series to end", every_s=0.05)
+            assert srv.wait(60) == 0
+            assert "Traceback" not in srv.stderr.read()
+    finally:
+        stopper.cleanup()
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_a_pid_reused_by_a_new_process_of_the_name_is_a_new_process(tmp_path, workload):
+    """serve --comm NAME: a served process exits and the kernel gives its pid to a new process of
+    the same name (clone3's set_tid, while serve is stopped and can't see the gap). serve knows a
+    process by pid and start time: the old one's series end, the new one is attached and served
+    from zero, to its own truth."""
+    from helpers import spawner, stopped
+
+    spawn = spawner(tmp_path)
+    name = f"ckr-{os.getpid() % 100000}"
+    exe = tmp_path / name
+    exe.symlink_to(workload)
+    t1, t2 = tmp_path / "1.jsonl", tmp_path / "2.jsonl"
+    with started([CKPTRACE, "serve", "--comm", name, "--listen", "127.0.0.1:0"],
+                 ready="ckptrace: serving http://127.0.0.1:") as (srv, line):
+        url = re.search(r"(http://\S+/metrics)", line).group(1)
+        with waiting_workload(exe, "--iterations", "3", "--ckpt-mib", "36", truth=t1) as old:
+            pid = old.pid
+            assert next_line(srv).startswith(f"ckptrace: serving PID {pid} ({name}, ")
+            srv.send_signal(signal.SIGSTOP)
+            wait_until(lambda: stopped(srv.pid), "serve to stop")
+            go(old)
+            assert old.wait(120) == 0
+        with started([spawn, pid, exe, "--wait-signal", "--iterations", "5", "--ckpt-mib", "36", "--truth", t2],
+                     ready="ready pid=") as (new, ready):
+            assert ready.strip() == f"ready pid={pid}"  # the same pid, another process
+            srv.send_signal(signal.SIGCONT)
+            assert next_line(srv).startswith(f"ckptrace: PID {pid} exited")
+            assert next_line(srv).startswith(f"ckptrace: serving PID {pid} ({name}, ")
+            os.kill(pid, signal.SIGUSR1)
+            assert new.wait(120) == 0
+        n1, n2 = len(load_truth(t1)["checkpoint"]), len(load_truth(t2)["checkpoint"])
+        assert n1 != n2
+        final_scrapes(url, {pid: n2})  # the new process's own count, not added to the old one's
+        srv.send_signal(signal.SIGTERM)
+        assert srv.wait(60) == 0
+        assert "Traceback" not in srv.stderr.read()
