@@ -426,7 +426,7 @@ def test_a_process_that_exits_while_being_attached_is_a_note_and_the_others_are_
                          "127.0.0.1:0", "--pid", a.pid, "--pid", b.pid]) as (srv, _):
             # serve's pid is known before it runs (sh stops itself, then execs it): no race
             wait_until(lambda: stopped(srv.pid), "the shell to stop before it runs serve")
-            stopper["armed"][ctypes.c_int(2)] = ctypes.c_uint32(srv.pid)
+            stopper[b"armed"][ctypes.c_int(2)] = ctypes.c_uint32(srv.pid)
             srv.send_signal(signal.SIGCONT)
             wait_until(lambda: stopped(srv.pid) or srv.poll() is not None, "serve to stop at its first uprobe")
             assert srv.poll() is None
