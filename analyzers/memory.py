@@ -181,10 +181,12 @@ def _replay_segments(kind: np.ndarray, buffer: np.ndarray, addr: np.ndarray, nby
         return _segments(buffer, addr, nbytes)
     keep = ~remap
     moved = remap & (old_addr != 0)
-    if moved.any():
-        lo, hi = addr[buffer], addr[buffer] + nbytes[buffer].astype("uint64")
-        old_end = old_addr[moved] + old_bytes[moved].astype("uint64")
-        if ((old_addr[moved][:, None] < hi[None, :]) & (old_end[:, None] > lo[None, :])).any():
+    if moved.any() and buffer.any():  # does any old range overlap any buffer's range?
+        order = np.argsort(addr[buffer], kind="stable")
+        starts = addr[buffer][order]
+        reach = np.maximum.accumulate((addr[buffer] + nbytes[buffer].astype("uint64"))[order])
+        last = np.searchsorted(starts, old_addr[moved] + old_bytes[moved].astype("uint64")) - 1  # starts before its end
+        if ((last >= 0) & (reach[np.maximum(last, 0)] > old_addr[moved])).any():
             return None
     if np.isin(addr[remap & ~moved], np.concatenate([addr[buffer], addr[keep] + nbytes[keep].astype("uint64")])).any():
         return None
