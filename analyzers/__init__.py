@@ -34,7 +34,7 @@ class Analysis:
     checkpoints: pd.DataFrame
     iterations: pd.DataFrame
     summary: dict
-    memory: dict  # checkpoint buffers held and RSS (memory.py)
+    memory: dict  # checkpoint buffers held and RSS (memory.py; its `releases` a table)
     rows: KindRows  # the rows the analysis read (events.py)
     processes: list[dict] = field(default_factory=list)  # each process's breakdown (processes.py)
     restores: pd.DataFrame | None = None  # state_path.py (trace format 3)

@@ -60,7 +60,9 @@ def rss_series(events: pd.DataFrame) -> pd.DataFrame:
 
 def memory_summary(events: pd.DataFrame) -> dict:
     """The `memory` block of `analyze --json`: high-water marks and each release, whole trace
-    (peaks are of the sum over processes: a process's own are in its `processes` entry)."""
+    (peaks are of the sum over processes: a process's own are in its `processes` entry).
+    `releases` is a table (RELEASE_COLUMNS) like the analysis' others, a row per release
+    (a pool-off server releases a buffer per checkpoint); renderers/json.py makes it a list."""
     held, rel = _walk(events)
     rss = rss_series(events)
     total = _summed(held, "held_bytes")
@@ -76,14 +78,8 @@ def memory_summary(events: pd.DataFrame) -> dict:
         "released_bytes": int(rel["bytes"].sum()),
         "peak_rss_bytes": int(rss_total["value"].max()) if len(rss_total) else None,
         "rss_samples": int(len(rss)),
-        "releases": _records(rel),
+        "releases": rel,
     }
-
-
-def _records(frame: pd.DataFrame) -> list[dict]:
-    """Rows as dicts of plain Python values, built column by column (a release per munmap adds up)."""
-    names = list(frame.columns)
-    return [dict(zip(names, row)) for row in zip(*(frame[c].tolist() for c in names))]
 
 
 def _summed(series: pd.DataFrame, col: str) -> pd.DataFrame:

@@ -35,11 +35,18 @@ def records(df: pd.DataFrame) -> list[dict]:
     return df.to_dict("records")
 
 
+def memory_json(memory: dict) -> dict:
+    """An analysis' `memory` block with its releases table as a list of rows."""
+    return {**memory, "releases": records(memory["releases"])}
+
+
 def analysis_json(analysis) -> dict:
     return {"trace": analysis.trace.meta.to_json(), "checkpoints": records(analysis.checkpoints),
             "iterations": records(analysis.iterations), "summary": analysis.summary,
-            "memory": analysis.memory, "processes": analysis.processes, "restores": records(analysis.restores),
-            "evictions": records(analysis.evictions), "prompt_saves": records(analysis.prompt_saves)}
+            "memory": memory_json(analysis.memory),
+            "processes": [{**p, "memory": memory_json(p["memory"])} for p in analysis.processes],
+            "restores": records(analysis.restores), "evictions": records(analysis.evictions),
+            "prompt_saves": records(analysis.prompt_saves)}
 
 
 def comparison_json(c) -> dict:

@@ -194,10 +194,10 @@ def memory_lines(m: dict, t0: int, limit: int | None = 20) -> list[str]:
                       f"{mib(m['released_bytes'])} returned in {len(m['releases'])} releases"))
     lines.append(wrap("RSS at peak: " + (mib(m["peak_rss_bytes"]) + f" ({m['rss_samples']} changes recorded)"
                                          if m["peak_rss_bytes"] is not None else "- (not recorded)")))
-    rel = m["releases"] if limit is None else m["releases"][:limit]
-    if rel:
+    rel = m["releases"] if limit is None else m["releases"].head(limit)
+    if len(rel):
         lines.append(f"{'released at s':>13} {'pid':>7} {'tid':>7} {'MiB':>8} {'held after':>10}  phase")
-        for r in rel:
+        for r in rel.to_dict("records"):
             lines.append(f"{(r['t_ns'] - t0) / 1e9:>13.3f} {r['pid']:>7} {r['tid']:>7} {r['bytes'] / MIB:>8.1f} "
                          f"{r['held_after_bytes'] / MIB:>10.1f}  {printable(r['phase'])}")
         if len(rel) < len(m["releases"]):

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 
 from ckptrace.analyzers.memory import held_series, memory_summary, releases, rss_series
+from ckptrace.renderers.json import memory_json
 from ckptrace.trace import normalize_events, read_trace
 from ckptrace.units import MIB
 
@@ -55,7 +56,7 @@ def test_held_follows_mmaps_in_checkpoints_to_their_munmaps():
     assert m["peak_held_ns"] == 310 and m["end_held_bytes"] == 48 * MIB
     assert m["buffers_mapped"] == 3 and m["released_bytes"] == 96 * MIB
     assert m["peak_rss_bytes"] is None and m["rss_samples"] == 0  # not recorded, not 0
-    json.dumps(m)
+    json.dumps(memory_json(m))  # the --json form: plain values only
 
 
 def test_mremap_resizes_a_buffer_and_rss_rows_are_read():
