@@ -30,6 +30,12 @@ RELEASE_COLUMNS: dict[str, object] = {"t_ns": np.dtype("int64"), "pid": np.dtype
                                       "bytes": np.dtype("int64"), "phase": object, "held_after_bytes": np.dtype("int64")}
 
 
+def _names(phase: pd.Series) -> np.ndarray:
+    """A categorical's values as str objects, one per category shared by its rows ("nan" for NA)."""
+    names = np.array([*map(str, phase.cat.categories), "nan"], dtype=object)
+    return names[phase.cat.codes.to_numpy()]
+
+
 MMAP, MUNMAP, MREMAP = 0, 1, 2
 KIND_NAMES = ("mmap", "munmap", "mremap")
 # Address segments per row the vectorised replay takes on before it replays row by row instead
@@ -140,7 +146,7 @@ def _walk(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
                             "held_bytes": held[keep]}).astype(HELD_COLUMNS)
     out = keep & (kind == MUNMAP) & (freed > 0)
     rel_df = pd.DataFrame({"t_ns": sc["t_ns"].to_numpy()[out], "pid": pid[out], "tid": sc["tid"].to_numpy()[out],
-                           "bytes": freed[out], "phase": sc["phase"].loc[out].astype(str).to_numpy(),
+                           "bytes": freed[out], "phase": _names(sc["phase"])[out],
                            "held_after_bytes": held[out]}).astype(RELEASE_COLUMNS)
     return held_df.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True), \
         rel_df.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True)
