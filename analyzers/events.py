@@ -16,8 +16,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
-from ckptrace.trace import BATCH_ROWS, COLUMNS, KINDS, arrow_frame, empty_frame, iter_record_batches, normalize_events
+from ckptrace.errors import TraceFormatError
+from ckptrace.terminal import printable
+from ckptrace.trace import (BATCH_ROWS, COLUMNS, KINDS, empty_frame, iter_kinds, iter_record_batches,
+                            normalize_events)
 from ckptrace.validate import check_ids
 
 SPAN = ["tid", "start_ns", "end_ns"]
@@ -95,15 +99,21 @@ class KindRows:
 
     @classmethod
     def from_frame(cls, events: pd.DataFrame) -> KindRows:
-        acc = _Accumulator()
         events = normalize_events(events[[c for c in READ if c in events.columns]], {c: COLUMNS[c] for c in READ})
+        acc = _Accumulator(*_plan([(events["kind"].cat.codes.to_numpy(), events["tid"].to_numpy())]), "events")
         acc.add(pa.RecordBatch.from_pandas(events, preserve_index=False))
         return acc.result()
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, batch_rows: int = BATCH_ROWS) -> KindRows:
         """Batch by batch, checked as read_trace checks (ids across the trace on the rows kept)."""
-        acc = _Accumulator()
+        try:
+            plan = _plan(iter_kinds(path, batch_rows))
+        except TraceFormatError:
+            for _ in iter_record_batches(path, READ, batch_rows, whole_checks=False):
+                pass  # the checked read names the first problem its checks find
+            raise
+        acc = _Accumulator(*plan, printable(path))
         for batch in iter_record_batches(path, READ, batch_rows, whole_checks=False):
             acc.add(batch)
         rows = acc.result()
@@ -119,14 +129,34 @@ def kind_rows(events: KindRows | pd.DataFrame) -> KindRows:
     return events if isinstance(events, KindRows) else KindRows.from_frame(events)
 
 
-class _Accumulator:
-    """Running state over Arrow batches (iter_record_batches' form): each group's rows, each
-    thread's first start, the extremes."""
+def _plan(kinds) -> tuple[dict[str, int], np.ndarray]:
+    """From each batch's (kind codes, tids): the rows each group will keep, and the threads with
+    update_slots rows (whose decode rows are not kept)."""
+    counts = np.zeros(len(KINDS), "int64")
+    slot: set[int] = set()
+    decode: dict[int, int] = {}  # tid -> its decode rows
+    it, de = KINDS.index("iteration"), KINDS.index("decode")
+    for codes, tid in kinds:
+        counts += np.bincount(codes[codes >= 0], minlength=len(KINDS))
+        slot.update(np.unique(tid[codes == it]).tolist())
+        for t, n in zip(*(x.tolist() for x in np.unique(tid[codes == de], return_counts=True))):
+            decode[t] = decode.get(t, 0) + n
+    sizes = {g: int(counts[[KINDS.index(k) for k in kinds]].sum()) for g, (kinds, _) in GROUPS.items()}
+    sizes["decode"] = sum(n for t, n in decode.items() if t not in slot)
+    return sizes, np.array(sorted(slot), "int32")
 
-    def __init__(self):
-        self.parts: dict[str, list[pa.RecordBatch]] = {g: [] for g in GROUPS}
+
+class _Accumulator:
+    """Running state over Arrow batches (iter_record_batches' form): each group's rows copied into
+    numpy arrays of their final size (known from a first pass over the kinds: no chunks, no copy
+    at the end, the batch's memory reused for the next), each thread's first start, the extremes."""
+
+    def __init__(self, sizes: dict[str, int], slot_tids: np.ndarray, source: str):
+        self.sizes, self.slot_tids, self.source = sizes, slot_tids, source
+        self.arrays = {g: {c: _column_arrays(c, sizes[g]) for c in cols} for g, (_, cols) in GROUPS.items()
+                       if sizes[g]}
+        self.filled = dict.fromkeys(self.arrays, 0)
         self.codes = {g: [KINDS.index(k) for k in kinds] for g, (kinds, _) in GROUPS.items()}
-        self.slot_tids: set[int] = set()
         self.first: list[pa.Table] = []
         self.per_pid: list[pa.Table] = []
         self.max_iter = 0
@@ -138,7 +168,8 @@ class _Accumulator:
         if not batch.num_rows:
             return
         self.rows += batch.num_rows
-        codes = batch.column("kind").indices.to_numpy(zero_copy_only=False)
+        codes = batch.column("kind").indices
+        codes = pc.fill_null(codes, -1).to_numpy() if codes.null_count else codes.to_numpy()
         tid = batch.column("tid").to_numpy()
         start = batch.column("start_ns").to_numpy()
         self.first.append(pa.table({"tid": tid, "start_ns": start}).group_by("tid").aggregate([("start_ns", "min")]))
@@ -148,27 +179,29 @@ class _Accumulator:
         lo, hi = int(start.min()), int(batch.column("end_ns").to_numpy().max())
         self.start_ns = lo if self.start_ns is None else min(self.start_ns, lo)
         self.end_ns = hi if self.end_ns is None else max(self.end_ns, hi)
-        for group, (_, cols) in GROUPS.items():
+        columns: dict[str, tuple] = {}  # each column's numpy form, made once per batch
+        for group, arrays in self.arrays.items():
             want = self.codes[group]
             mask = codes == want[0] if len(want) == 1 else np.isin(codes, want)
-            if group == "iteration":
-                self.slot_tids.update(np.unique(tid[mask]).tolist())
-            elif group == "decode" and self.slot_tids:
-                mask &= ~np.isin(tid, list(self.slot_tids))
+            if group == "decode" and len(self.slot_tids):
+                mask &= ~np.isin(tid, self.slot_tids)
             picked = np.flatnonzero(mask)
-            if len(picked):
-                self.parts[group].append(batch.select(cols).take(pa.array(picked)))
+            at, k = self.filled[group], len(picked)
+            if at + k > self.sizes[group]:
+                raise TraceFormatError(f"{self.source}: the trace changed while it was read")
+            for c, dst in arrays.items():
+                if c not in columns:
+                    columns[c] = _numpy_column(batch.column(c))
+                for src, out in zip(columns[c], dst):  # a batch without NA leaves the NA mask False
+                    np.take(src, picked, out=out[at:at + k])
+            self.filled[group] = at + k
 
     def result(self) -> KindRows:
-        frames = {}
-        for group, parts in self.parts.items():
-            if parts:
-                frames[group] = arrow_frame(pa.Table.from_batches(parts))
-            parts.clear()
-            pa.default_memory_pool().release_unused()  # Arrow's allocator keeps freed pages otherwise
-        dec = frames.get("decode")
-        if dec is not None and self.slot_tids:  # decode rows read before their thread's first iteration row
-            frames["decode"] = dec.loc[~dec["tid"].isin(self.slot_tids).to_numpy()].reset_index(drop=True)
+        if self.filled != {g: self.sizes[g] for g in self.filled}:
+            raise TraceFormatError(f"{self.source}: the trace changed while it was read")
+        frames = {g: pd.DataFrame({c: _pandas_column(c, arrays.pop(c)) for c in list(arrays)}, copy=False)
+                  for g, arrays in self.arrays.items()}
+        self.arrays = {}
         if self.first:
             first = pa.concat_tables(self.first).group_by("tid").aggregate([("start_ns_min", "min")])
             first = pd.Series(first.column("start_ns_min_min").to_numpy(), index=first.column("tid").to_numpy())
@@ -181,3 +214,34 @@ class _Accumulator:
                                     "max_iter": t.column("iter_max_max").to_numpy()},
                                    index=t.column("pid").to_numpy()).sort_index()
         return KindRows(frames, first, self.max_iter, per_pid, self.start_ns, self.end_ns, self.rows)
+
+
+def _column_arrays(name: str, rows: int) -> tuple:
+    """Where a group's column is kept: (codes,) for kind and phase, (values, missing) for a nullable
+    one, (values,) otherwise."""
+    dtype = COLUMNS[name]
+    if isinstance(dtype, pd.CategoricalDtype):
+        return (np.empty(rows, "int8"),)
+    if isinstance(dtype, pd.Int64Dtype):
+        return np.empty(rows, "int64"), np.zeros(rows, bool)
+    return (np.empty(rows, dtype),)
+
+
+def _numpy_column(values: pa.Array) -> tuple:
+    """A checked batch column as numpy: (codes,) for kind and phase (codes into KINDS/PHASES),
+    (values, missing) for a nullable one, (values,) otherwise."""
+    if isinstance(values, pa.DictionaryArray):  # a null (a frame's unknown name) stays NA: code -1
+        return (pc.fill_null(values.indices, -1).to_numpy(zero_copy_only=False),)
+    if pa.types.is_int64(values.type) and values.null_count:
+        return pc.fill_null(values, 0).to_numpy(), values.is_null().to_numpy(zero_copy_only=False)
+    return (values.to_numpy(zero_copy_only=False),)
+
+
+def _pandas_column(name: str, arrays: tuple):
+    """A kept column with its declared dtype (COLUMNS), without a copy."""
+    dtype = COLUMNS[name]
+    if isinstance(dtype, pd.CategoricalDtype):
+        return pd.Categorical.from_codes(arrays[0], dtype=dtype)
+    if isinstance(dtype, pd.Int64Dtype):
+        return pd.arrays.IntegerArray(*arrays)
+    return arrays[0]

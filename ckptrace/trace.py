@@ -364,6 +364,30 @@ def iter_record_batches(path: str | os.PathLike, columns=None, batch_rows: int =
         check_ids(ck, it["iter"], parts, shown)
 
 
+def iter_kinds(path: str | os.PathLike, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """Each batch's kind codes (into KINDS) and tids, nothing else decoded: a first pass that
+    sizes what a second one (iter_record_batches, with every check) keeps. The metadata and
+    column types are checked first; a damaged page or an unknown kind raises TraceFormatError
+    (the second pass names the first problem its checks find)."""
+    if stream.is_stream(path):
+        for batch in iter_record_batches(path, ["kind", "tid"], batch_rows, whole_checks=False):
+            yield batch.column("kind").indices.to_numpy(zero_copy_only=False), batch.column("tid").to_numpy()
+        return
+    read_meta(path)
+    shown = printable(path)
+    try:
+        with open_regular(path) as source:
+            pf = pq.ParquetFile(source)
+            check_table(pf, COLUMNS, source.size(), shown)
+            for batch in pf.iter_batches(batch_size=batch_rows, columns=["kind", "tid"], use_threads=False):
+                kind, tid = batch.column(0), batch.column(1)
+                check_column("kind", kind, COLUMNS["kind"], shown)
+                check_column("tid", tid, COLUMNS["tid"], shown)
+                yield _arrow_typed("kind", kind, path).indices.to_numpy(), _arrow_typed("tid", tid, path).to_numpy()
+    except (pa.ArrowException, OSError) as e:
+        raise TraceFormatError(f"{path}: trace is damaged ({_first_line(e)})") from None
+
+
 def iter_batches(path: str | os.PathLike, columns=None, batch_rows: int = BATCH_ROWS, *,
                  whole_checks: bool = True, between: tuple[int, int] | None = None) -> Iterator[pd.DataFrame]:
     """The events of the trace at `path` in file order, at most `batch_rows` rows at a time, with
