@@ -54,30 +54,51 @@ ITERATION_COLUMNS: dict[str, object] = {
 
 def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoints: pd.DataFrame) -> pd.DataFrame:
     """One row per iteration (ITERATION_COLUMNS), sorted by start_ns, from iteration_spans(rows)
-    and checkpoint_table(rows, spans)."""
+    and checkpoint_table(rows, spans). The spans' own columns are shared, not copied."""
     rows = kind_rows(rows)
     if not len(spans):
         return empty_frame(ITERATION_COLUMNS)
-    ck = checkpoints.loc[checkpoints["iter"] != 0]
-    ck = ck.assign(prompt_checkpoint=~ck["spec"])
-    per = ck.groupby("iter").agg(fill_ns=("fill_ns", "sum"), copy_ns=("copy_ns", "sum"),
-                                 checkpoints=("ckpt", "size"), bytes=("bytes", "sum"), faults=("faults", "sum"),
-                                 prompt_checkpoints=("prompt_checkpoint", "sum"))
-    summed = ("fault_ns", "fill_fault_ns", "copy_fault_ns", "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns", "copy_wait_ns")
-    for c in summed:
-        per[c] = sum_by(ck[c], ck["iter"])
-    t = spans.join(per, on="iter")
+    n = len(spans)
+    ids = spans["iter"].to_numpy()
+    by_id = np.argsort(ids, kind="stable")
+
+    def position(of: np.ndarray) -> np.ndarray:  # each id's row in spans (every id given is one of theirs)
+        return by_id[np.searchsorted(ids, of, sorter=by_id)]
+
+    ck = checkpoints.loc[(checkpoints["iter"] != 0).to_numpy()]
+    at = position(ck["iter"].to_numpy())
+    count = np.bincount(at, minlength=n)
+    has = count > 0
+    out: dict[str, object] = {c: spans[c].array for c in ("iter", "tid", "start_ns", "end_ns")}
+    start, end = spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy()
+    out["span_ns"] = end - start
+    sums = {c: _sum_at(at, ck[c].to_numpy("int64"), n) for c in ("fill_ns", "copy_ns", "bytes", "faults")}
+    prompt = _sum_at(at, (~ck["spec"].to_numpy()).astype("int64"), n)
+    recorded = spans["cpu_ns"].notna().to_numpy()
+    for c in ("fault_ns", "fill_fault_ns", "copy_fault_ns", "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns",
+              "copy_wait_ns"):
+        v = pd.array(ck[c], dtype=NA_INT)
+        total = _sum_at(at, v.to_numpy("int64", na_value=0), n)
+        part_na = _sum_at(at, np.asarray(v.isna(), "int64"), n) > 0
+        # no checkpoint: no fault time; no fill or copy time on or off CPU where the span's was recorded
+        zero = ~has if "fault" in c else ~has & recorded
+        out[c] = pd.arrays.IntegerArray(total, np.where(has, part_na, ~zero))
+    out["fill_ns"], out["copy_ns"] = sums["fill_ns"], sums["copy_ns"]
+    out["other_ns"] = out["span_ns"] - sums["fill_ns"] - sums["copy_ns"]
+    out["cpu_ns"], out["wait_ns"] = spans["cpu_ns"].array, spans["wait_ns"].array
+    out["checkpoints"], out["bytes"], out["faults"] = count.astype("int64"), sums["bytes"], sums["faults"]
     for kind in ("mmap", "munmap"):
         sys_iter = assign_iterations(rows.of(kind), spans)
-        t[f"{kind}s"] = t["iter"].map(pd.Series(sys_iter[sys_iter != 0]).value_counts())
-    for c in ["fill_ns", "copy_ns", "checkpoints", "bytes", "faults", "mmaps", "munmaps"]:
-        t[c] = t[c].fillna(0).astype("int64")
-    no_checkpoint = t["iter"].map(per["checkpoints"]).isna()
-    for c in summed:  # no checkpoint: no fault time; no fill or copy time on or off CPU where recorded
-        zero = no_checkpoint if "fault" in c else no_checkpoint & t["cpu_ns"].notna()
-        t[c] = t[c].astype(NA_INT).mask(zero, 0)
-    t["span_ns"] = t["end_ns"] - t["start_ns"]
-    t["other_ns"] = t["span_ns"] - t["fill_ns"] - t["copy_ns"]
-    prefill = (t["iter"].map(per["prompt_checkpoints"]).fillna(0) > 0) | (t["prompt_tokens"] > 0)
-    t["kind"] = pd.Categorical.from_codes(np.where(prefill.to_numpy(), 0, 1), dtype=ITERATION_COLUMNS["kind"])
-    return t[list(ITERATION_COLUMNS)].astype(ITERATION_COLUMNS).reset_index(drop=True)
+        out[f"{kind}s"] = np.bincount(position(sys_iter[sys_iter != 0]), minlength=n).astype("int64")
+    for c in ("tokens", "prompt_tokens", "span_faults", "boundary"):
+        out[c] = spans[c].array
+    prefill = (prompt > 0) | (spans["prompt_tokens"].to_numpy() > 0)
+    out["kind"] = pd.Categorical.from_codes(np.where(prefill, 0, 1).astype("int8"), dtype=ITERATION_COLUMNS["kind"])
+    return pd.DataFrame({c: out[c] for c in ITERATION_COLUMNS}, copy=False)
+
+
+def _sum_at(at: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """int64 sums of `values` per position `at` in 0..n-1 (0 where none), exact."""
+    out = np.zeros(n, "int64")
+    np.add.at(out, at, values)
+    return out
