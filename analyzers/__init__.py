@@ -73,21 +73,29 @@ def analyze_file(path: str | os.PathLike, batch_rows: int = BATCH_ROWS, per_proc
 
 def analyze_rows(trace: Trace, rows: KindRows, per_process: bool = True) -> Analysis:
     """The analysis of `rows` (the kept rows of `trace`); with `per_process`, each process's too.
-    It consumes `rows`: afterwards they hold the memory group only (what dashboards still draw)."""
-    spans = iteration_spans(rows)
-    checkpoints = checkpoint_table(rows, spans, fill_probed(trace))
-    iterations = iteration_table(rows, spans, checkpoints)
-    restores = restore_table(rows.of_group("memory"), spans)
-    prompt_saves = prompt_save_table(rows.of_group("memory"), rows.of("copy"), spans)
-    del spans  # peak memory: the largest frame the analysis builds, gone before the memory replay
-    evictions = eviction_table(rows.state_events())
-    summary = summarize(checkpoints, iterations, trace.meta)
+    It consumes `rows`: afterwards they hold the memory group only (what dashboards still draw);
+    each other group goes as soon as its last reader is done, unless the processes' analyses
+    read them again."""
     infos = process_info(trace, rows.per_pid.index) if per_process else []
+    several = len(infos) > 1
+    memory = memory_summary(rows.of_group("memory"))  # first: its peak then adds to the kept rows alone
+    done = (lambda *groups: None) if several else rows.drop
+    spans = iteration_spans(rows)
+    done("iteration", "decode")
+    checkpoints = checkpoint_table(rows, spans, fill_probed(trace))
+    prompt_saves = prompt_save_table(rows.of_group("memory"), rows.of("copy"), spans)
+    done("fill", "copy")
+    restores = restore_table(rows.of_group("memory"), spans)
+    evictions = eviction_table(rows.state_events())
+    done("checkpoint")
+    iterations = iteration_table(rows, spans, checkpoints)
+    del spans  # the iteration table shares its columns
+    summary = summarize(checkpoints, iterations, trace.meta)
     subs = [(info, analyze_rows(process_trace(trace, info, rows.rows_of(info.pid)), rows.for_pid(info.pid),
-                                per_process=False)) for info in infos] if len(infos) > 1 else []
+                                per_process=False)) for info in infos] if several else []
     rows.release(keep="memory")
-    a = Analysis(trace, checkpoints, iterations, summary, memory_summary(rows.of_group("memory")), rows,
-                 restores=restores, evictions=evictions, prompt_saves=prompt_saves)
+    a = Analysis(trace, checkpoints, iterations, summary, memory, rows, restores=restores, evictions=evictions,
+                 prompt_saves=prompt_saves)
     if per_process:
         subs = subs or [(infos[0] if infos else ProcessInfo(pid=0, label=trace.label), a)]
         a.processes = [{**asdict(info), "label": process_label(info), "summary": sub.summary, "memory": sub.memory}

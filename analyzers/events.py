@@ -58,8 +58,12 @@ class KindRows:
 
     def release(self, keep: str) -> None:
         """Drop every group but `keep` (the analysis has read them): their memory goes back."""
-        self._released = set(GROUPS) - {keep}
-        self.frames = {g: f for g, f in self.frames.items() if g == keep}
+        self.drop(*(set(GROUPS) - {keep}))
+
+    def drop(self, *groups: str) -> None:
+        """Drop these groups (read for the last time): their memory goes back."""
+        self._released |= set(groups)
+        self.frames = {g: f for g, f in self.frames.items() if g not in self._released}
 
     def of_group(self, group: str) -> pd.DataFrame:
         """The rows of a group (GROUPS[group] columns), an empty typed frame if none."""
