@@ -26,7 +26,7 @@ from ckptrace.validate import check_ids
 
 SPAN = ["tid", "start_ns", "end_ns"]
 CLOCKS = ["cpu_ns", "wait_ns"]
-PART = ["ckpt", *SPAN, "faults", *CLOCKS, "fault_ns", "pid"]
+PART = ["ckpt", *SPAN, "faults", *CLOCKS, "fault_ns", "pid", "iter", "bytes"]  # iter, bytes: prompt saves' copies
 # Group -> (its kinds, the columns read from their rows). A group of several kinds keeps `kind`
 # and their order in the trace (memory.py replays syscalls in that order).
 GROUPS: dict[str, tuple[tuple[str, ...], list[str]]] = {

@@ -9,7 +9,9 @@
   recorded). `iter`: the iteration it falls in (spans.py), 0 when none.
 - Prompt saves, one row each: a `prompt_save` span (`server_slot::prompt_save`, the prompt cache)
   with the `copy` rows inside it on its thread (`llama_state_seq_get_data_ext`; ckpt 0, phase
-  `prompt_save`), their figures as a restore's. `bytes`: what its copies wrote.
+  `prompt_save`), their figures as a restore's, `source` "call"; and a save inlined into its caller
+  (no span: its copy, a `copy` row of ckpt 0 outside any prompt_save, taken at the call site),
+  `source` "inlined", its own copy. `bytes`: what its copies wrote.
 - Evictions: the `munmap` rows made inside a `create` span (`create_checkpoint`) on its thread
   before that create's first checkpoint began: old checkpoints erased to make room.
 """
@@ -40,7 +42,9 @@ RESTORE_COLUMNS: dict[str, object] = {
     "wait_ns": NA_INT,
     "faults": np.dtype("int64"),
 }
-PROMPT_SAVE_COLUMNS: dict[str, object] = {c: t for c, t in RESTORE_COLUMNS.items() if c not in ("draft", "source")}
+PROMPT_SAVE_SOURCES = ["call", "inlined"]
+PROMPT_SAVE_COLUMNS: dict[str, object] = {c: (pd.CategoricalDtype(PROMPT_SAVE_SOURCES) if c == "source" else t)
+                                          for c, t in RESTORE_COLUMNS.items() if c != "draft"}
 EVICTION_COLUMNS: dict[str, object] = {
     "tid": np.dtype("int32"),
     "start_ns": np.dtype("int64"),
@@ -76,23 +80,21 @@ def restore_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     if not len(rc):
         return empty_frame(RESTORE_COLUMNS)
     spans_part, rc = _with_copies(rs, rc)  # a restore without a copy restored nothing
-    spans_part = spans_part.assign(source="checkpoint")
-
-    alone = rc[rc["parent"] < 0]
-    alone_part = alone.assign(source="other", copy_ns=alone["ns"], copy_faults=alone["faults"],
-                              copy_cpu_ns=alone["cpu_ns"], copy_fault_ns=alone["fault_ns"])
-    return _finish(pd.concat([spans_part, alone_part], ignore_index=True), spans, RESTORE_COLUMNS)
+    parts = [spans_part.assign(source="checkpoint"), _alone(rc, "other")]
+    return _finish(pd.concat(parts, ignore_index=True), spans, RESTORE_COLUMNS)
 
 
 def prompt_save_table(events: pd.DataFrame, copies: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     """One row per prompt save with a state copy (PROMPT_SAVE_COLUMNS), sorted by start_ns; `events`
     holds the prompt_save rows, `copies` the copy rows (a checkpoint's, ckpt > 0, are not its)."""
     ps = select(events, kind_mask(events, "prompt_save"), _SPAN_COLS).reset_index(drop=True)
-    own = select(copies, (copies["ckpt"] == 0).to_numpy(), ["tid", "start_ns", "end_ns", "faults", "cpu_ns",
-                                                                "fault_ns"]).reset_index(drop=True)
-    if not len(ps) or not len(own):
+    own = select(copies, (copies["ckpt"] == 0).to_numpy(), ["tid", "iter", "start_ns", "end_ns", "bytes", "faults",
+                                                                "cpu_ns", "wait_ns", "fault_ns"]).reset_index(drop=True)
+    if not len(own):
         return empty_frame(PROMPT_SAVE_COLUMNS)
-    return _finish(_with_copies(ps, own)[0], spans, PROMPT_SAVE_COLUMNS)
+    saves, own = _with_copies(ps, own)
+    parts = [saves.assign(source="call"), _alone(own, "inlined")]
+    return _finish(pd.concat(parts, ignore_index=True), spans, PROMPT_SAVE_COLUMNS)
 
 
 def _with_copies(outer: pd.DataFrame, copies: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -105,6 +107,13 @@ def _with_copies(outer: pd.DataFrame, copies: pd.DataFrame) -> tuple[pd.DataFram
     for c, src in (("copy_cpu_ns", "cpu_ns"), ("copy_fault_ns", "fault_ns")):
         per[c] = g[src].agg(lambda v: v.sum() if v.notna().all() else pd.NA)
     return outer.join(per, how="inner"), copies
+
+
+def _alone(copies: pd.DataFrame, source: str) -> pd.DataFrame:
+    """The copies outside any outer span (after _with_copies), each a row of its own."""
+    alone = copies[copies["parent"] < 0]
+    return alone.assign(source=source, copy_ns=alone["ns"], copy_faults=alone["faults"],
+                        copy_cpu_ns=alone["cpu_ns"], copy_fault_ns=alone["fault_ns"])
 
 
 def _finish(t: pd.DataFrame, spans: pd.DataFrame, columns: dict[str, object]) -> pd.DataFrame:

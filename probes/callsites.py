@@ -1,11 +1,13 @@
-"""Find the calls a function makes to memset, by disassembling it (capstone, x86-64).
+"""Find the calls a function makes to memset (or another named function), by disassembling it
+(capstone, x86-64).
 
 Where a compiler inlined the vector growth behind resize() into update_tgt (clang with libc++ at
 -O2/-O3 does), no growth function is left to probe, but its zero fill is still a call to memset:
 a uprobe on the call instruction sees the fill begin (dst in rdi, bytes in rdx) and one on the
 instruction after it sees the fill end. The callee is named the way the dynamic linker binds it:
 a PLT stub's GOT slot and its relocation (JUMP_SLOT; GLOB_DAT for -fno-plt calls; IRELATIVE for
-a static binary's IFUNC), or a function symbol at a direct call's target."""
+a static binary's IFUNC), or a function symbol at a direct call's target. The same finds the
+state copy of a prompt save inlined into its caller (SAVE_CALLEES)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -13,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 FILL_CALLEES = ("memset", "__memset_chk")
+SAVE_CALLEES = ("llama_state_seq_get_data_ext",)
 _EM_X86_64 = "EM_X86_64"
 _R_GLOB_DAT, _R_JUMP_SLOT, _R_IRELATIVE = 6, 7, 37  # x86-64 relocation types that fill a GOT slot
 _PLT_SCAN = 4  # instructions of a PLT stub read before its jmp *slot (endbr64, bnd, push...)
@@ -29,11 +32,11 @@ def supported(elf) -> bool:
     return elf["e_machine"] == _EM_X86_64 and elf.elfclass == 64 and elf.little_endian
 
 
-def fill_calls(elf, start: int, size: int, functions: dict[int, str]) -> list[CallSite]:
-    """The calls to memset (FILL_CALLEES) in the function at `start` of `size` bytes, in address
-    order. `functions`: address -> name of the object's functions named in FILL_CALLEES (a
-    direct call's target, or a static binary's IFUNC resolver). A tail call (jmp memset) is no
-    call site: it never returns here. [] on another architecture."""
+def calls_to(elf, start: int, size: int, functions: dict[int, str], names=FILL_CALLEES) -> list[CallSite]:
+    """The calls to a function of `names` in the function at `start` of `size` bytes, in address
+    order. `functions`: address -> name of the object's functions named in `names` (a direct
+    call's target, or a static binary's IFUNC resolver). A tail call (jmp memset) is no call
+    site: it never returns here. [] on another architecture."""
     if not supported(elf) or size <= 0:
         return []
     from capstone import CS_ARCH_X86, CS_GRP_CALL, CS_MODE_64, Cs
@@ -60,11 +63,11 @@ def fill_calls(elf, start: int, size: int, functions: dict[int, str]) -> list[Ca
                 slots.setdefault(slot, []).append((insn.address, after))
         elif op.type == X86_OP_MEM and op.mem.base == X86_REG_RIP and op.mem.index == 0:
             slots.setdefault(after + op.mem.disp, []).append((insn.address, after))  # call *slot(%rip)
-    names = _slot_names(elf, set(slots), functions)
-    out = [CallSite(c, a, name) for c, a, name in direct if name in FILL_CALLEES]
+    bound = _slot_names(elf, set(slots), functions)
+    out = [CallSite(c, a, name) for c, a, name in direct if name in names]
     for slot, calls in slots.items():
-        name = names.get(slot)
-        if name in FILL_CALLEES:
+        name = bound.get(slot)
+        if name in names:
             out += [CallSite(c, a, f"{name}@plt") for c, a in calls]
     return sorted(out, key=lambda s: s.call)
 

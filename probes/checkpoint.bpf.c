@@ -52,7 +52,7 @@ struct tstate {
     u32 cr_open;
     u32 ax_kind;       /* 0, K_RESTORE, K_SPEC_STATE or K_PROMPT_SAVE */
     u32 ax_draft;
-    u32 ax_in_copy;    /* a state copy inside a prompt save is open */
+    u32 ax_in_copy;    /* a prompt save's state copy is open: 1 in a prompt_save span, 2 at a call site */
     u32 rc_open;
     u32 ck_spec;
     u64 ck_bytes;
@@ -465,7 +465,7 @@ int copy_return(struct pt_regs *ctx)
     if (!target_tid(&tid))
         return 0;
     struct tstate *s = threads.lookup(&tid);
-    if (s && s->ax_in_copy) {
+    if (s && s->ax_in_copy == 1) {
         s->ax_in_copy = 0;
         u64 saved = PT_REGS_RC(ctx);
         s->ax_bytes += saved;
@@ -478,6 +478,37 @@ int copy_return(struct pt_regs *ctx)
     s->ck_bytes += copied;
     emit_span(K_COPY, tid, s, &s->ph, now, copied, s->ph_addr);
     s->phase = P_NONE;
+    return 0;
+}
+
+/* A prompt save inlined into its caller (upstream's GCC build inlines server_slot::prompt_save into
+ * get_available_slot): a uprobe on its call to llama_state_seq_get_data_ext opens the copy, one on
+ * the instruction after it closes it with the bytes copied (the return value, still in rax). */
+int save_call_enter(struct pt_regs *ctx)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = state_of(tid);
+    if (!s || s->ckpt || s->ax_in_copy)
+        return 0;
+    s->ax_in_copy = 2;
+    s->ph_addr = PT_REGS_PARM2(ctx);
+    open_span(&s->ph, s);
+    return 0;
+}
+
+int save_call_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || s->ax_in_copy != 2)
+        return 0;
+    s->ax_in_copy = 0;
+    emit_span(K_COPY, tid, s, &s->ph, now, PT_REGS_RC(ctx), s->ph_addr);
     return 0;
 }
 

@@ -59,6 +59,8 @@ PROGRAMS = {
     # call sites, not functions: plain uprobes on the call and on the instruction after it
     "fill_call_end": ("fill_return", None),
     "fill_call": ("fill_enter_call", None),
+    "save_call_end": ("save_call_return", None),
+    "save_call": ("save_call_enter", None),
 }
 # spans other probed calls nest in: attached last (see attach_probes)
 OUTER_POINTS = ("update_tgt", "update_dft", "update_slots", "create_checkpoint", "load_tgt", "load_dft",

@@ -71,6 +71,10 @@ GROWTH_POINTS = ("resize_grow", "resize_grow_libcxx", "resize_libcxx")
 CALL_POINTS = ("fill_call", "fill_call_end")
 FILL_POINTS = (*GROWTH_POINTS, *CALL_POINTS)
 CALL_SITE_FUNCTIONS = ("update_tgt", "update_dft")
+# A prompt save inlined into its caller (upstream's GCC build inlines server_slot::prompt_save into
+# get_available_slot): its state copies' call sites there are probed instead.
+SAVE_CALLER = "server_context_impl::get_available_slot"
+SAVE_POINTS = ("save_call", "save_call_end")
 BATCH_POINTS = ("llama_decode", "llama_process")
 ITERATION_POINTS = ("update_slots", *BATCH_POINTS)
 NO_ITERATION_NOTE = "iteration boundary (neither update_slots nor a batch entry point found)"
@@ -198,6 +202,7 @@ class _Object:
     found: list[tuple[str, ProbePoint]]  # (point name, probe point)
     sizes: dict[int, int]  # st_size of each point found, by address (update_tgt's: to disassemble it)
     candidates: set[str]  # demangled names of defined functions matching a hint
+    save_callers: list[ProbePoint] = field(default_factory=list)  # SAVE_CALLER's definitions (never probed)
 
 
 def _open_elf(path: str):
@@ -354,7 +359,8 @@ def _read_object(path: str) -> _Object:
                       runpath, symtab is not None, dynsym is not None, [], {}, set())
         if section is None:
             return obj
-        needles = sorted({p.needle for p in POINTS} | {h.encode() for p in POINTS for h in p.hints})
+        needles = sorted({p.needle for p in POINTS} | {h.encode() for p in POINTS for h in p.hints}
+                         | {SAVE_CALLER.rsplit("::", 1)[1].encode()})
         seen: set[tuple[str, int]] = set()
         for raw, value, binding, size in _defined_functions_matching(elf, section, needles):
             base, _, suffix = raw.partition(".")
@@ -376,6 +382,11 @@ def _read_object(path: str) -> _Object:
                                                      build_id, binding)))
                 obj.sizes[value] = max(size, obj.sizes.get(value, 0))
                 matched = True
+            if qual == SAVE_CALLER and (offset := _file_offset(elf, value)) is not None:
+                obj.save_callers.append(ProbePoint("get_available_slot", dem, raw, path, value, offset, build_id,
+                                                   binding))
+                obj.sizes[value] = max(size, obj.sizes.get(value, 0))
+                matched = True
             if not matched:
                 obj.candidates.add(dem)
         return obj
@@ -386,23 +397,35 @@ def _fill_call_points(obj: _Object) -> list[ProbePoint]:
     at the instruction after it (the ends first: attached before the calls they close). Read only
     for a build with no growth symbol."""
     owners = [pp for name, pp in obj.found if name in CALL_SITE_FUNCTIONS]
+    return _call_points(obj, owners, callsites.FILL_CALLEES, CALL_POINTS)
+
+
+def _save_call_points(obj: _Object) -> list[ProbePoint]:
+    """The state copies of a prompt save inlined into SAVE_CALLER: save_call at each call to
+    llama_state_seq_get_data_ext there, save_call_end after it. None where the save is a call."""
+    return _call_points(obj, obj.save_callers, callsites.SAVE_CALLEES, SAVE_POINTS)
+
+
+def _call_points(obj: _Object, owners: list[ProbePoint], callees: tuple[str, ...],
+                 names: tuple[str, str]) -> list[ProbePoint]:
     if not owners:
         return []
     f, elf = _open_elf(obj.path)
     with f:
-        return _call_points_in(elf, obj, owners) if callsites.supported(elf) else []
+        return _call_points_in(elf, obj, owners, callees, names) if callsites.supported(elf) else []
 
 
-def _call_points_in(elf: ELFFile, obj: _Object, owners: list[ProbePoint]) -> list[ProbePoint]:
+def _call_points_in(elf: ELFFile, obj: _Object, owners: list[ProbePoint], callees: tuple[str, ...],
+                    names: tuple[str, str]) -> list[ProbePoint]:
     section = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_SYMTAB"), None) or \
         next(s for s in elf.iter_sections() if s["sh_type"] == "SHT_DYNSYM")
     funcs = {value: raw.split("@", 1)[0] for raw, value, _, _ in
-             _defined_functions_matching(elf, section, [c.encode() for c in callsites.FILL_CALLEES])
-             if raw.split("@", 1)[0] in callsites.FILL_CALLEES}
+             _defined_functions_matching(elf, section, [c.encode() for c in callees])
+             if raw.split("@", 1)[0] in callees}
     begins, ends = [], []
     for pp in owners:
-        for site in callsites.fill_calls(elf, pp.vaddr, obj.sizes.get(pp.vaddr, 0), funcs):
-            for point, vaddr, out in (("fill_call", site.call, begins), ("fill_call_end", site.after, ends)):
+        for site in callsites.calls_to(elf, pp.vaddr, obj.sizes.get(pp.vaddr, 0), funcs, callees):
+            for point, vaddr, out in ((names[0], site.call, begins), (names[1], site.after, ends)):
                 offset = _file_offset(elf, vaddr)
                 if offset is None:
                     continue
@@ -544,6 +567,10 @@ def _plan(target: str, pid: int | None, objects: list[_Object]) -> ProbePlan:
             plan.points += [pp for o in objects for pp in _fill_call_points(o)]
         except ModuleNotFoundError:  # a declared dependency; without it the fill is derived, as said
             no_disassembler = True
+    try:
+        plan.points += [pp for o in objects for pp in _save_call_points(o)]
+    except ModuleNotFoundError:
+        no_disassembler = True
     found = {pp.point for pp in plan.points + plan.markers}
     missing_required = [p for p in POINTS if p.required and p.name not in found]
     if missing_required:
@@ -594,7 +621,7 @@ def match_profile(found: set[str]) -> ProfileInfo:
     missing = [r for r in best.points if not _has(r, found)]
     origin = {}
     for name in sorted(found):
-        role = "fill" if name in FILL_POINTS else name
+        role = "fill" if name in FILL_POINTS else "prompt_save" if name in SAVE_POINTS else name
         origin[name] = next((p.name for p in ranked if role in p.points or name in p.present), "none")
     if agrees:
         return ProfileInfo(best.name, best.generation, matched, missing, origin)

@@ -303,3 +303,27 @@ def test_dashboard_draws_restores_and_state_saves_like_checkpoints(upstream):
         assert np.allclose([x for _, x in drawn], (want["end_ns"] - want["start_ns"]) / 1e6, atol=1e-3), name
     titles = [x.text for x in panels["distributions"].figure.layout.annotations]
     assert {"restore (ms)", "restore copy (ms)", "prompt save (ms)"} <= set(titles)
+
+
+def test_a_prompt_save_inlined_into_its_caller_is_its_state_copy(tmp_path):
+    # as upstream's GCC build inlines server_slot::prompt_save into get_available_slot: no span to
+    # probe, so the call to llama_state_seq_get_data_ext there is (symbols finds it as objdump does)
+    from test_symbols import objdump_calls
+
+    binary = variant("upstream")
+    want_sites = objdump_calls(binary, "_ZN19server_context_impl18get_available_slotER11server_slotR20common_restore_truth",
+                               "llama_state_seq_get_data_ext")
+    plan = json.loads(ckptrace("symbols", "--json", binary).stdout)
+    sites = sorted((p["vaddr"], p["point"]) for p in plan["points"] if p["point"].startswith("save_call"))
+    assert len(want_sites) == 1 and sites == sorted([(want_sites[0][0], "save_call"), (want_sites[0][1], "save_call_end")])
+    r = record_with_truth(tmp_path, [binary, "--iterations", "6", "--slots", "2", "--prompt-save-inlined"])
+    want = by_start(r.truth["prompt_save_inlined"])
+    ev = r.trace.events
+    rows = by_start(ev[(ev["kind"] == "copy") & (ev["ckpt"] == 0)])
+    assert len(rows) == len(want) == 2 and not (ev["kind"] == "prompt_save").any()
+    assert (rows["bytes"] == want["bytes"]).all() and (rows["tid"] == want["tid"]).all()
+    assert (want["copy_start_ns"] <= rows["start_ns"]).all()
+    assert (rows["end_ns"] <= want["copy_start_ns"] + want["copy_ns"]).all()
+    ps = analyze_trace(r.trace).prompt_saves
+    assert (ps["source"] == "inlined").all() and len(ps) == 2 and (ps["iter"] > 0).all()
+    assert within_cpu(ps["copy_cpu_ns"], want["copy_cpu_ns"])

@@ -87,6 +87,8 @@ static void usage(FILE * f) {
             "  --spec                  decode iterations: a speculative checkpoint per slot\n"
             "  --spec-state-kib K      create_checkpoint also stashes K KiB of speculative state\n"
             "  --prompt-save           each prefill: slot 0 saves its prompt state (prompt cache)\n"
+            "  --prompt-save-inlined   each prefill: the last slot saves it too, in get_available_slot\n"
+            "                          (the save inlined there, as upstream's GCC build has it)\n"
             "  --help                  this text\n",
             prog);
 }
@@ -110,7 +112,7 @@ static options parse_options(int argc, char ** argv) {
     enum {
         O_SLOTS = 1000, O_ITER, O_DPP, O_CKPT, O_GROW, O_POOL, O_KEEP, O_PROMPT, O_DECODE_US,
         O_NOISE, O_TRUTH, O_WAIT, O_PAUSE, O_MREMAP, O_EXIT, O_DRAFT, O_HELP, O_REQUEST, O_GAP, O_CHURN, O_RESTORE, O_SPEC,
-        O_SPEC_STATE, O_PROMPT_SAVE
+        O_SPEC_STATE, O_PROMPT_SAVE, O_PROMPT_SAVE_INLINED
     };
     static const struct option longopts[] = {
         {"slots", required_argument, nullptr, O_SLOTS},
@@ -137,6 +139,7 @@ static options parse_options(int argc, char ** argv) {
         {"spec", no_argument, nullptr, O_SPEC},
         {"spec-state-kib", required_argument, nullptr, O_SPEC_STATE},
         {"prompt-save", no_argument, nullptr, O_PROMPT_SAVE},
+        {"prompt-save-inlined", no_argument, nullptr, O_PROMPT_SAVE_INLINED},
         {nullptr, 0, nullptr, 0},
     };
     options o;
@@ -183,6 +186,7 @@ static options parse_options(int argc, char ** argv) {
             case O_SPEC: o.sp.spec = true; break;
             case O_SPEC_STATE: o.sp.spec_state_bytes = (size_t) parse_int("--spec-state-kib", optarg, 1, 1 << 20) << 10; break;
             case O_PROMPT_SAVE: o.sp.prompt_save = true; break;
+            case O_PROMPT_SAVE_INLINED: o.sp.prompt_save_inlined = true; break;
             case ':': usage_error("%s needs a value", argv[optind - 1]);
             default: usage_error("unknown option '%s'", argv[optind - 1]);
         }
@@ -191,8 +195,8 @@ static options parse_options(int argc, char ** argv) {
         usage_error("unexpected argument '%s'", argv[optind]);
     }
 #ifndef SAMPLE_UPSTREAM
-    if (o.sp.restore_every || o.sp.spec || o.sp.spec_state_bytes || o.sp.prompt_save) {
-        usage_error("--restore-every, --spec, --spec-state-kib and --prompt-save need the upstream build "
+    if (o.sp.restore_every || o.sp.spec || o.sp.spec_state_bytes || o.sp.prompt_save || o.sp.prompt_save_inlined) {
+        usage_error("--restore-every, --spec, --spec-state-kib and --prompt-save(-inlined) need the upstream build "
                     "(ckpt-workload-upstream)");
     }
 #endif

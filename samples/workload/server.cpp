@@ -29,8 +29,12 @@ server_context_impl::~server_context_impl() {
 }
 
 #ifdef SAMPLE_UPSTREAM
-// As upstream's server_slot::prompt_save: size the cache entry, copy the whole state into it.
-__attribute__((noinline)) bool server_slot::prompt_save(llama_context * ctx, common_restore_truth & t) {
+// As upstream's server_slot::prompt_save: size the cache entry, copy the whole state into it. Inlined
+// into both callers, as upstream's GCC build inlines prompt_save into get_available_slot.
+static inline __attribute__((always_inline)) bool save_prompt(server_slot & slot, llama_context * ctx,
+                                                              common_restore_truth & t) {
+    const int32_t id = slot.id;
+    std::vector<uint8_t> & prompt_cache = slot.prompt_cache;
     t = common_restore_truth();
     t.tid = (int) syscall(SYS_gettid);
     t.start_ns = now_ns();
@@ -47,6 +51,16 @@ __attribute__((noinline)) bool server_slot::prompt_save(llama_context * ctx, com
     t.cpu_ns = thread_cpu_ns() - c_start;
     t.end_ns = now_ns();
     return t.bytes == size;
+}
+
+__attribute__((noinline)) bool server_slot::prompt_save(llama_context * ctx, common_restore_truth & t) {
+    return save_prompt(*this, ctx, t);
+}
+
+// Upstream's get_available_slot saves the slot's old prompt before it takes a new one: the save
+// has no function of its own here, only its state copy.
+__attribute__((noinline)) void server_context_impl::get_available_slot(server_slot & slot, common_restore_truth & t) {
+    save_prompt(slot, ctx, t);
 }
 #endif
 
@@ -129,6 +143,11 @@ __attribute__((noinline)) void server_context_impl::update_slots() {
         if (params.prompt_save) {
             server_state_truth st{"prompt_save", n_iter, 0, {}};
             slots[0].prompt_save(ctx, st.t);
+            last_states.push_back(st);
+        }
+        if (params.prompt_save_inlined) {
+            server_state_truth st{"prompt_save_inlined", n_iter, slots.back().id, {}};
+            get_available_slot(slots.back(), st.t);
             last_states.push_back(st);
         }
 #endif

@@ -23,6 +23,7 @@ struct server_params {
     bool spec = false;          // decode iterations: a speculative checkpoint per slot (update_tgt in pre_decode)
     size_t spec_state_bytes = 0;  // create_checkpoint stashes this much speculative state
     bool prompt_save = false;   // each prefill: slot 0 saves its prompt state to the cache
+    bool prompt_save_inlined = false;  // each prefill: the last slot saves it in get_available_slot, inlined
 };
 
 struct server_iteration_truth {
@@ -47,7 +48,7 @@ struct server_checkpoint_truth {
 
 // A restore (load_tgt), a prompt save, a speculative state or a whole create_checkpoint call.
 struct server_state_truth {
-    const char * type;  // "restore", "prompt_save", "spec_state", "create"
+    const char * type;  // "restore", "prompt_save", "prompt_save_inlined", "spec_state", "create"
     int64_t iter;
     int32_t slot;
     common_restore_truth t;
@@ -71,6 +72,9 @@ struct server_context_impl {
 
     void update_slots();  // one iteration: the checkpoints, then one llama_decode()
     void create_checkpoint(server_slot & slot);
+#ifdef SAMPLE_UPSTREAM
+    void get_available_slot(server_slot & slot, common_restore_truth & t);
+#endif
 
     static size_t max_state_bytes(const server_params & params, int64_t n_iterations);
 
