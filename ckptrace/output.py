@@ -105,7 +105,7 @@ def check_output(path: str | os.PathLike, *, what: str = "output") -> None:
         raise _refused(path, st, what)
 
 
-def not_an_input(path: str | os.PathLike, inputs, *, what: str = "output") -> None:
+def not_an_input(path: str | os.PathLike, inputs, *, what: str = "output", option: str = "-o path") -> None:
     """Refuse to write over a file the command reads (a trace, a request file): that would lose it."""
     for source in inputs:
         try:
@@ -114,7 +114,7 @@ def not_an_input(path: str | os.PathLike, inputs, *, what: str = "output") -> No
             continue
         if same:
             raise OutputError(f"{printable(path)}: is one of the files this command reads; "
-                              f"choose another -o path for the {what}", errno.EEXIST)
+                              f"choose another {option} for the {what}", errno.EEXIST)
 
 
 def output_folder(path: str | os.PathLike, *, what: str = "output") -> Path:

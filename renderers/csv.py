@@ -10,6 +10,12 @@ from ckptrace.output import write_output
 from ckptrace.terminal import printable
 
 
+def csv_paths(directory: str, requests: bool) -> list[Path]:
+    """The files `analyze --csv DIR` writes (requests.csv only with --requests)."""
+    names = ["checkpoints.csv", "iterations.csv"] + (["requests.csv"] if requests else [])
+    return [Path(directory) / n for n in names]
+
+
 def write_csv(analysis, directory: str, requests=None) -> list[Path]:
     """Each file replaced atomically (ckptrace.output); the folder is created if missing."""
     d = Path(directory)
@@ -19,11 +25,8 @@ def write_csv(analysis, directory: str, requests=None) -> list[Path]:
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise CkptraceError(f"cannot create {printable(d)}: {e.strerror or e}; choose a writable --csv DIR") from None
-    paths = [d / "checkpoints.csv", d / "iterations.csv"]
-    tables = [analysis.checkpoints, analysis.iterations]
-    if requests is not None:
-        paths.append(d / "requests.csv")
-        tables.append(requests)
+    paths = csv_paths(directory, requests is not None)
+    tables = [analysis.checkpoints, analysis.iterations] + ([] if requests is None else [requests])
     for path, table in zip(paths, tables):
         write_output(path, lambda f, t=table: t.to_csv(f, index=False), what="CSV file")
     return paths

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import shutil
 import subprocess
 from collections import defaultdict
@@ -335,6 +336,36 @@ def test_stdout_and_bad_input(tmp_path):
     assert_one_line_error(ckptrace("export", copy, copy, "--requests", tmp_path / "later.json", "-o", tmp_path / "x"),
                           "--requests given 1 times for 2 traces", code=2)
     assert sorted(f.name for f in tmp_path.iterdir()) == ["junk.parquet", "later.json", "t.parquet"]  # nothing written
+
+
+def test_no_output_replaces_a_file_read_beside_or_through_a_link(tmp_path):
+    """The request file found beside the trace (not named on the command line), a link to it, and
+    analyze --csv's files that are the trace or the request file: refused, nothing written."""
+    trace = tmp_path / "run.parquet"
+    shutil.copy(LEGS[0], trace)
+    a = analyze_trace(read_trace(trace))
+    s = int(a.checkpoints["start_ns"].min())
+    rows = [{"request": 0, "client": 0, "prompt_tokens": 8, "start_unix_ns": 1, "start_ns": s, "ttft_ns": 1000,
+             "total_ns": 2000, "status": "ok", "predicted_tokens": 1}]
+    beside = tmp_path / "run.requests.json"
+    beside.write_text(json.dumps(rows))
+    (tmp_path / "link.json").symlink_to(beside)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    for out in (beside, tmp_path / "link.json"):
+        assert_one_line_error(ckptrace("export", trace, "-o", out), "is one of the files this command reads")
+    (tmp_path / "link.html").symlink_to(beside)
+    assert_one_line_error(ckptrace("dashboard", trace, "-o", tmp_path / "link.html"),
+                          "is one of the files this command reads")
+    d = tmp_path / "d"
+    d.mkdir()
+    shutil.copy(beside, d / "requests.csv")
+    shutil.copy(trace, d / "checkpoints.csv")
+    assert_one_line_error(ckptrace("analyze", trace, "--requests", d / "requests.csv", "--csv", d),
+                          "choose another --csv folder")
+    assert_one_line_error(ckptrace("analyze", d / "checkpoints.csv", "--csv", d), "checkpoints.csv: is one of")
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == {**before, "link.html": beside.read_bytes()}
+    assert (d / "requests.csv").read_bytes() == beside.read_bytes() and sorted(os.listdir(d)) == ["checkpoints.csv", "requests.csv"]
+    assert (d / "checkpoints.csv").read_bytes() == trace.read_bytes()
 
 
 @pytest.mark.ebpf

@@ -48,6 +48,13 @@ def command(trace, as_json, csv_dir, requests_file, requests_pid, show_all, rows
     if requests_pid is not None and not requests_file:
         raise click.UsageError("--requests-pid says which process a request file's requests went to: "
                                "give --requests too")
+    if csv_dir:  # before anything is read or written: a CSV must not replace the trace or request file
+        from ckptrace.output import not_an_input
+        from ckptrace.renderers.csv import csv_paths
+
+        for path in csv_paths(csv_dir, bool(requests_file)):
+            not_an_input(path, (trace, *([requests_file] if requests_file else [])), what="CSV files",
+                         option="--csv folder")
     # The request split reads restore rows and spans the batched read does not keep.
     analysis = analyze_trace(read_trace(trace)) if requests_file else analyze_file(trace)
     requests = None

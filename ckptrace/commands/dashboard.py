@@ -43,13 +43,14 @@ def command(traces: tuple[Path, ...], output: Path, title: str, request_files: t
     """Write a self-contained HTML report of one or more TRACE files."""
     from ckptrace.analyzers import analyze_file, analyze_trace
     from ckptrace.dashboards.report import write_dashboard
+    from ckptrace.requests_file import requests_path
     from ckptrace.trace import read_trace
 
     # A FIFO, a terminal or /dev/stdout is written into as it is; a file's name says what it holds.
     named_file = not output.exists() or output.is_file()
     if named_file and output.suffix.lower() not in (".html", ".htm"):
         raise CkptraceError(f"{printable(output)}: the report is HTML; give an -o path ending in .html")
-    not_an_input(output, (*traces, *request_files), what="report")
+    not_an_input(output, (*traces, *request_files, *(requests_path(t) for t in traces)), what="report")
     check_output(output, what="report")
     requests = leg_requests(tuple(map(str, traces)), request_files)
     choices = request_pid_choices(traces, requests, requests_pid)

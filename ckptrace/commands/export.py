@@ -51,10 +51,11 @@ def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...
     """Write TRACE files as a timeline for Perfetto or Chrome's trace viewers."""
     from ckptrace.analyzers import analyze_trace
     from ckptrace.renderers.timeline import build_timeline, recording_notes
+    from ckptrace.requests_file import requests_path
     from ckptrace.trace import read_trace
 
     fmt = fmt or ("chrome" if output.suffix.lower() == ".json" else "perfetto")
-    not_an_input(output, (*traces, *request_files), what="export")
+    not_an_input(output, (*traces, *request_files, *(requests_path(t) for t in traces)), what="export")
     check_output(output, what="export")
     analyses = [analyze_trace(read_trace(p)) for p in traces]
     timeline = build_timeline(analyses, traces, *_request_tables(analyses, traces, request_files, requests_pid))
