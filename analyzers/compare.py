@@ -594,10 +594,19 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
 FAIL_ON = {"slower": ("slower",), "faster": ("faster",), "any-change": ("faster", "slower")}
 
 
-def gate(c: Comparison, fail_on: str, metrics: list[str] | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """(rows whose verdict trips `fail_on`, named rows that could not be judged) among the
-    comparison's metric rows named in `metrics` (None: all). A named metric the comparison does
-    not have (a request metric without request files) is an AnalysisError."""
+# Why a metric the gate looks at was not judged, by its verdict.
+UNJUDGED_WHY = {
+    NOT_JUDGED: f"a leg waited over {WAIT_WARN_SHARE:.0%} of its wall time for a CPU, so wall times measure the load",
+    "not measured": "an arm has no samples of it",
+    "not recorded": "a leg's recording lacks the figure",
+}
+
+
+def gate(c: Comparison, fail_on: str, metrics: list[str] | None = None
+         ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(rows whose verdict trips `fail_on`, named rows that could not be judged, named rows that
+    were judged) among the comparison's metric rows named in `metrics` (None: all). A named metric
+    the comparison does not have (a request metric without request files) is an AnalysisError."""
     m = c.metrics
     if metrics is not None:
         absent = [x for x in metrics if x not in set(m["metric"])]
@@ -607,8 +616,8 @@ def gate(c: Comparison, fail_on: str, metrics: list[str] | None = None) -> tuple
                                    "each trace, or --requests)" if set(absent) & set(REQUEST_METRICS) else ""))
         m = m[m["metric"].isin(metrics)]
     tripped = m[m["verdict"].isin(FAIL_ON[fail_on])]
-    unjudged = m[~m["verdict"].isin(JUDGED)]
-    return tripped, unjudged
+    judged = m["verdict"].isin(JUDGED)
+    return tripped, m[~judged], m[judged]
 
 
 def compare_per_process(traces: list, **kw) -> list[tuple[str, Comparison]]:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from ckptrace.terminal import printable
 
-from .text import NAMES, POOL_NAMES, _pct, _value
+from .text import NAMES, POOL_NAMES, _pct, _value, unjudged_said
 
 def _fence(text: str, least: int) -> str:
     return "`" * max(least, max((len(r) for r in re.findall("`+", text)), default=0) + 1)
@@ -59,17 +59,26 @@ def _table(rows: list[dict], name_of, flagged: set) -> list[str]:
     return lines
 
 
-def comparison_markdown(c, fail_on: str | None = None, tripped: pd.DataFrame | None = None) -> str:
+def comparison_markdown(c, fail_on: str | None = None, tripped: pd.DataFrame | None = None,
+                        unjudged: pd.DataFrame | None = None, judged: pd.DataFrame | None = None) -> str:
     """The verdict table, pool rows, legs, explanation and warnings; with a gate, its outcome first."""
     legs = c.legs.to_dict("records")
     out = [f"### ckptrace compare: {code(c.candidate)} against {code(c.baseline)}", ""]
     flagged = set()
     if fail_on:
+        gate = f"Gate `--fail-on {fail_on}`"
+        missed = ("" if unjudged is None or not len(unjudged)
+                  else f" It did not judge {unjudged_said(unjudged, lambda x: f'`{x}`')}.")
         if tripped is not None and len(tripped):
             flagged = {NAMES.get(x, x) for x in tripped["metric"]}
-            out += [f"**Gate `--fail-on {fail_on}` tripped** by {', '.join(f'`{x}`' for x in tripped['metric'])}.", ""]
+            out += [f"**{gate} tripped** by {', '.join(f'`{x}`' for x in tripped['metric'])}.{missed}", ""]
+        elif missed and judged is not None and not len(judged):
+            out += [f"**{gate} judged nothing**: not passed.{missed}", ""]
+        elif missed:
+            judged_names = ", ".join(f"`{x}`" for x in judged["metric"]) if judged is not None else "the rest"
+            out += [f"{gate} passed on {judged_names} only.{missed}", ""]
         else:
-            out += [f"Gate `--fail-on {fail_on}` passed.", ""]
+            out += [f"{gate} passed.", ""]
     out += _table(c.metrics.to_dict("records"), lambda m: NAMES.get(m["metric"], m["metric"]), flagged)
     if c.pool is not None and len(c.pool):
         out += ["", "Pool hits and misses apart, each against the baseline (medians):", ""]

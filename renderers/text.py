@@ -367,6 +367,14 @@ def gate_said(rows: pd.DataFrame) -> str:
     return "; ".join(out)
 
 
+def unjudged_said(rows: pd.DataFrame, name=str) -> str:
+    """The metrics the gate looked at and could not judge, each with its verdict and why."""
+    from ckptrace.analyzers.compare import UNJUDGED_WHY
+
+    return "; ".join(f"{name(m['metric'])} ({m['verdict']}: {UNJUDGED_WHY.get(m['verdict'], 'no verdict')})"
+                     for m in rows.to_dict("records"))
+
+
 def compare_report(c) -> str:
     lines = [wrap(_arm_line(c, "baseline")), wrap(_arm_line(c, "candidate")),
              wrap(f"samples: {c.samples}; each arm is summarised by its {c.statistic}; 95% bootstrap "

@@ -240,6 +240,29 @@ def test_fail_on_any_change_passes_an_aaa(tmp_path):
     assert abs(rows["checkpoint_faults"]["change_pct"]) < 1, rows["checkpoint_faults"]
 
 
+def test_a_gate_that_judged_nothing_does_not_say_passed():
+    """The sample legs waited for a CPU (wall times read 'not judged'): a gate on a wall-time metric
+    judged nothing and says so, in Markdown and on stderr; --require-judged makes that exit 4."""
+    p = ckptrace("compare", OFF1, ON, OFF2, "--format", "markdown", "--fail-on", "slower",
+                 "--metrics", "checkpoint_total_ns")
+    assert p.returncode == 0, p.stderr
+    assert "Gate `--fail-on slower` passed" not in p.stdout and "**Gate `--fail-on slower` judged nothing**: not passed." in p.stdout
+    assert "It did not judge `checkpoint_total_ns` (not judged: a leg waited over 10%" in p.stdout
+    assert "did not judge checkpoint_total_ns (not judged: " in p.stderr and "(it judged nothing)" in p.stderr
+    p = ckptrace("compare", OFF1, ON, OFF2, "--fail-on", "slower", "--metrics", "checkpoint_total_ns,checkpoint_faults",
+                 "--require-judged")
+    assert p.returncode == 4, p.stderr
+    assert p.stderr.strip().splitlines()[-1].endswith("--require-judged: 1 of 2 metric(s) not judged")
+    p = ckptrace("compare", OFF1, ON, OFF2, "--format", "markdown", "--fail-on", "slower",
+                 "--metrics", "checkpoint_total_ns,checkpoint_faults")
+    assert p.returncode == 0 and "Gate `--fail-on slower` passed on `checkpoint_faults` only." in p.stdout
+    # a trip is a trip (exit 3) whatever else was not judged
+    p = ckptrace("compare", ON, OFF1, OFF2, "--fail-on", "slower", "--require-judged",
+                 "--metrics", "checkpoint_total_ns,checkpoint_faults")
+    assert p.returncode == 3, p.stderr
+    assert_one_line_error(ckptrace("compare", OFF1, ON, OFF2, "--require-judged"), "give --fail-on too", code=2)
+
+
 def test_fail_on_bad_use(tmp_path):
     assert_one_line_error(ckptrace("compare", OFF1, ON, OFF2, "--fail-on", "slower", "--metrics", "nope"),
                           "unknown metric nope", code=2)

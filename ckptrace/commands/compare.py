@@ -10,8 +10,10 @@ from ckptrace.terminal import echo, printable
 from ckptrace.trace import read_trace
 
 # Exit statuses: 0 compared (gate passed), 1 an error (one line), 2 a usage error, GATE_EXIT the
-# gate tripped. Distinct, so a CI job can tell a regression from a broken step.
+# gate tripped, UNJUDGED_EXIT (--require-judged) a metric the gate looks at was not judged.
+# Distinct, so a CI job can tell a regression from a gate that could not see from a broken step.
 GATE_EXIT = 3
+UNJUDGED_EXIT = 4
 
 
 def metric_names() -> list[str]:
@@ -76,7 +78,9 @@ Examples:
 
 \b
 Exit status: 0 compared (and the gate, if any, passed); 1 an error; 2 a
-usage error; 3 --fail-on tripped (the table is printed first).
+usage error; 3 --fail-on tripped (the table is printed first); 4 with
+--require-judged, a metric the gate looks at was not judged (e.g. wall
+times on a busy machine) and none tripped.
 """)
 @click.argument("traces", nargs=-1, metavar="TRACE TRACE [TRACE...]")
 @click.option("--json", "as_json", is_flag=True, help="Print {baseline, candidate, legs, metrics, ...} as JSON "
@@ -95,6 +99,9 @@ usage error; 3 --fail-on tripped (the table is printed first).
               help="Exit 3 when a metric's verdict is slower / faster / either (for CI).")
 @click.option("--metrics", "gate_metrics", callback=split_metrics, metavar="A,B",
               help="The metrics --fail-on looks at, comma-separated (default: every metric compared).")
+@click.option("--require-judged", is_flag=True,
+              help="Exit 4 when a metric --fail-on looks at could not be judged (not judged, not measured, "
+                   "not recorded) and none tripped: a gate that saw nothing does not pass.")
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed (same seed, same output).")
 @click.option("--resamples", "n_boot", type=click.IntRange(min=100), default=2000, show_default=True,
               help="Bootstrap resamples per arm and metric.")
@@ -105,8 +112,8 @@ usage error; 3 --fail-on tripped (the table is printed first).
               help="Compare each process apart: legs that recorded several processes are split by "
                    "process label (record's --pid PID=LABEL; NAME#RANK for --comm or unlabelled pids), "
                    "and each label is compared across the legs that hold it.")
-def command(traces, as_json, fmt, request_files, requests_pid, fail_on, gate_metrics, seed, n_boot, min_effect,
-            per_process):
+def command(traces, as_json, fmt, request_files, requests_pid, fail_on, gate_metrics, require_judged, seed, n_boot,
+            min_effect, per_process):
     """Compare baseline and candidate legs, given in run order (A/B/A).
 
     Legs are grouped by their label: the first label is the baseline, the second the candidate.
@@ -126,6 +133,8 @@ def command(traces, as_json, fmt, request_files, requests_pid, fail_on, gate_met
         raise click.UsageError(f"--json and --format {fmt} disagree: give one")
     if gate_metrics is not None and fail_on is None:
         raise click.UsageError("--metrics chooses what --fail-on looks at: give --fail-on too")
+    if require_judged and fail_on is None:
+        raise click.UsageError("--require-judged is about the metrics --fail-on looks at: give --fail-on too")
     fmt = "json" if as_json else (fmt or "text")
     if per_process:  # request files paired by name are not looked for: only given ones are refused
         legs = [read_trace(t) for t in traces]
@@ -147,9 +156,9 @@ def command(traces, as_json, fmt, request_files, requests_pid, fail_on, gate_met
     analyses = [process_analysis(a, pid) for a, pid in zip(analyses, pids)]
     c = compare(analyses, seed=seed, n_boot=n_boot, min_effect_pct=min_effect, requests=requests)
     c.warnings += alone
-    tripped = unjudged = None
+    tripped = unjudged = judged = None
     if fail_on:
-        tripped, unjudged = gate(c, fail_on, gate_metrics)
+        tripped, unjudged, judged = gate(c, fail_on, gate_metrics)
     if fmt == "json":
         from ckptrace.renderers.json import comparison_json, dumps
 
@@ -157,13 +166,13 @@ def command(traces, as_json, fmt, request_files, requests_pid, fail_on, gate_met
     elif fmt == "markdown":
         from ckptrace.renderers.markdown import comparison_markdown
 
-        click.echo(comparison_markdown(c, fail_on, tripped))
+        click.echo(comparison_markdown(c, fail_on, tripped, unjudged, judged))
     else:
         from ckptrace.renderers.text import compare_report
 
         echo(compare_report(c))
     if fail_on:
-        _gate_lines(fail_on, tripped, unjudged)
+        _gate_lines(fail_on, tripped, unjudged, judged, require_judged)
 
 
 def _per_process(legs, fmt: str, requests, fail_on, **kw) -> None:
@@ -184,13 +193,19 @@ def _per_process(legs, fmt: str, requests, fail_on, **kw) -> None:
         echo("\n\n".join(f"== process {printable(label)}\n{compare_report(c)}" for label, c in parts))
 
 
-def _gate_lines(fail_on: str, tripped, unjudged) -> None:
-    """One line on stderr for metrics the gate could not judge; one for a trip, then exit GATE_EXIT."""
-    from ckptrace.renderers.text import gate_said
+def _gate_lines(fail_on: str, tripped, unjudged, judged, require_judged: bool) -> None:
+    """One line on stderr for metrics the gate could not judge (which, why); one for a trip, then
+    exit GATE_EXIT; else, with --require-judged and metrics not judged, exit UNJUDGED_EXIT."""
+    from ckptrace.renderers.text import gate_said, unjudged_said
 
+    said = f"ckptrace: compare: --fail-on {fail_on}"
     if len(unjudged):
-        click.echo(f"ckptrace: compare: --fail-on {fail_on} could not judge "
-                   + ", ".join(f"{r['metric']} ({r['verdict']})" for r in unjudged.to_dict("records")), err=True)
+        nothing = "" if len(judged) else " (it judged nothing)"
+        click.echo(f"{said} did not judge {unjudged_said(unjudged)}{nothing}", err=True)
     if len(tripped):
-        click.echo(f"ckptrace: compare: --fail-on {fail_on} tripped: {gate_said(tripped)}", err=True)
+        click.echo(f"{said} tripped: {gate_said(tripped)}", err=True)
         raise click.exceptions.Exit(GATE_EXIT)
+    if len(unjudged) and require_judged:
+        click.echo(f"{said}: --require-judged: {len(unjudged)} of {len(unjudged) + len(judged)} metric(s) not "
+                   "judged", err=True)
+        raise click.exceptions.Exit(UNJUDGED_EXIT)
