@@ -489,9 +489,29 @@ def _request_rows(analyses: list[Analysis], arms: list[str], requests: list, see
     return rows
 
 
-def _request_warnings(analyses: list[Analysis], requests: list) -> list[str]:
+def _requests_inside(analyses: list[Analysis], requests: list) -> tuple[list, list[int]]:
+    """Each leg's requests less the completed ones whose TTFT window is not wholly inside its
+    recording (analyze's rule: the trace did not see them), and how many that left out per leg.
+    A file none of whose requests ran while its leg was recorded is an AnalysisError."""
+    from .requests import request_table
+
+    kept, outside = [], []
+    for a, r in zip(analyses, requests):
+        if r is None:
+            kept.append(None)
+            outside.append(0)
+            continue
+        t = request_table(r, a, source=f"the request file of {a.trace.path or a.trace.label}")  # same run?
+        out = ((t["status"] == "ok") & t["ttft_ns"].notna() & ~t["in_recording"]).to_numpy()
+        kept.append(r.loc[~out])
+        outside.append(int(out.sum()))
+    return kept, outside
+
+
+def _request_warnings(analyses: list[Analysis], requests: list, outside: list[int]) -> list[str]:
     lacking = [str(i + 1) for i, r in enumerate(requests) if r is None]
-    out = []
+    out = [f"{_leg_name(i, analyses[i])}: {n} completed requests ran (partly) outside its recording: left out of "
+           "the request metrics" for i, n in enumerate(outside) if n]
     if lacking:
         out.append(f"leg{'s' if len(lacking) > 1 else ''} {', '.join(lacking)} {'have' if len(lacking) > 1 else 'has'} "
                    "no request file (NAME.requests.json beside the trace, or --requests): the request metrics "
@@ -546,10 +566,7 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
     if requests is not None:
         if len(requests) != len(analyses):
             raise AnalysisError(f"{len(requests)} request files for {len(analyses)} traces: give one per trace")
-        from .requests import request_table
-        for a, r in zip(analyses, requests):
-            if r is not None:
-                request_table(r, a, source=f"the request file of {a.trace.path or a.trace.label}")  # same run?
+        requests, outside = _requests_inside(analyses, requests)
 
     rows = []
     restored = any(a.restores is not None and len(a.restores) for a in analyses)
@@ -584,7 +601,8 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
     explanation = " ".join(x for x in (_explain(metrics, analyses, arms, baseline, candidate),
                                        memory_sentence(memory, metrics)) if x)
     return Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
-                      warnings=_warnings(analyses, arms) + (_request_warnings(analyses, requests) if has_requests else []),
+                      warnings=_warnings(analyses, arms) + (_request_warnings(analyses, requests, outside)
+                                                            if has_requests else []),
                       explanation=explanation + _ttft_said(metrics),
                       seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, statistic=statistic,
                       pool=pool, memory=memory)

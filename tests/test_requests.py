@@ -211,6 +211,27 @@ def test_compare_pairs_request_files_and_says_which_legs_lack_them(tmp_path):
     assert_one_line_error(ckptrace("compare", *legs, "--requests", explicit[0]), "one request file per trace", code=2)
 
 
+def test_compare_leaves_out_requests_outside_the_recording(tmp_path):
+    """Requests whose window starts before a leg's recording (the trace did not see them) count in
+    no request metric, throughput included, as in analyze; a warning per leg gives the count."""
+    from ckptrace.analyzers.requests import recording_range
+
+    legs = legs_with_requests(tmp_path, [OFF1, ON, OFF2])
+    for n, leg in ((2, legs[0]), (1, legs[1])):
+        lo, _ = recording_range(read_trace(leg))
+        rows = json.loads(requests_path(leg).read_text())
+        rows += [request(10 + k, lo - 50_000_000 - k, 60_000_000) for k in range(n)]  # starts before, ends inside
+        write_requests_file(requests_path(leg), rows)
+    doc = json.loads(ckptrace("compare", *legs, "--json").stdout)
+    rows = {m["metric"]: m for m in doc["metrics"]}
+    for name in ("ttft_p50_ms", "ttft_p90_ms", "throughput_tok_s"):
+        assert (rows[name]["samples_baseline"], rows[name]["samples_candidate"]) == (10, 5), rows[name]
+    said = [w for w in doc["warnings"] if "outside its recording" in w]
+    assert said == ["leg 1 (pool-off): 2 completed requests ran (partly) outside its recording: left out of the "
+                    "request metrics", "leg 2 (pool-on): 1 completed requests ran (partly) outside its recording: "
+                    "left out of the request metrics"], doc["warnings"]
+
+
 def test_compare_refuses_a_request_file_from_another_run(tmp_path):
     legs = legs_with_requests(tmp_path, [OFF1, ON, OFF2])
     shutil.copy(requests_path(legs[0]), requests_path(legs[1]))  # leg 1's requests beside leg 2's trace

@@ -125,7 +125,7 @@ def command(traces, as_json, fmt, request_files, requests_pid, fail_on, gate_met
     wall-time metrics (TTFT and throughput too) read "not judged".
 
     With request files, time to first token p50/p90/p99 and throughput (tokens per second) are
-    compared the same way, over each arm's completed requests.
+    compared the same way, over each arm's completed requests inside its recording.
     """
     from ckptrace.analyzers.compare import compare, gate
 
