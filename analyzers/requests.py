@@ -87,9 +87,10 @@ def recording_range(trace: Trace) -> tuple[int, int]:
 
 
 def request_process(trace: Trace, choice: str | None, source: str = "") -> int | None:
-    """The pid whose spans count for a request file (`--requests-pid PID|LABEL`), None for a
-    one-process trace. A request file carries no pid, so a trace of several processes needs the
-    choice; a choice naming no process of the trace, or naming several, is an AnalysisError."""
+    """The pid whose spans count for a request file (`--requests-pid PID|LABEL`, or `pid:N` /
+    `label:NAME` to say which), None for a one-process trace. A request file carries no pid, so a
+    trace of several processes needs the choice; a choice naming no process of the trace, several,
+    or one by pid and another by label, is an AnalysisError."""
     from ckptrace.terminal import printable
 
     from .processes import process_info, process_label
@@ -103,8 +104,18 @@ def request_process(trace: Trace, choice: str | None, source: str = "") -> int |
         raise AnalysisError(
             f"{name} holds {len(infos)} processes ({listed}) and a request file carries no pid: name the one the "
             "requests went to with --requests-pid PID|LABEL")
-    found = [p for p in infos if str(p.pid) == choice.strip()] or \
-        [p for p in infos if process_label(p) == choice or (len(infos) == 1 and choice == trace.label)]
+    kind, _, rest = choice.partition(":")
+    pid_form, label_form = (kind == "pid", kind == "label") if rest else (False, False)
+    wanted = rest if pid_form or label_form else choice
+    by_pid = [] if label_form else [p for p in infos if str(p.pid) == wanted.strip()]
+    by_label = [] if pid_form else [p for p in infos if process_label(p) == wanted
+                                    or (len(infos) == 1 and wanted == trace.label)]
+    if by_pid and by_label and {p.pid for p in by_pid} != {p.pid for p in by_label}:
+        raise AnalysisError(
+            f"--requests-pid {printable(choice)} is ambiguous in {name}: the pid of {by_pid[0].pid} "
+            f"({printable(process_label(by_pid[0]))}) and the label of {by_label[0].pid}: write "
+            f"pid:{printable(wanted)} or label:{printable(wanted)}")
+    found = by_pid or by_label
     if len(found) != 1:
         what = "names no process of" if not found else f"names {len(found)} processes of"
         raise AnalysisError(f"--requests-pid {printable(choice)} {what} {name} (its processes: {listed or 'none'})")

@@ -473,3 +473,22 @@ def test_compare_of_legs_of_two_processes_compares_the_one_named(tmp_path):
     assert rows["checkpoint_fill_cpu_ns"]["verdict"] == "faster", rows["checkpoint_fill_cpu_ns"]
     assert rows["ttft_p90_ms"]["samples_baseline"] == 10
     assert sum("only pid" in w for w in doc["warnings"]) == 3, doc["warnings"]
+
+
+def test_requests_pid_that_is_one_process_pid_and_another_label_is_ambiguous(tmp_path):
+    """--requests-pid N where N is the east process's pid and the west one's label: refused in one
+    line naming both, until written pid:N or label:N."""
+    both = two_servers(tmp_path, OFF1, ON, "off", "both")
+    t = read_trace(both)
+    east, west = t.meta.processes
+    t.meta = replace(t.meta, processes=[east, replace(west, label=str(east.pid))])
+    write_trace(both, t.events, t.meta)
+    line = assert_one_line_error(ckptrace("analyze", both, "--requests", requests_path(both), "--requests-pid",
+                                          str(east.pid)), "is ambiguous")
+    assert f"the pid of {east.pid} (east) and the label of {west.pid}" in line
+    assert f"pid:{east.pid} or label:{east.pid}" in line
+    t = read_trace(both)
+    assert request_process(t, f"pid:{east.pid}") == east.pid and request_process(t, f"label:{east.pid}") == west.pid
+    assert request_process(t, "label:east") == east.pid and request_process(t, f"pid:{west.pid}") == west.pid
+    p = ckptrace("analyze", both, "--requests", requests_path(both), "--requests-pid", f"pid:{east.pid}", "--json")
+    assert p.returncode == 0 and json.loads(p.stdout)["summary"]["requests"]["pid"] == east.pid, p.stderr

@@ -23,8 +23,9 @@ Examples:
               help="Request file of the load that ran while TRACE was recorded (`ckptrace drive --json -o "
                    "FILE`): split each request's time to first token into checkpoint, restore and the rest.")
 @click.option("--requests-pid", "requests_pid", metavar="PID|LABEL",
-              help="The process the requests went to, by pid or process label, in a trace of several "
-                   "processes (a request file carries no pid): only its spans count. Required there.")
+              help="The process the requests went to, by pid or process label (pid:N or label:NAME "
+                   "where one could be read as the other), in a trace of several processes (a request "
+                   "file carries no pid): only its spans count. Required there.")
 @click.option("--all", "show_all", is_flag=True, help="List every checkpoint, not only the first --rows.")
 @click.option("--rows", type=click.IntRange(min=0), default=20, show_default=True,
               help="Checkpoints listed before '... N more'.")
