@@ -3,7 +3,8 @@
 What `analyze --requests`, `compare` and `dashboard --requests` join with a trace. A request file
 may come from anyone, so reading it checks, before anything is computed: a regular file of at
 most MAX_BYTES, a JSON list of objects, each with the fields below of the right JSON type (a
-`true` is not a count) and in range. The first problem is one line naming the file, the request
+`true` is not a count) and in range, each request ending after its first token and its window
+inside the 64-bit clock. The first problem is one line naming the file, the request
 and the field. Fields a newer drive adds are ignored; `predicted_tokens` (added later) reads as NA
 when absent: throughput is then not recorded, never 0.
 """
@@ -90,11 +91,24 @@ def read_requests(path: str | os.PathLike) -> pd.DataFrame:
             if kind is int and not lo <= value <= hi:
                 raise TraceFormatError(f"{shown}: request {i + 1}: {field!r} = {value} is out of range")
             cols[field].append(printable(value)[:200] if kind is str else value)
+        _check_times(shown, i, cols["start_ns"][-1], cols["ttft_ns"][-1], cols["total_ns"][-1])
     df = pd.DataFrame(cols).astype(COLUMNS)
     if df["request"].duplicated().any():
         raise TraceFormatError(f"{shown}: request number {int(df['request'][df['request'].duplicated()].iloc[0])} "
                                "appears twice: one run's file holds each request once")
     return df[list(COLUMNS)]
+
+
+def _check_times(shown: str, i: int, start: int, ttft: int | None, total: int | None) -> None:
+    """A request ends after its first token, and its window's end (start + ttft or total) is a
+    time on the 64-bit clock: what every later sum assumes."""
+    if ttft is not None and total is not None and total < ttft:
+        raise TraceFormatError(f"{shown}: request {i + 1}: 'total_ns' = {total} is less than its 'ttft_ns' = "
+                               f"{ttft}: a request ends after its first token")
+    longest = max(x for x in (ttft, total, 0) if x is not None)
+    if start + longest > NS_MAX:
+        raise TraceFormatError(f"{shown}: request {i + 1}: 'start_ns' + {'total_ns' if longest == total else 'ttft_ns'} "
+                               f"is past {NS_MAX} ns (the latest time a trace holds; its sums stay in 64 bits)")
 
 
 def _no_constant(name: str):

@@ -156,6 +156,13 @@ def test_a_request_file_from_another_run_is_one_line(tmp_path):
     ('[{"request": 0, "start_ns": 5, "ttft_ns": NaN, "total_ns": 2, "status": "ok"}]', "not valid JSON"),
     ('[{"request": 0, "start_ns": 5, "ttft_ns": 1, "total_ns": 2, "status": "ok"},'
      ' {"request": 0, "start_ns": 6, "ttft_ns": 1, "total_ns": 2, "status": "ok"}]', "appears twice"),
+    ('[{"request": 0, "start_ns": 5, "ttft_ns": 1, "total_ns": 2, "status": "ok"},'
+     ' {"request": 1, "start_ns": 5, "ttft_ns": 9, "total_ns": 2, "status": "ok"}]',
+     "request 2: 'total_ns' = 2 is less than its 'ttft_ns' = 9"),
+    (f'[{{"request": 0, "start_ns": {1 << 62}, "ttft_ns": 1, "total_ns": {1 << 62}, "status": "ok"}}]',
+     "request 1: 'start_ns' + total_ns is past 4611686018427387904 ns"),
+    (f'[{{"request": 0, "start_ns": {1 << 62}, "ttft_ns": {1 << 62}, "total_ns": null, "status": "error: x"}}]',
+     "request 1: 'start_ns' + ttft_ns is past"),
 ])
 def test_bad_request_files_are_one_line(tmp_path, content, needle):
     f = tmp_path / "bad.json"
