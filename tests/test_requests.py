@@ -499,3 +499,31 @@ def test_requests_pid_that_is_one_process_pid_and_another_label_is_ambiguous(tmp
     assert request_process(t, "label:east") == east.pid and request_process(t, f"pid:{west.pid}") == west.pid
     p = ckptrace("analyze", both, "--requests", requests_path(both), "--requests-pid", f"pid:{east.pid}", "--json")
     assert p.returncode == 0 and json.loads(p.stdout)["summary"]["requests"]["pid"] == east.pid, p.stderr
+
+
+def test_export_and_dashboard_say_which_legs_have_no_request_file(tmp_path):
+    """A leg without a request file (none beside it, or `--requests -`) is one warning line each in
+    export and dashboard; the other legs' requests are still drawn."""
+    legs = legs_with_requests(tmp_path, [OFF1, ON, OFF2])
+    files = [requests_path(x) for x in legs]
+    moved = files[1].rename(tmp_path / "on.json")
+    p = ckptrace("export", *legs, "-o", tmp_path / "beside.json")
+    assert p.returncode == 0, p.stderr
+    warned = [x for x in p.stderr.splitlines() if "has no request file" in x]
+    assert warned == [f"ckptrace: warning: leg 2 ({legs[1]}) has no request file (--requests, or NAME.requests.json "
+                      "beside NAME.parquet): no requests drawn for it"], p.stderr
+    p = ckptrace("export", *legs, "--requests", files[0], "--requests", "-", "--requests", "-",
+                 "-o", tmp_path / "skipped.json")
+    assert p.returncode == 0, p.stderr
+    assert [x.split(" (")[0] for x in p.stderr.splitlines() if "has no request file" in x] == \
+        ["ckptrace: warning: leg 2", "ckptrace: warning: leg 3"], p.stderr
+    names = lambda f: {e["args"]["name"] for e in json.loads(f.read_text())["traceEvents"]  # noqa: E731
+                       if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    assert sum(n.startswith("requests: time to first token") for n in names(tmp_path / "skipped.json")) >= 1
+    p = ckptrace("dashboard", *legs, "--requests", files[0], "--requests", moved, "--requests", "-",
+                 "-o", tmp_path / "r.html")
+    assert p.returncode == 0, p.stderr
+    assert [x.split(" (")[0] for x in p.stderr.splitlines() if "has no request file" in x] == \
+        ["ckptrace: warning: leg 3"], p.stderr
+    p = ckptrace("export", *legs, "--requests", "-", "--requests", "-", "--requests", "-", "-o", tmp_path / "none.json")
+    assert p.returncode == 0 and "request file" not in p.stderr, p.stderr

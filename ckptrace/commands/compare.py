@@ -34,21 +34,35 @@ def split_metrics(ctx, param, value: str | None) -> list[str] | None:
     return names
 
 
+# `--requests -`: this leg has no request file.
+NO_REQUESTS = "-"
+
+
 def leg_requests(traces: tuple[str, ...], given: tuple[str, ...]) -> list | None:
-    """Each leg's request file: the ones given (one per trace, in order), else NAME.requests.json
-    beside each NAME.parquet where there is one; None when no leg has one."""
+    """Each leg's request file: the ones given (one per trace, in order; NO_REQUESTS skips a leg),
+    else NAME.requests.json beside each NAME.parquet where there is one; None when no leg has one."""
     from ckptrace.requests_file import read_requests, requests_path
 
     if given:
         if len(given) != len(traces):
             raise click.UsageError(f"--requests given {len(given)} times for {len(traces)} traces: give one "
-                                   "request file per trace, in the same order (or none, to pair each "
-                                   "NAME.parquet with NAME.requests.json beside it)")
-        return [read_requests(p) for p in given]
+                                   f"request file per trace, in the same order ({NO_REQUESTS} for a leg without "
+                                   "one), or none, to pair each NAME.parquet with NAME.requests.json beside it")
+        if all(p == NO_REQUESTS for p in given):
+            return None
+        return [None if p == NO_REQUESTS else read_requests(p) for p in given]
     paired = [requests_path(t) for t in traces]
     if not any(p.exists() for p in paired):
         return None
     return [read_requests(p) if p.exists() else None for p in paired]
+
+
+def lacking_requests(traces, requests: list | None) -> list[str]:
+    """One warning per leg without a request file, when other legs have one."""
+    if requests is None:
+        return []
+    return [f"leg {i + 1} ({printable(t)}) has no request file (--requests, or NAME.requests.json beside "
+            "NAME.parquet): no requests drawn for it" for i, (t, r) in enumerate(zip(traces, requests)) if r is None]
 
 
 def request_pid_choices(traces, requests: list | None, choices: tuple[str, ...]) -> tuple[str, ...]:
@@ -89,7 +103,7 @@ times on a busy machine) and none tripped.
               help="text (default), json, or markdown: a table ready for a pull-request comment.")
 @click.option("--requests", "request_files", multiple=True, metavar="FILE",
               help="A leg's request file (`ckptrace drive --json -o FILE`), once per trace in the same "
-                   "order. Default: NAME.requests.json beside each NAME.parquet, where there is one. Adds "
+                   "order; - for a leg without one. Default: NAME.requests.json beside each NAME.parquet, where there is one. Adds "
                    "ttft_p50_ms, ttft_p90_ms, ttft_p99_ms and throughput_tok_s.")
 @click.option("--requests-pid", "requests_pid", multiple=True, metavar="PID|LABEL",
               help="In legs of several processes, the one the requests went to (a request file carries no "

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from ckptrace.commands.compare import leg_requests, request_pid_choices
+from ckptrace.commands.compare import lacking_requests, leg_requests, request_pid_choices
 from ckptrace.errors import AnalysisError, CkptraceError
 from ckptrace.output import check_output, not_an_input
 from ckptrace.terminal import printable
@@ -29,8 +29,8 @@ nothing from the network and opens from disk in any browser.
               help="HTML file to write (replaced if it exists).")
 @click.option("--title", default="ckptrace report", show_default=True, help="Heading shown in the report.")
 @click.option("--requests", "request_files", multiple=True, metavar="FILE",
-              help="A leg's request file (`ckptrace drive --json -o FILE`), once per trace in the same order "
-                   "(default: NAME.requests.json beside each NAME.parquet, where there is one): adds a panel "
+              help="A leg's request file (`ckptrace drive --json -o FILE`), once per trace in the same order, "
+                   "- for a leg without one (default: NAME.requests.json beside each NAME.parquet, where there is one): adds a panel "
                    "of each request's checkpoint time inside its time to first token, and TTFT rows to the "
                    "comparison.")
 @click.option("--requests-pid", "requests_pid", multiple=True, metavar="PID|LABEL",
@@ -54,6 +54,8 @@ def command(traces: tuple[Path, ...], output: Path, title: str, request_files: t
     check_output(output, what="report")
     requests = leg_requests(tuple(map(str, traces)), request_files)
     choices = request_pid_choices(traces, requests, requests_pid)
+    for line in lacking_requests(traces, requests):
+        click.echo(f"ckptrace: warning: {line}", err=True)
     # A leg with requests is read whole: the request split reads rows the batched read does not keep.
     analyses = [analyze_trace(read_trace(p)) if r is not None else analyze_file(p)
                 for p, r in zip(traces, requests or [None] * len(traces))]

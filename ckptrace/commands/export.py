@@ -36,7 +36,8 @@ with a system trace taken at the same time.
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
               help="File to write (replaced if it exists; /dev/stdout and FIFOs are written into).")
 @click.option("--requests", "request_files", multiple=True, metavar="FILE",
-              help="Request file (`ckptrace drive -o`) of each TRACE, repeated in TRACE order. Default: "
+              help="Request file (`ckptrace drive -o`) of each TRACE, repeated in TRACE order (- for a TRACE "
+                   "without one). Default: "
                    "NAME.requests.json beside each NAME.parquet, where there is one. Draws each request's "
                    "time to first token with its checkpoint/restore breakdown.")
 @click.option("--requests-pid", "requests_pid", multiple=True, metavar="PID|LABEL",
@@ -76,13 +77,15 @@ def _request_tables(analyses, traces: tuple[str, ...], given: tuple[str, ...], c
     """Each leg's request table (analyze --requests' rows), None for a leg without a file, and the
     pid its requests went to (None: the leg's one process)."""
     from ckptrace.analyzers.requests import request_pids, request_table
-    from ckptrace.commands.compare import leg_requests, request_pid_choices
+    from ckptrace.commands.compare import lacking_requests, leg_requests, request_pid_choices
     from ckptrace.requests_file import requests_path
 
     frames = leg_requests(traces, given)
     choices = request_pid_choices(traces, frames, choices)
     if frames is None:
         return None, None
+    for line in lacking_requests(traces, frames):
+        click.echo(f"ckptrace: warning: {line}", err=True)
     pids = request_pids([a.trace for a in analyses], frames, choices)
     sources = given or tuple(str(requests_path(t)) for t in traces)
     return [None if f is None else request_table(f, a, source=printable(src), pid=pid)
