@@ -6,8 +6,9 @@ loop over the event rows). The request windows below are placed by this test on 
 clock, at and across checkpoint edges, so every case (whole span, span cut by the window's edge,
 no span, outside the recording) happens by construction; the figures on a real llama-server with
 drive's own requests are in test_llama_server.py. The gate's verdicts are on real recordings, far
-from any threshold: the pool's fill on CPU (-90%) and an A/A/A whose only judged metric is the
-fault count (the same 12,289 faults per 48 MiB checkpoint in every pool-off leg).
+from any threshold: the pool's fill on CPU (-90%), the default metrics of the sample A/B/A, and an
+A/A/A of three pool-off recordings whose metric is the fault count (exact: about 12,289 faults per
+48 MiB checkpoint in every run, checked against the workload's own getrusage).
 """
 from __future__ import annotations
 
@@ -25,10 +26,10 @@ from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.requests import request_process, request_summary, request_table
 from ckptrace.requests_file import read_requests, requests_path
 from ckptrace.trace import read_trace, write_trace
-from helpers import assert_one_line_error, ckptrace
+from helpers import assert_one_line_error, ckptrace, load_truth
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "traces"
-OFF1, ON, OFF2 = (SAMPLES / f"{n}.parquet" for n in ("1-pool-off", "2-pool-on", "3-pool-off"))
+OFF1, ON, OFF2, OFF4 = (SAMPLES / f"{n}.parquet" for n in ("1-pool-off", "2-pool-on", "3-pool-off", "4-pool-off"))
 
 
 def request(i: int, start: int, ttft: int | None, status: str = "ok") -> dict:
@@ -258,14 +259,49 @@ def test_fail_on_slower_trips_when_the_candidate_is_slower_by_construction():
     assert p.returncode == 0, p.stderr
 
 
-def test_fail_on_any_change_passes_an_aaa(tmp_path):
-    """Three pool-off legs labelled A, B, A: the fault count is the same in every leg (a fault per
-    page of each fresh buffer), so its verdict cannot be faster or slower."""
-    legs = legs_with_requests(tmp_path, [OFF1, OFF2, OFF1], labels=["A", "B", "A"])
+def truth_faults(trace: Path) -> np.ndarray:
+    """Each checkpoint's faults by the workload's own getrusage (its truth file), not by ckptrace."""
+    t = load_truth(trace.with_name(trace.stem + ".truth.jsonl"))["checkpoint"]
+    return (t["fill_faults"] + t["copy_faults"]).to_numpy("float64")
+
+
+def test_fail_on_any_change_passes_an_aaa_of_three_recordings(tmp_path):
+    """Three recordings of three pool-off runs, labelled A, B, A, each with its own request file:
+    the fault count of each checkpoint is exact (the thread's own counter) and the same about
+    12,289 in every run, so each arm's value is the truth's mean over that arm's legs, the change
+    is 0 and the verdict 'no change'. A leg in the wrong arm, counted twice or paired with another
+    leg's request file would change the samples or be refused; any other verdict fails."""
+    srcs = [OFF1, OFF4, OFF2]
+    legs = legs_with_requests(tmp_path, srcs, labels=["A", "B", "A"])
     p = ckptrace("compare", *legs, "--fail-on", "any-change", "--metrics", "checkpoint_faults")
-    assert p.returncode == 0, (p.stdout, p.stderr)
-    rows = {m["metric"]: m for m in json.loads(ckptrace("compare", *legs, "--json").stdout)["metrics"]}
-    assert abs(rows["checkpoint_faults"]["change_pct"]) < 1, rows["checkpoint_faults"]
+    assert p.returncode == 0 and "tripped" not in p.stderr and "did not judge" not in p.stderr, (p.stdout, p.stderr)
+    doc = json.loads(ckptrace("compare", *legs, "--json").stdout)
+    assert [(x["label"], x["checkpoints"], x["requests"]) for x in doc["legs"]] == [("A", 20, 5), ("B", 20, 5), ("A", 20, 5)]
+    row = {m["metric"]: m for m in doc["metrics"]}["checkpoint_faults"]
+    truth = [truth_faults(x) for x in srcs]
+    base, cand = np.concatenate([truth[0], truth[2]]), truth[1]
+    assert (row["samples_baseline"], row["samples_candidate"]) == (len(base), len(cand)) == (40, 20)
+    assert row["baseline_value"] == pytest.approx(base.mean(), abs=1e-9) and base.mean() > 12_000
+    assert row["candidate_value"] == pytest.approx(cand.mean(), abs=1e-9)
+    assert row["change_pct"] == pytest.approx(100 * (cand.mean() / base.mean() - 1), abs=1e-9)
+    assert row["verdict"] == "no change", row
+
+
+def test_gate_with_every_metric_on_the_sample_aba():
+    """The committed A/B/A with the default metrics: the pool cut faults per checkpoint by 90% (the
+    truth: 24,579 against 245,781 per 20 checkpoints), so --fail-on faster trips on it; nothing is
+    slower, and the wall-time metrics are not judged (the legs waited over 10% for a CPU), which the
+    gate says and --require-judged turns into exit 4. The recordings are fixed, the seed too."""
+    change = 100 * (truth_faults(ON).mean() / np.concatenate([truth_faults(OFF1), truth_faults(OFF2)]).mean() - 1)
+    assert change == pytest.approx(-90.0, abs=0.01)
+    p = ckptrace("compare", OFF1, ON, OFF2, "--fail-on", "faster")
+    assert p.returncode == 3, p.stderr
+    assert f"checkpoint_faults faster ({change:+.1f}%" in p.stderr.splitlines()[-1], p.stderr
+    p = ckptrace("compare", OFF1, ON, OFF2, "--fail-on", "slower", "--format", "markdown")
+    assert p.returncode == 0, p.stderr
+    assert "Gate `--fail-on slower` passed on `checkpoint_fault_ns`, `checkpoint_faults`," in p.stdout
+    assert "It did not judge `checkpoint_fill_ns` (not judged: " in p.stdout
+    assert ckptrace("compare", OFF1, ON, OFF2, "--fail-on", "slower", "--require-judged").returncode == 4
 
 
 def test_a_gate_that_judged_nothing_does_not_say_passed():
