@@ -292,6 +292,13 @@ def _recording(trace, path, pid: int, events: pd.DataFrame) -> Slice:
                  {k: v for k, v in args.items() if v is not None})
 
 
+def slice_count(timeline: Timeline) -> int:
+    """Every slice the writers emit: each process's recording slice, its request lanes' slices,
+    and its threads' nested and overlapping ones."""
+    return sum(1 + sum(len(lane.slices) for lane in p.lanes)
+               + sum(len(t.slices) + len(t.overlapping) for t in p.threads) for p in timeline.processes)
+
+
 def recording_notes(timeline: Timeline) -> list[str]:
     """One line per leg whose recording is incomplete: exported as it is, marked in its metadata."""
     notes = []

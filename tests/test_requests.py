@@ -556,6 +556,9 @@ def test_export_and_dashboard_say_which_legs_have_no_request_file(tmp_path):
     names = lambda f: {e["args"]["name"] for e in json.loads(f.read_text())["traceEvents"]  # noqa: E731
                        if e.get("ph") == "M" and e.get("name") == "thread_name"}
     assert sum(n.startswith("requests: time to first token") for n in names(tmp_path / "skipped.json")) >= 1
+    # "wrote ... N slices" counts every slice written: the recording's and the requests' too
+    written = sum(e.get("ph") == "X" for e in json.loads((tmp_path / "skipped.json").read_text())["traceEvents"])
+    assert re.search(r"3 process track\(s\), (\d+) slices$", p.stderr.strip().splitlines()[-1]).group(1) == str(written)
     p = ckptrace("dashboard", *legs, "--requests", files[0], "--requests", moved, "--requests", "-",
                  "-o", tmp_path / "r.html")
     assert p.returncode == 0, p.stderr

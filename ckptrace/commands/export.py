@@ -51,7 +51,7 @@ def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...
             fmt: str | None) -> None:
     """Write TRACE files as a timeline for Perfetto or Chrome's trace viewers."""
     from ckptrace.analyzers import analyze_trace
-    from ckptrace.renderers.timeline import build_timeline, recording_notes
+    from ckptrace.renderers.timeline import build_timeline, recording_notes, slice_count
     from ckptrace.requests_file import requests_path
     from ckptrace.trace import read_trace
 
@@ -67,9 +67,8 @@ def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...
     path = write_output(output, writer(timeline), what="export")
     for note in recording_notes(timeline):
         click.echo(f"ckptrace: warning: {printable(note)}", err=True)
-    slices = sum(len(t.slices) + len(t.overlapping) for p in timeline.processes for t in p.threads)
     click.echo(f"wrote {printable(path)}: {fmt}, {len(timeline.processes)} process track(s), "
-               f"{slices} slices", err=True)
+               f"{slice_count(timeline)} slices", err=True)
 
 
 def _request_tables(analyses, traces: tuple[str, ...], given: tuple[str, ...], choices: tuple[str, ...]
