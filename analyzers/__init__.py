@@ -19,12 +19,12 @@ from .checkpoints import CHECKPOINT_COLUMNS, checkpoint_table
 from .events import KindRows
 from .iterations import ITERATION_COLUMNS, iteration_table
 from .memory import memory_summary
-from .processes import process_info, process_label, process_trace
+from .processes import process_info, process_label, process_trace, process_traces
 from .spans import iteration_spans
 from .state_path import eviction_table, prompt_save_table, restore_table
 from .summary import summarize
 
-__all__ = ["Analysis", "KindRows", "analyze_file", "analyze_rows", "analyze_trace", "checkpoint_table",
+__all__ = ["Analysis", "KindRows", "analyze_file", "analyze_processes", "analyze_rows", "analyze_trace", "checkpoint_table",
            "iteration_spans", "iteration_table", "summarize", "CHECKPOINT_COLUMNS", "ITERATION_COLUMNS"]
 
 
@@ -69,6 +69,21 @@ def analyze_file(path: str | os.PathLike, batch_rows: int = BATCH_ROWS, per_proc
     meta = read_meta(path)
     rows = KindRows.from_file(path, batch_rows)
     return analyze_rows(Trace(events=None, meta=meta, path=str(path)), rows, per_process)
+
+
+def analyze_processes(trace: Trace | str | os.PathLike) -> list[tuple[ProcessInfo, Analysis]]:
+    """(process, its own analysis) for each process of a trace (a one-process trace: its
+    analysis); a trace file is read batch by batch, each process's rows analysed in turn."""
+    if isinstance(trace, Trace) or stream.is_stream(trace):
+        trace = trace if isinstance(trace, Trace) else read_trace(trace)
+        return [(info, analyze_trace(sub)) for info, sub in process_traces(trace)]
+    whole = Trace(events=None, meta=read_meta(trace), path=str(trace))
+    rows = KindRows.from_file(trace)
+    infos = process_info(whole, rows.per_pid.index)
+    if len(infos) <= 1:
+        return [(infos[0] if infos else ProcessInfo(pid=0, label=whole.label), analyze_rows(whole, rows))]
+    return [(info, analyze_rows(process_trace(whole, info, rows.rows_of(info.pid)), rows.for_pid(info.pid)))
+            for info in infos]
 
 
 def analyze_rows(trace: Trace, rows: KindRows, per_process: bool = True) -> Analysis:

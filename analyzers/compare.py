@@ -56,8 +56,8 @@ from ckptrace.meta import TraceMeta
 from ckptrace.trace import Trace
 from ckptrace.units import MIB
 
-from . import Analysis, analyze_trace
-from .processes import process_label, process_traces
+from . import Analysis, analyze_processes, analyze_trace
+from .processes import process_label
 from .summary import WAIT_WARN_SHARE
 
 # metric -> (sample unit, column or columns summed, unit)
@@ -639,11 +639,12 @@ def gate(c: Comparison, fail_on: str, metrics: list[str] | None = None
 
 
 def compare_per_process(traces: list, **kw) -> list[tuple[str, Comparison]]:
-    """(process label, comparison) for each process label, over the legs that recorded it (split
-    with processes.py), in order of first appearance; a label in only one leg can't be compared."""
+    """(process label, comparison) for each process label, over the legs (traces, or trace files
+    read batch by batch) that recorded it, in order of first appearance; a label in only one leg
+    can't be compared."""
     by_label: dict[str, list] = {}
     for t in traces:
-        for info, sub in process_traces(t):
+        for info, sub in analyze_processes(t):
             by_label.setdefault(process_label(info), []).append(sub)
     out = []
     for label, legs in by_label.items():

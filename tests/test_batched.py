@@ -143,3 +143,24 @@ def test_damage_in_a_late_batch_reads_as_read_trace_says(tmp_path, change):
     with pytest.raises(TraceFormatError) as plain:
         list(iter_batches(path, batch_rows=256))
     assert str(plain.value) == str(whole.value)
+
+
+def test_per_process_comparison_of_files_equals_the_whole_frames(tmp_path):
+    """compare --per-process reads each leg batch by batch and analyses its processes' rows in
+    turn: the same comparisons as of the whole frames split by process."""
+    from ckptrace.analyzers.compare import compare_per_process
+    from ckptrace.renderers.json import comparison_json
+    from tests.test_memory import two_servers
+
+    legs = [two_servers(a, b, label) for a, b, label in (("1-pool-off", "3-pool-off", "off"),
+                                                          ("2-pool-on", "1-pool-off", "on"),
+                                                          ("3-pool-off", "1-pool-off", "off"))]
+    paths = []
+    for i, leg in enumerate(legs):
+        paths.append(tmp_path / f"{i}.parquet")
+        write_trace(paths[-1], leg.events, leg.meta)
+    whole = compare_per_process([read_trace(p) for p in paths], n_boot=200)
+    batched = compare_per_process(paths, n_boot=200)
+    assert [label for label, _ in batched] == ["east", "west"]
+    assert [(label, dumps(comparison_json(c))) for label, c in batched] == \
+        [(label, dumps(comparison_json(c))) for label, c in whole]

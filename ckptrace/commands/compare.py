@@ -151,8 +151,7 @@ def command(traces, as_json, fmt, request_files, requests_pid, fail_on, gate_met
         raise click.UsageError("--require-judged is about the metrics --fail-on looks at: give --fail-on too")
     fmt = "json" if as_json else (fmt or "text")
     if per_process:  # request files paired by name are not looked for: only given ones are refused
-        legs = [read_trace(t) for t in traces]
-        _per_process(legs, fmt, request_files or requests_pid or None, fail_on, seed=seed, n_boot=n_boot,
+        _per_process(list(traces), fmt, request_files or requests_pid or None, fail_on, seed=seed, n_boot=n_boot,
                      min_effect_pct=min_effect)
         return
     requests = leg_requests(traces, request_files)
