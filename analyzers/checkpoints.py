@@ -141,7 +141,7 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
         sys = rows.of(kind)["ckpt"]
         t[f"{kind}s"] = ids.map(sys[sys != 0].value_counts()).fillna(0).astype("int64")
 
-    t["fill_source"] = "measured"
+    t["fill_source"] = pd.Categorical.from_codes(np.zeros(len(t), "int8"), dtype=CHECKPOINT_COLUMNS["fill_source"])
     if not fill_probed:
         _derive_fill(t)
     t["iter"] = assign_iterations(t, spans)

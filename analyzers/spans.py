@@ -81,7 +81,7 @@ def iteration_spans(rows: KindRows | pd.DataFrame) -> pd.DataFrame:
     rows = kind_rows(rows)
     it = rows.of("iteration")
     it = it.drop_duplicates("iter").rename(columns={"faults": "span_faults"})
-    it = it.assign(boundary="update_slots")
+    it = it.assign(boundary=_boundary(len(it), "update_slots"))
     slot_tids = it["tid"].unique()
 
     dec = rows.of("decode")
@@ -96,12 +96,17 @@ def iteration_spans(rows: KindRows | pd.DataFrame) -> pd.DataFrame:
         ids = np.empty(len(dec), dtype="int64")
         ids[order] = np.arange(base, base + len(dec), dtype="int64")
         # The decode row's clocks cover llama_decode only, not the iteration: not recorded.
-        dec = dec.assign(iter=ids, boundary="decode", cpu_ns=pd.NA, wait_ns=pd.NA)
+        dec = dec.assign(iter=ids, boundary=_boundary(len(dec), "decode"), cpu_ns=pd.NA, wait_ns=pd.NA)
     spans = pd.concat([it, dec], ignore_index=True) if len(dec) else it
     if not len(spans):
         return empty_frame(SPAN_COLUMNS)
     spans = spans[list(SPAN_COLUMNS)].astype(SPAN_COLUMNS)
     return spans.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)
+
+
+def _boundary(n: int, name: str) -> pd.Categorical:
+    """n rows of one boundary kind, built from codes (a column of text would be converted per row)."""
+    return pd.Categorical.from_codes(np.full(n, BOUNDARIES.index(name), "int8"), dtype=SPAN_COLUMNS["boundary"])
 
 
 def assign_iterations(rows: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
