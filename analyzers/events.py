@@ -120,6 +120,7 @@ class KindRows:
         acc = _Accumulator(*plan, printable(path))
         for batch in iter_record_batches(path, READ, batch_rows, whole_checks=False):
             acc.add(batch)
+        pa.default_memory_pool().release_unused()  # the batches' memory: Arrow's allocator keeps it otherwise
         rows = acc.result()
         ck, it = rows.of("checkpoint"), rows.of("iteration")
         parts = pd.concat([rows.of(k)[["ckpt", "start_ns", "end_ns"]].assign(kind=k) for k in ("fill", "copy")],

@@ -30,10 +30,12 @@ RELEASE_COLUMNS: dict[str, object] = {"t_ns": np.dtype("int64"), "pid": np.dtype
                                       "bytes": np.dtype("int64"), "phase": object, "held_after_bytes": np.dtype("int64")}
 
 
-def _names(phase: pd.Series) -> np.ndarray:
-    """A categorical's values as str objects, one per category shared by its rows ("nan" for NA)."""
-    names = np.array([*map(str, phase.cat.categories), "nan"], dtype=object)
-    return names[phase.cat.codes.to_numpy()]
+def _names(phase: pd.Series, rows: np.ndarray) -> np.ndarray:
+    """The values of these rows of a categorical as str objects, one per category shared by its
+    rows ("nan" for NA)."""
+    cat = phase.array if isinstance(phase.dtype, pd.CategoricalDtype) else pd.Categorical(phase)
+    names = np.array([*map(str, cat.categories), "nan"], dtype=object)
+    return names[cat.codes[rows]]
 
 
 MMAP, MUNMAP, MREMAP = 0, 1, 2
@@ -108,48 +110,58 @@ def _buffer_maps(events: pd.DataFrame) -> pd.DataFrame:
 
 def _walk(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Replay each process's mappings in time order, keeping the live checkpoint buffers as
-    [start, end) address ranges. Only rows that can touch a buffer are walked."""
-    maps = _buffer_maps(events)
-    if not len(maps):
+    [start, end) address ranges. Only rows that can touch a buffer are walked; only the columns
+    the replay reads are taken, as numpy arrays (no frame copies)."""
+    kind = _lookup(events["kind"], {"mmap": MMAP, "munmap": MUNMAP, "mremap": MREMAP}, -1)
+    is_buffer = (kind == MMAP) & (_lookup(events["phase"], dict.fromkeys(BUFFER_PHASES, 1), 0) == 1)
+    if not is_buffer.any():
         return empty_frame(HELD_COLUMNS), empty_frame(RELEASE_COLUMNS)
-    moves = [c for c in ("old_addr", "old_bytes") if c in events.columns]
-    sc = events.loc[events["kind"].isin(["mmap", "munmap", "mremap"]) & events["pid"].isin(maps["pid"].unique()),
-                    ["kind", "pid", "tid", "start_ns", "end_ns", "addr", "bytes", "phase", *moves]]
-    if len(moves) < 2:  # a trace from before those columns: not recorded
-        sc = sc.assign(old_addr=np.zeros(len(sc), "uint64"), old_bytes=np.zeros(len(sc), "int64"))
-    addr = sc["addr"].to_numpy("uint64")
-    end = addr + sc["bytes"].to_numpy("uint64")
-    lo, hi = maps["addr"].to_numpy("uint64").min(), (maps["addr"].to_numpy("uint64")
-                                                     + maps["bytes"].to_numpy("uint64")).max()
-    remap = (sc["kind"] == "mremap").to_numpy()
+    pid = events["pid"].to_numpy()
+    rows = np.flatnonzero((kind >= 0) & np.isin(pid, np.unique(pid[is_buffer])))
+    kind, is_buffer, pid = kind[rows], is_buffer[rows], pid[rows]
+    addr, nbytes = events["addr"].to_numpy("uint64")[rows], events["bytes"].to_numpy("int64")[rows]
+    end = addr + nbytes.astype("uint64")
+    lo, hi = addr[is_buffer].min(), end[is_buffer].max()
+    remap = kind == MREMAP
     if remap.any():  # a buffer may move anywhere: every new range may hold one (mremap rows are few)
         lo, hi = min(lo, addr[remap].min()), max(hi, end[remap].max())
-    is_buffer = (sc["kind"] == "mmap").to_numpy() & sc["phase"].isin(BUFFER_PHASES).to_numpy()
-    sc = sc.loc[is_buffer | remap | ((end > lo) & (addr < hi))]  # the rest can't overlap any buffer
+    near = np.flatnonzero(is_buffer | remap | ((end > lo) & (addr < hi)))  # the rest can't overlap any buffer
     # A mapping exists from the mmap's return; an munmap's pages go at its entry.
-    t = np.where(sc["kind"] == "munmap", sc["start_ns"], sc["end_ns"])
-    sc = sc.assign(t_ns=t).sort_values(["pid", "t_ns"], kind="stable")
-    kind = np.select([(sc["kind"] == k).to_numpy() for k in ("mmap", "munmap")], [MMAP, MUNMAP], MREMAP)
-    buffer = (kind == MMAP) & sc["phase"].isin(BUFFER_PHASES).to_numpy()
-    addr, nbytes, pid = sc["addr"].to_numpy("uint64"), sc["bytes"].to_numpy("int64"), sc["pid"].to_numpy()
-    old_addr, old_bytes = sc["old_addr"].to_numpy("uint64"), sc["old_bytes"].to_numpy("int64")
-    changed = np.zeros(len(sc), bool)
-    freed = np.zeros(len(sc), "int64")
-    held = np.zeros(len(sc), "int64")
+    at = rows[near]
+    t = np.where(kind[near] == MUNMAP, events["start_ns"].to_numpy()[at], events["end_ns"].to_numpy()[at])
+    by_time = np.argsort(t, kind="stable")
+    by_pid = by_time[np.argsort(pid[near][by_time], kind="stable")]  # by pid, then time, else in row order
+    order, t = near[by_pid], t[by_pid]
+    kind, buffer, addr, nbytes, pid = kind[order], is_buffer[order], addr[order], nbytes[order], pid[order]
+    rows = rows[order]
+    if "old_addr" in events.columns and "old_bytes" in events.columns:
+        old_addr, old_bytes = events["old_addr"].to_numpy("uint64")[rows], events["old_bytes"].to_numpy("int64")[rows]
+    else:  # a trace from before those columns: not recorded
+        old_addr, old_bytes = np.zeros(len(rows), "uint64"), np.zeros(len(rows), "int64")
+    changed = np.zeros(len(rows), bool)
+    freed = np.zeros(len(rows), "int64")
+    held = np.zeros(len(rows), "int64")
     cuts = np.flatnonzero(pid[1:] != pid[:-1]) + 1
-    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(sc)]):  # one process at a time: its own address space
+    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(rows)]):  # one process at a time: its own address space
         part = slice(a, b)
         changed[part], freed[part], held[part] = _replay(kind[part], buffer[part], addr[part], nbytes[part],
                                                          old_addr[part], old_bytes[part])
     keep = changed
-    held_df = pd.DataFrame({"t_ns": sc["t_ns"].to_numpy()[keep], "pid": pid[keep],
-                            "held_bytes": held[keep]}).astype(HELD_COLUMNS)
+    held_df = pd.DataFrame({"t_ns": t[keep], "pid": pid[keep], "held_bytes": held[keep]}).astype(HELD_COLUMNS)
     out = keep & (kind == MUNMAP) & (freed > 0)
-    rel_df = pd.DataFrame({"t_ns": sc["t_ns"].to_numpy()[out], "pid": pid[out], "tid": sc["tid"].to_numpy()[out],
-                           "bytes": freed[out], "phase": _names(sc["phase"])[out],
+    rel_df = pd.DataFrame({"t_ns": t[out], "pid": pid[out], "tid": events["tid"].to_numpy()[rows[out]],
+                           "bytes": freed[out], "phase": _names(events["phase"], rows[out]),
                            "held_after_bytes": held[out]}).astype(RELEASE_COLUMNS)
     return held_df.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True), \
         rel_df.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True)
+
+
+def _lookup(values: pd.Series, codes: dict, other: int) -> np.ndarray:
+    """Each row's code for its value (`other` for any value not in `codes`, NA included), read
+    through the categories, not row by row."""
+    cat = values.array if isinstance(values.dtype, pd.CategoricalDtype) else pd.Categorical(values)
+    lut = np.array([codes.get(c, other) for c in cat.categories] + [other], "int8")
+    return lut[cat.codes]
 
 
 def _replay(kind: np.ndarray, buffer: np.ndarray, addr: np.ndarray, nbytes: np.ndarray, old_addr: np.ndarray,

@@ -231,7 +231,7 @@ def read_trace(path: str | os.PathLike) -> Trace:
     shown = printable(path)
     try:
         source = open_regular(path)
-        pf = pq.ParquetFile(source)
+        pf = pq.ParquetFile(source, pre_buffer=False)  # a local file: read-ahead only costs memory
         check_table(pf, COLUMNS, source.size(), shown)
         for col in COLUMNS:
             if col not in pf.schema_arrow.names:
@@ -316,7 +316,7 @@ def iter_record_batches(path: str | os.PathLike, columns=None, batch_rows: int =
     except OSError as e:
         raise TraceFormatError(f"{path}: trace is damaged ({_first_line(e)})") from None
     try:
-        pf = pq.ParquetFile(source)
+        pf = pq.ParquetFile(source, pre_buffer=False)  # a local file: read-ahead only costs memory
         check_table(pf, COLUMNS, source.size(), shown)
         names = set(pf.schema_arrow.names)
         groups = None if between is None else _groups_between(pf, *between)
@@ -377,7 +377,7 @@ def iter_kinds(path: str | os.PathLike, batch_rows: int = BATCH_ROWS) -> Iterato
     shown = printable(path)
     try:
         with open_regular(path) as source:
-            pf = pq.ParquetFile(source)
+            pf = pq.ParquetFile(source, pre_buffer=False)  # a local file: read-ahead only costs memory
             check_table(pf, COLUMNS, source.size(), shown)
             for batch in pf.iter_batches(batch_size=batch_rows, columns=["kind", "tid"], use_threads=False):
                 kind, tid = batch.column(0), batch.column(1)
