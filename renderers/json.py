@@ -40,13 +40,49 @@ def memory_json(memory: dict) -> dict:
     return {**memory, "releases": records(memory["releases"])}
 
 
-def analysis_json(analysis) -> dict:
-    return {"trace": analysis.trace.meta.to_json(), "checkpoints": records(analysis.checkpoints),
-            "iterations": records(analysis.iterations), "summary": analysis.summary,
-            "memory": memory_json(analysis.memory),
+def analysis_doc(analysis) -> dict:
+    """`analyze --json`'s document with its tables as DataFrames: write_json encodes them a chunk
+    of rows at a time; analysis_json makes them lists."""
+    return {"trace": analysis.trace.meta.to_json(), "checkpoints": analysis.checkpoints,
+            "iterations": analysis.iterations, "summary": analysis.summary, "memory": analysis.memory,
             "processes": [{**p, "memory": memory_json(p["memory"])} for p in analysis.processes],
-            "restores": records(analysis.restores), "evictions": records(analysis.evictions),
-            "prompt_saves": records(analysis.prompt_saves)}
+            "restores": analysis.restores, "evictions": analysis.evictions, "prompt_saves": analysis.prompt_saves}
+
+
+def analysis_json(analysis) -> dict:
+    return _listed(analysis_doc(analysis))
+
+
+def _listed(value):
+    """A document with every table (DataFrame) in it as a list of rows."""
+    if isinstance(value, pd.DataFrame):
+        return records(value)
+    if isinstance(value, dict):
+        return {k: _listed(v) for k, v in value.items()}
+    return value
+
+
+# Rows of a table encoded at once by write_json: memory holds one chunk's row dicts, never a
+# table's (a day-long trace has millions of iterations).
+CHUNK_ROWS = 1 << 16
+
+
+def write_json(doc: dict, write) -> None:
+    """Write `dumps(_listed(doc))` through `write` in pieces, the same text: each table (a
+    DataFrame, in `doc` or a dict of it) CHUNK_ROWS rows at a time. `doc`'s keys are text."""
+    write("{")
+    for i, (key, value) in enumerate(doc.items()):
+        write((", " if i else "") + json.dumps(key) + ": ")
+        if isinstance(value, pd.DataFrame):
+            write("[")
+            for at in range(0, len(value), CHUNK_ROWS):
+                write((", " if at else "") + dumps(records(value.iloc[at:at + CHUNK_ROWS]))[1:-1])
+            write("]")
+        elif isinstance(value, dict) and any(isinstance(v, pd.DataFrame) for v in value.values()):
+            write_json(value, write)  # the memory block: its releases table
+        else:
+            write(dumps(value))
+    write("}")
 
 
 def comparison_json(c) -> dict:

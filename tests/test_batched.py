@@ -164,3 +164,18 @@ def test_per_process_comparison_of_files_equals_the_whole_frames(tmp_path):
     assert [label for label, _ in batched] == ["east", "west"]
     assert [(label, dumps(comparison_json(c))) for label, c in batched] == \
         [(label, dumps(comparison_json(c))) for label, c in whole]
+
+
+def test_json_written_in_chunks_is_the_same_text(mixed, monkeypatch):
+    """analyze --json writes each table a chunk of rows at a time (write_json): the same text as
+    the document built whole, here with chunks of 7 rows (tables of hundreds)."""
+    from ckptrace.renderers import json as json_renderer
+
+    a = analyze_file(mixed)
+    want = dumps(analysis_json(a))
+    monkeypatch.setattr(json_renderer, "CHUNK_ROWS", 7)
+    parts: list[str] = []
+    json_renderer.write_json(json_renderer.analysis_doc(a), parts.append)
+    assert len(parts) > 100 and "".join(parts) == want
+    out = ckptrace("analyze", str(mixed), "--json")
+    assert out.stdout == want + "\n"

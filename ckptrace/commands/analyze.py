@@ -43,7 +43,7 @@ def command(trace, as_json, csv_dir, requests_file, requests_pid, show_all, rows
     """
     from ckptrace.analyzers import analyze_file, analyze_trace
     from ckptrace.renderers.csv import write_csv
-    from ckptrace.renderers.json import analysis_json, dumps, records
+    from ckptrace.renderers.json import analysis_doc, write_json
     from ckptrace.renderers.text import analysis_report
 
     if requests_pid is not None and not requests_file:
@@ -71,10 +71,11 @@ def command(trace, as_json, csv_dir, requests_file, requests_pid, show_all, rows
         if not as_json:
             shown = [printable(p) for p in paths]
             click.echo(f"wrote {', '.join(shown[:-1])} and {shown[-1]}", err=True)
-    if as_json:
-        doc = analysis_json(analysis)
+    if as_json:  # written a chunk of rows at a time: a long trace's tables never all as dicts
+        doc = analysis_doc(analysis)
         if requests is not None:
-            doc["requests"] = records(requests)
-        click.echo(dumps(doc))
+            doc["requests"] = requests
+        write_json(doc, lambda text: click.echo(text, nl=False))
+        click.echo()
     else:
         echo(analysis_report(analysis, None if show_all else rows, requests))
