@@ -120,8 +120,18 @@ def not_an_input(path: str | os.PathLike, inputs, *, what: str = "output", optio
 def output_folder(path: str | os.PathLike, *, what: str = "output") -> Path:
     """A folder several files will be written into, also by other programs (a server's log, the
     workload's truth): created if missing, and refused unless it belongs to us or root and no one
-    else can write in it, so nothing can be planted there between our writes."""
-    real, _ = _resolve(os.path.join(os.fspath(path), "."), what)
+    else can write in it, so nothing can be planted there between our writes. Missing parents are
+    created the same way, each checked (as `mkdir -p`)."""
+    shown = os.fspath(path)
+    try:
+        real, _ = _resolve(os.path.join(shown, "."), what)
+    except OutputError as e:
+        if e.errno != errno.ENOENT:
+            raise
+        parent = os.path.dirname(os.path.normpath(shown))
+        if parent and parent != os.path.normpath(shown):
+            output_folder(parent, what=what)
+        real, _ = _resolve(os.path.normpath(shown), what)  # the folder itself, not there yet
     if isinstance(real, int):
         raise OutputError(f"{printable(path)}: not a folder", errno.ENOTDIR)
     try:

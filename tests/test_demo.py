@@ -17,16 +17,17 @@ pytestmark = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
 
 
 def test_demo_records_checks_compares_and_writes_the_report(tmp_path):
-    p = ckptrace("demo", "--out", tmp_path, "--iterations", "24", "--json", timeout=300)
+    out_dir = tmp_path / "new" / "demo"  # neither exists yet: created as the default folder is
+    p = ckptrace("demo", "--out", out_dir, "--iterations", "24", "--json", timeout=300)
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert_pool_faster(out["comparison"])
-    assert (tmp_path / "report.html").stat().st_size > 100_000
+    assert (out_dir / "report.html").stat().st_size > 100_000
     # The legs as one Perfetto timeline (what `ckptrace export` writes; test_export.py checks its content).
-    assert out["perfetto"] == str(tmp_path / "aba.perfetto-trace")
-    timeline = pb.Trace.FromString((tmp_path / "aba.perfetto-trace").read_bytes())
+    assert out["perfetto"] == str(out_dir / "aba.perfetto-trace")
+    timeline = pb.Trace.FromString((out_dir / "aba.perfetto-trace").read_bytes())
     assert sum(p.track_descriptor.HasField("process") for p in timeline.packet) == 3
-    assert len(out["traces"]) == 3 and all((tmp_path / f).exists() for f in
+    assert len(out["traces"]) == 3 and all((out_dir / f).exists() for f in
                                            ("1-pool-off.parquet", "2-pool-on.parquet", "3-pool-off.parquet"))
     # The demo's own cross-check, every figure of it: the recording beside the workload's truth,
     # both re-read here from the files the demo left.
@@ -38,8 +39,8 @@ def test_demo_records_checks_compares_and_writes_the_report(tmp_path):
         assert m, check
         rec_ck, wl_ck, rec_faults, wl_faults = map(int, m.groups()[:4])
         rec_ms, wl_ms = map(float, m.groups()[4:])
-        ev = read_trace(tmp_path / f"{name}.parquet").events
-        truth = load_truth(tmp_path / f"{name}.truth.jsonl")["checkpoint"]
+        ev = read_trace(out_dir / f"{name}.parquet").events
+        truth = load_truth(out_dir / f"{name}.truth.jsonl")["checkpoint"]
         fills = ev[ev["kind"] == "fill"]
         assert (rec_ck, rec_faults) == ((ev["kind"] == "checkpoint").sum(), fills["faults"].sum())
         assert (wl_ck, wl_faults) == (len(truth), truth["fill_faults"].sum())
