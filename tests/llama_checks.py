@@ -28,3 +28,24 @@ def fresh_buffer(leg: dict) -> pd.Series:
     inside = {c: ((maps["ckpt"] == c) & (maps["addr"] <= a) & (a < maps["addr"] + maps["bytes"])).any()
               for c, a in copies.items()}
     return pd.Series(inside, dtype=bool)
+
+
+def assert_pool_mechanism(legs: list[dict]) -> None:
+    """The pool's effect as a mechanism, not a timing: in every leg a checkpoint missed the pool
+    exactly when its copy went into a buffer its own fill had just mmap()ed; in the pool-on leg
+    (legs[1]) most checkpoints reuse a buffer an earlier checkpoint of the leg wrote into,
+    resident, so neither the fill nor the copy into it faults."""
+    for leg in legs:
+        ck = checkpoint_rows(leg).set_index("ckpt")
+        fresh = fresh_buffer(leg).reindex(ck.index)
+        assert (ck["pool_hit"] == ~fresh).all(), ck[["pool_hit", "fill_faults"]].assign(fresh=fresh)
+    ck = checkpoint_rows(legs[1])
+    ev = legs[1]["trace"].events
+    dest = ev[ev["kind"] == "copy"].set_index("ckpt")["addr"]
+    hits = ck[ck["pool_hit"]]
+    assert len(hits) > len(ck) / 2, ck[["ckpt", "pool_hit", "fill_faults", "faults"]]
+    for _, h in hits.iterrows():
+        earlier = ck[ck["start_ns"] < h["start_ns"]]["ckpt"]
+        assert dest[h["ckpt"]] in set(dest[earlier]), h
+    assert (hits["fill_faults"] == 0).all() and (hits["faults"] == 0).all()
+    assert (ck[~ck["pool_hit"]]["fill_faults"] > 0).all()
