@@ -30,17 +30,13 @@ from ckptrace.samples.llama_server import (build_server, cached_model, free_port
 from ckptrace.requests_file import read_requests
 from ckptrace.trace import read_trace, write_trace
 from helpers import assert_one_line_error, assert_pool_faster, ckptrace
-from llama_checks import assert_pool_mechanism, checkpoint_rows, e2e
+from llama_checks import BUILDS, FILL_SOURCE, assert_pool_mechanism, checkpoint_rows, e2e
 
 
 # A shape no other test or sample default uses: 42.570 MiB checkpoints (above the 32 MiB floor).
 MODEL_SHAPE = {"d_model": 448, "layers": 9, "d_state": 1381}
 CLIENTS, REQUESTS = 3, 12
 
-
-# build.sh's version and compiler of each A/B/A (run_legs' keywords)
-BUILDS = {"0.3.36": {"version": "0.3.36", "libcxx": False},
-          "11434-libcxx": {"version": "11434", "libcxx": True}}
 
 
 @pytest.fixture(scope="module", params=list(BUILDS))
@@ -50,7 +46,7 @@ def legs(request, tmp_path_factory) -> list[dict]:
     paths = run_legs(tmp, clients=CLIENTS, requests=REQUESTS, prompt_tokens=64, n_predict=4,
                      model=cached_model(**MODEL_SHAPE), **BUILDS[request.param])
     return [{"trace": read_trace(p), "path": p, "logged": logged_checkpoints(log_path(p)),
-             "log": log_path(p), "ttft": read_requests(ttft_path(p))} for p in paths]
+             "log": log_path(p), "ttft": read_requests(ttft_path(p)), "build": request.param} for p in paths]
 
 
 @pytest.mark.parametrize("leg_index", [0, 1, 2])
@@ -66,6 +62,7 @@ def test_every_logged_checkpoint_is_recorded_with_its_size(legs, leg_index):
     assert recorded == sorted(logged["size_text"])
     assert (ck["copy_ns"] > 0).all()
     assert (ck["iter"] > 0).all() and (ck["iter_kind"] == "prefill").all(), ck[["iter", "iter_kind"]]
+    assert (ck["fill_source"] == FILL_SOURCE[leg["build"]]).all(), ck["fill_source"].value_counts()
 
 
 @e2e

@@ -14,7 +14,7 @@ import pytest
 
 from ckptrace.samples.llama_server import cached_model, log_path, logged_checkpoints, logged_restores, run_legs
 from ckptrace.trace import read_trace
-from llama_checks import checkpoint_rows, e2e
+from llama_checks import BUILDS, FILL_SOURCE, checkpoint_rows, e2e
 
 # Shapes no default uses. hybrid: 6 of 8 layers recurrent, 32.813 MiB checkpoints (the
 # recurrent part only); swa: 4 of 8 layers sliding, 8 KiB a cached token (0.157 MiB at 20).
@@ -23,14 +23,15 @@ MODELS = {"hybrid": {"arch": "hybrid", "d_model": 448, "layers": 8, "d_state": 1
 # fewer requests than the A/B/A: every checkpoint is checked, and these legs are about the model
 # kinds and restores, not the pool
 CLIENTS, REQUESTS = 3, 6
+BUILD = "11434-libcxx"  # llama_checks.BUILDS: the pool-off server of the upstream A/B/A
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
 def leg(request, tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp(request.param)
     path, = run_legs(tmp, legs=[("pool-off", False)], clients=CLIENTS, requests=REQUESTS, prompt_tokens=64,
-                     n_predict=4, model=cached_model(**MODELS[request.param]), version="11434", libcxx=True,
-                     reuse=True)
+                     n_predict=4, model=cached_model(**MODELS[request.param]), reuse=True,
+                     **BUILDS[BUILD])
     return {"model": request.param, "trace": read_trace(path), "path": path, "log": log_path(path),
             "logged": logged_checkpoints(log_path(path)), "restores_logged": logged_restores(log_path(path))}
 
@@ -44,6 +45,7 @@ def test_every_logged_checkpoint_is_recorded_with_its_size_fill_and_copy(leg):
     # the server prints size() in MiB with 3 decimals; the same rounding of the recorded bytes
     assert sorted(f"{b / 1024 / 1024:.3f}" for b in ck["bytes"]) == sorted(logged["size_text"])
     assert (ck["fill_ns"] > 0).all() and (ck["copy_ns"] > 0).all(), ck[["ckpt", "fill_ns", "copy_ns"]]
+    assert (ck["fill_source"] == FILL_SOURCE[BUILD]).all(), ck["fill_source"].value_counts()
     assert (ck["iter"] > 0).all() and (ck["iter_kind"] == "prefill").all(), ck[["iter", "iter_kind"]]
     if leg["model"] == "hybrid":  # the recurrent layers' state: one size, a fresh mmap each time
         assert ck["bytes"].nunique() == 1 and (ck["fill_faults"] > 0).all()
