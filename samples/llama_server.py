@@ -51,6 +51,14 @@ REQUESTS = 12
 UBATCH = 16  # checkpoints are made n_ubatch + 4 and 4 tokens before a prompt's end: 2 per short prompt
 CKPT_LINE = re.compile(r"created context checkpoint (\d+) of (\d+) \(pos_min = (-?\d+), "
                        r"pos_max = (-?\d+), n_tokens = (\d+), size = ([0-9.]+) MiB\)")
+# speculative checkpoints (update_tgt before a drafted batch) are logged at debug level (-lv 5)
+SPEC_LINE = re.compile(r"created speculative checkpoint \(pos_min = (-?\d+), pos_max = (-?\d+), "
+                       r"n_tokens = (\d+), size = ([0-9.]+) MiB, draft = ([0-9.]+) MiB\)")
+# Self-speculation without a draft model (upstream's n-gram drafter): any earlier occurrence of
+# the last token drafts up to 8 tokens. A tiny random model at temperature 0 soon repeats a
+# token, so its decode rounds draft, and a recurrent model checkpoints before each drafted batch.
+SPEC_ARGS = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1",
+             "--spec-ngram-simple-size-m", "8")
 RESTORE_LINE = re.compile(r"restored context checkpoint \(pos_min = (-?\d+), pos_max = (-?\d+), "
                           r"n_tokens = (\d+),(?: n_past = -?\d+,)? size = ([0-9.]+) MiB\)")
 LOGGED_COLUMNS = {"n": "int64", "of": "int64", "pos_min": "int64", "pos_max": "int64",
@@ -152,11 +160,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def server_argv(binary: Path, model: Path, port: int, slots: int = 3, threads: int = 2) -> list[str]:
-    """The server's command line; why each flag: samples/llama-server/README.md."""
+def server_argv(binary: Path, model: Path, port: int, slots: int = 3, threads: int = 2,
+                extra: tuple[str, ...] = (), verbosity: int = 4) -> list[str]:
+    """The server's command line; why each flag: samples/llama-server/README.md. `extra`: more
+    of the server's options (e.g. SPEC_ARGS); `verbosity`: -lv (4: checkpoints, 5: also the
+    speculative ones)."""
     return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
             "-np", str(slots), "-c", str(slots * 1024), "-b", "64", "-ub", str(UBATCH),
-            "-t", str(threads), "-lv", "4", "--cache-ram", "0", "--no-webui"]
+            "-t", str(threads), "-lv", str(verbosity), "--cache-ram", "0", "--no-webui", *extra]
 
 
 def _spawn(argv: list[str], **kw) -> subprocess.Popen:
@@ -179,11 +190,14 @@ class Server:
 
 @contextmanager
 def llama_server(binary: Path, model: Path, log: Path, slots: int = 3,
-                 ready_timeout_s: float = 120.0) -> Iterator[Server]:
-    """A started llama-server whose /health answers 200, logging to `log`; always stopped on the way out."""
+                 ready_timeout_s: float = 120.0, extra: tuple[str, ...] = (),
+                 verbosity: int = 4) -> Iterator[Server]:
+    """A started llama-server whose /health answers 200, logging to `log`; always stopped on the
+    way out. `extra`, `verbosity`: server_argv's."""
     port = free_port()
     with open(log, "w") as f:
-        proc = _spawn(server_argv(binary, model, port, slots), stdout=f, stderr=subprocess.STDOUT)
+        proc = _spawn(server_argv(binary, model, port, slots, extra=extra, verbosity=verbosity),
+                      stdout=f, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         try:
@@ -258,6 +272,16 @@ def logged_checkpoints(log: Path) -> pd.DataFrame:
     return df.astype(LOGGED_COLUMNS)
 
 
+def logged_spec_checkpoints(log: Path) -> pd.DataFrame:
+    """The server log's `created speculative checkpoint` lines (-lv 5), in order: pos_min,
+    pos_max, n_tokens, size_mib, draft_mib and size_text (as printed)."""
+    rows = [m.groups() for m in SPEC_LINE.finditer(Path(log).read_text(errors="replace"))]
+    df = pd.DataFrame(rows, columns=["pos_min", "pos_max", "n_tokens", "size_mib", "draft_mib"])
+    df["size_text"] = df["size_mib"]
+    return df.astype({"pos_min": "int64", "pos_max": "int64", "n_tokens": "int64", "size_mib": "float64",
+                      "draft_mib": "float64", "size_text": "string"})
+
+
 def logged_restores(log: Path) -> pd.DataFrame:
     """The server log's `restored context checkpoint` lines, in order: pos_min, pos_max,
     n_tokens, size_mib and size_text (as printed)."""
@@ -307,13 +331,15 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
              requests: int = REQUESTS, prompt_tokens: int = 64, n_predict: int = 4,
              model: Path | None = None, fault_sample: int | None = None, timeout_s: float = 600.0,
              say: Callable[[str], None] | None = None, version: str = DEFAULT_VERSION,
-             libcxx: bool = False, reuse: bool = False) -> list[Path]:
+             libcxx: bool = False, reuse: bool = False, server_args: tuple[str, ...] = (),
+             verbosity: int = 4) -> list[Path]:
     """Record each (label, pool) leg in turn against a fresh server; return the trace paths.
 
     Per leg i (from 1): `{i}-{label}.parquet`, its server log (log_path) and the driver's
     results (ttft_path) in `out_dir`. `model`: None for make_model.py's default shape.
     `version`/`libcxx`: which build (build_argv). `reuse`: after the load, reuse_prompt()'s two
-    requests, so the leg records a restore (they are not in the TTFT table).
+    requests, so the leg records a restore (they are not in the TTFT table). `server_args`,
+    `verbosity`: llama_server's `extra` and `verbosity` (e.g. SPEC_ARGS at 5).
     `fault_sample`: record's legacy --fault-sample (None: its default, off; every span's fault
     time is measured without it). Every process started is stopped before this returns or
     raises."""
@@ -333,7 +359,8 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
         trace = out_dir / f"{i}-{label}.parquet"
         say(f"leg {i}/{len(legs)}: {label}: start the server, attach, drive {requests} requests"
             f"{', then reuse a prompt' if reuse else ''}")
-        with llama_server(binaries[pool], model, log_path(trace), slots=clients) as srv:
+        with llama_server(binaries[pool], model, log_path(trace), slots=clients, extra=server_args,
+                          verbosity=verbosity) as srv:
             with recorder(srv.pid, trace, label, fault_sample):
                 df = run_load(srv.url, clients, requests, prompt_tokens, n_predict, timeout_s, seed=i)
                 if reuse:
