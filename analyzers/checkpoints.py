@@ -39,7 +39,7 @@ from ckptrace.errors import AnalysisError
 from ckptrace.trace import empty_frame
 
 from .events import KindRows, kind_rows
-from .spans import CLOCK_COLUMNS, NA_INT, assign_iterations, sum_by
+from .spans import CLOCK_COLUMNS, NA_INT, assign_iterations, sum_at
 
 FAULT_SOURCES = ["none", "measured", "estimated", "not recorded"]  # a checkpoint takes the last of its spans'
 FILL_SOURCES = ["measured", "derived", "not recorded"]
@@ -88,14 +88,6 @@ def _spans(rows: pd.DataFrame) -> pd.DataFrame:
                          "cpu_ns": cpu, "wait_ns": wait, "fault_ns": fault, "source": source})
 
 
-def _per_checkpoint(spans: pd.DataFrame) -> pd.DataFrame:
-    """Sum a kind's spans per checkpoint id (NA when a part is NA); the worst fault source."""
-    keys = spans["ckpt"].to_numpy()
-    g = spans.groupby(keys)
-    return pd.DataFrame({"ns": g["ns"].sum(), "faults": g["faults"].sum(), "source": g["source"].max(),
-                         **{c: sum_by(spans[c], keys) for c in ("cpu_ns", "wait_ns", "fault_ns")}})
-
-
 def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_probed: bool = True) -> pd.DataFrame:
     """One row per checkpoint (CHECKPOINT_COLUMNS), sorted by start_ns; `spans` from iteration_spans(rows);
     `fill_probed` False (no growth probe in the build) derives the fill (see the docstring)."""
@@ -115,31 +107,45 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
     ck = ck[ck["ckpt"].isin(copies["ckpt"]).to_numpy()]
     if not len(ck):
         return empty_frame(CHECKPOINT_COLUMNS)
-    fill, copy = _per_checkpoint(fills), _per_checkpoint(copies)
-
     t = ck.reset_index(drop=True)
     t["total_ns"] = t["end_ns"] - t["start_ns"]
-    ids = t["ckpt"]
-    t["pool_hit"] = ~ids.isin(fill.index)
+    n = len(t)
+    ids = t["ckpt"].to_numpy()
+    by_id = np.argsort(ids, kind="stable")
+
+    def position(of: np.ndarray) -> np.ndarray:  # each id's row in t, -1 for an id no checkpoint has
+        at = np.searchsorted(ids, of, sorter=by_id)
+        at = np.minimum(at, n - 1)
+        return np.where(ids[by_id[at]] == of, by_id[at], -1)
+
     # No span of a kind: nothing of it happened, 0 where the checkpoint's own clocks were recorded.
-    zero_if_recorded = {"cpu_ns": t["cpu_ns"].notna(), "wait_ns": t["wait_ns"].notna()}
-    for name, agg in (("fill", fill), ("copy", copy)):
-        has = ids.isin(agg.index)
-        t[f"{name}_ns"] = ids.map(agg["ns"]).fillna(0).astype("int64")
-        t[f"{name}_faults"] = ids.map(agg["faults"]).fillna(0).astype("int64")
-        t[f"{name}_fault_ns"] = ids.map(agg["fault_ns"]).astype(NA_INT).mask(~has, 0)
-        t[f"{name}_source"] = ids.map(agg["source"]).fillna(0).astype("int64")
-        for c in ("cpu_ns", "wait_ns"):
-            v = ids.map(agg[c]).astype(NA_INT)
-            t[f"{name}_{c}"] = v.mask(~has & zero_if_recorded[c], 0)
+    zero_if_recorded = {"cpu_ns": t["cpu_ns"].notna().to_numpy(), "wait_ns": t["wait_ns"].notna().to_numpy()}
+    for name, parts in (("fill", fills), ("copy", copies)):
+        at = position(parts["ckpt"].to_numpy())
+        mine = at >= 0
+        at = at[mine]
+        has = np.bincount(at, minlength=n) > 0
+        if name == "fill":
+            t["pool_hit"] = ~has
+        t[f"{name}_ns"] = sum_at(at, parts["ns"].to_numpy("int64")[mine], n)
+        t[f"{name}_faults"] = sum_at(at, parts["faults"].to_numpy("int64")[mine], n)
+        source = np.zeros(n, "int64")
+        np.maximum.at(source, at, parts["source"].to_numpy("int64")[mine])
+        t[f"{name}_source"] = source
+        for c in ("fault_ns", "cpu_ns", "wait_ns"):  # a sum is NA when a part is (not recorded)
+            v = pd.array(parts[c], dtype=NA_INT)
+            total = sum_at(at, v.to_numpy("int64", na_value=0)[mine], n)
+            part_na = sum_at(at, np.asarray(v.isna(), "int64")[mine], n) > 0
+            zero = ~has if c == "fault_ns" else ~has & zero_if_recorded[c]
+            t[f"{name}_{c}"] = pd.arrays.IntegerArray(total, np.where(has, part_na, ~zero))
     t["other_ns"] = t["total_ns"] - t["fill_ns"] - t["copy_ns"]
     t["fault_ns"] = t["fill_fault_ns"] + t["copy_fault_ns"]  # NA + x is NA
     t["fault_source"] = pd.Categorical.from_codes(np.maximum(t["fill_source"], t["copy_source"]).to_numpy(),
                                                   dtype=CHECKPOINT_COLUMNS["fault_source"])
 
     for kind in ("mmap", "munmap"):
-        sys = rows.of(kind)["ckpt"]
-        t[f"{kind}s"] = ids.map(sys[sys != 0].value_counts()).fillna(0).astype("int64")
+        at = position(rows.of(kind)["ckpt"].to_numpy())
+        t[f"{kind}s"] = np.bincount(at[at >= 0], minlength=n).astype("int64")
 
     t["fill_source"] = pd.Categorical.from_codes(np.zeros(len(t), "int8"), dtype=CHECKPOINT_COLUMNS["fill_source"])
     if not fill_probed:

@@ -22,7 +22,7 @@ import pandas as pd
 from ckptrace.trace import empty_frame
 
 from .events import KindRows, kind_rows
-from .spans import BOUNDARIES, CLOCK_COLUMNS, NA_INT, assign_iterations, sum_by
+from .spans import BOUNDARIES, CLOCK_COLUMNS, NA_INT, assign_iterations, sum_at
 
 ITERATION_KINDS = ["prefill", "decode"]
 
@@ -72,14 +72,14 @@ def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoi
     out: dict[str, object] = {c: spans[c].array for c in ("iter", "tid", "start_ns", "end_ns")}
     start, end = spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy()
     out["span_ns"] = end - start
-    sums = {c: _sum_at(at, ck[c].to_numpy("int64"), n) for c in ("fill_ns", "copy_ns", "bytes", "faults")}
-    prompt = _sum_at(at, (~ck["spec"].to_numpy()).astype("int64"), n)
+    sums = {c: sum_at(at, ck[c].to_numpy("int64"), n) for c in ("fill_ns", "copy_ns", "bytes", "faults")}
+    prompt = sum_at(at, (~ck["spec"].to_numpy()).astype("int64"), n)
     recorded = spans["cpu_ns"].notna().to_numpy()
     for c in ("fault_ns", "fill_fault_ns", "copy_fault_ns", "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns",
               "copy_wait_ns"):
         v = pd.array(ck[c], dtype=NA_INT)
-        total = _sum_at(at, v.to_numpy("int64", na_value=0), n)
-        part_na = _sum_at(at, np.asarray(v.isna(), "int64"), n) > 0
+        total = sum_at(at, v.to_numpy("int64", na_value=0), n)
+        part_na = sum_at(at, np.asarray(v.isna(), "int64"), n) > 0
         # no checkpoint: no fault time; no fill or copy time on or off CPU where the span's was recorded
         zero = ~has if "fault" in c else ~has & recorded
         out[c] = pd.arrays.IntegerArray(total, np.where(has, part_na, ~zero))
@@ -95,10 +95,3 @@ def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoi
     prefill = (prompt > 0) | (spans["prompt_tokens"].to_numpy() > 0)
     out["kind"] = pd.Categorical.from_codes(np.where(prefill, 0, 1).astype("int8"), dtype=ITERATION_COLUMNS["kind"])
     return pd.DataFrame({c: out[c] for c in ITERATION_COLUMNS}, copy=False)
-
-
-def _sum_at(at: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    """int64 sums of `values` per position `at` in 0..n-1 (0 where none), exact."""
-    out = np.zeros(n, "int64")
-    np.add.at(out, at, values)
-    return out

@@ -55,15 +55,11 @@ def select(events: pd.DataFrame, mask: np.ndarray, cols: list[str]) -> pd.DataFr
     return out
 
 
-def sum_by(values: pd.Series, keys) -> pd.Series:
-    """Int64 sums per key (sorted), NA for a key any of whose values is NA (a part not recorded)."""
-    v = pd.array(values, dtype=NA_INT)
-    na = np.asarray(v.isna())
-    uniques, codes = np.unique(np.asarray(keys), return_inverse=True)
-    # float64 weights: exact below 2^53 ns (104 days) per key
-    sums = np.rint(np.bincount(codes, weights=v.to_numpy("float64", na_value=0.0), minlength=len(uniques)))
-    missing = np.bincount(codes, weights=na, minlength=len(uniques)) > 0
-    return pd.Series(pd.arrays.IntegerArray(sums.astype("int64"), missing), index=uniques)
+def sum_at(at: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
+    """int64 sums of `values` per position `at` in 0..n-1 (0 where none), exact."""
+    out = np.zeros(n, "int64")
+    np.add.at(out, at, values)
+    return out
 
 
 def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:
