@@ -138,6 +138,34 @@ def test_noise_threads_stay_outside_the_checkpoints(workload, tmp_path):
     assert {c["tid"] for c in ckpts} == {iters[0]["tid"]}
 
 
+# Noise threads size and copy the state while the main thread grows it (--grow-mib) and shrinks
+# it again on each new request (--request-prefills): a size read before the change used to make
+# the copy fail and the workload abort. A prefill every iteration changes the size every time, so
+# 12 iterations aborted 10 of 10 runs before the fix.
+RESIZE_RACE = ["--iterations", "12", "--decode-per-prefill", "0", "--request-prefills", "2", "--noise-threads", "2"]
+
+
+@pytest.mark.parametrize(
+    "variant,args",
+    [
+        (None, ["--grow-mib", "8", "--thread-churn", "1", "--mremap"]),
+        ("upstream", ["--grow-mib", "1", "--spec", "--prompt-save", "--thread-churn", "1", "--mremap"]),
+    ],
+    ids=["default", "upstream"],
+)
+def test_noise_threads_survive_the_state_resizing(variant, args, tmp_path):
+    exe = workload_binary(variant=variant) if variant else workload_binary()
+    _, records = run(exe, tmp_path, *RESIZE_RACE, "--ckpt-mib", "40", *args)
+    grow = int(args[1]) * MIB
+    ckpts = [r for r in records if r["type"] == "checkpoint" and not r.get("spec")]
+    # Each slot's checkpoint follows the state: 40 MiB on a request's first prefill, grown on its second.
+    assert [c["bytes"] for c in ckpts] == [40 * MIB + (i // 2 % 2) * grow for i in range(len(ckpts))]
+    assert len(ckpts) == 2 * 12
+    summary = records[-1]
+    assert summary["type"] == "summary" and summary["noise_threads"] == 2 and summary["noise_calls"] >= 2
+    assert {c["tid"] for c in ckpts} == {r["tid"] for r in records if r["type"] == "iteration"}
+
+
 def test_static_binary_runs_and_keeps_its_symbols(static_workload, tmp_path):
     _, records = run(static_workload, tmp_path, "--iterations", "6", "--slots", "3", "--ckpt-mib", "40")
     ckpts, _, _ = check_consistent(records, slots=3, iterations=6)

@@ -227,11 +227,20 @@ struct noise {
 static void noise_loop(noise * n, llama_context * ctx) {
     bool first = true;
     while (!n->stop.load()) {
-        const size_t size = llama_state_seq_get_size_ext(ctx, 0, 0);
         std::vector<uint8_t> v;
-        sample_grow(v, size);
-        if (llama_state_seq_get_data_ext(ctx, v.data(), size, 0, 0) != size) {
-            abort();
+        // The main thread grows the state (--grow-mib) and shrinks it (--request-prefills) between
+        // our size and copy calls: the copy then fails (0, buffer too small) or copies less. Size
+        // again and retry, as a caller of llama.cpp would; fail only if the size did not move.
+        for (;;) {
+            const size_t size = llama_state_seq_get_size_ext(ctx, 0, 0);
+            sample_grow(v, size);
+            const size_t got = llama_state_seq_get_data_ext(ctx, v.data(), size, 0, 0);
+            if (got != 0 && got <= size) {
+                break;
+            }
+            if (llama_state_seq_get_size_ext(ctx, 0, 0) == size) {
+                abort();
+            }
         }
         n->calls++;
         if (first) {
