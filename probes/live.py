@@ -77,9 +77,9 @@ class LiveProbes:
         self.bpf = recorder.load_program(bcc, recorder.Targets([]), offsets, self.sched, self.opts)
         # The ring buffer's records as they come (the recorder's _Session also streams them to its
         # file; serve only needs the bytes): the record layout from the compiler, as the recorder.
-        self.dtype = np.dtype(self.bpf["event_layout"].Leaf)
+        self.dtype = np.dtype(self.bpf[b"event_layout"].Leaf)
         self.chunks: list[bytes] = []
-        self.bpf["events"].open_ring_buffer(self._on_event)
+        self.bpf[b"events"].open_ring_buffer(self._on_event)
         self.calibration: dict[str, list[list[int]]] = {"fill": [], "copy": []}
 
     def attach(self, pid: int) -> LiveTarget:
@@ -87,7 +87,7 @@ class LiveProbes:
         SymbolError, EbpfUnavailable) when it can't, also when it exits meanwhile, and nothing
         of it left attached."""
         t = recorder.resolve_process(process_of(pid)[0])
-        if len(self.bpf["targets"]) >= recorder.MAX_TARGETS:
+        if len(self.bpf[b"targets"]) >= recorder.MAX_TARGETS:
             raise TargetError(f"PID {t.pid}: serve follows at most {recorder.MAX_TARGETS} processes at once")
         recorder.trace_process(self.bpf, t.pid, t.plan)
         try:
@@ -114,7 +114,7 @@ class LiveProbes:
 
     def lost(self) -> int:
         """Events the kernel dropped so far, every process together (ring buffer or map full)."""
-        counters = self.bpf["counters"]
+        counters = self.bpf[b"counters"]
         return sum(int(counters[counters.Key(c)].value) for c in (recorder.C_LOST, recorder.C_MAP_FULL))
 
     def detach(self, target: LiveTarget) -> None:

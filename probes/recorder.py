@@ -81,13 +81,13 @@ def target_flags(plan) -> int:
 
 def trace_process(bpf, pid: int, plan) -> None:
     """Public API: the kernel side traces this process's threads from now (its `targets` entry)."""
-    bpf["targets"][ctypes.c_uint32(pid)] = ctypes.c_uint32(target_flags(plan))
+    bpf[b"targets"][ctypes.c_uint32(pid)] = ctypes.c_uint32(target_flags(plan))
 
 
 def untrace_process(bpf, pid: int) -> None:
     """Public API: stop matching this pid (it exited, and may be given to another process)."""
     try:
-        del bpf["targets"][ctypes.c_uint32(pid)]
+        del bpf[b"targets"][ctypes.c_uint32(pid)]
     except KeyError:
         pass
 SCHED_COLUMNS = ("cpu_ns", "wait_ns", "nvcsw", "nivcsw")
@@ -651,11 +651,11 @@ def load_program(bcc, targets: Targets, offsets: dict, sched: dict | None, opts:
     if not opts.rss_step_mib:
         for tp in (b"kmem:rss_stat", b"sched:sched_process_exec"):  # bcc attached them: their cost goes too
             bpf.detach_tracepoint(tp=tp)
-    seeds = bpf["rss_seed"]
+    seeds = bpf[b"rss_seed"]
     for t in targets:
         trace_process(bpf, t.pid, t.plan)
         if not attach:
-            bpf["rss_before_exec"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(1)
+            bpf[b"rss_before_exec"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(1)
         # A running process's counters so far; a launched one starts from zero at its exec.
         members = resident_members(t.pid) if attach else None
         if members is not None and opts.rss_step_mib:
@@ -737,7 +737,7 @@ class _Session:
         self.opts = opts
         self.out = out
         self.schema = event_schema()
-        self.layout = bpf["event_layout"].Leaf
+        self.layout = bpf[b"event_layout"].Leaf
         self.dtype = np.dtype(self.layout)
         self.kind_off = self.layout.kind.offset
         self.faults_off = self.layout.faults.offset
@@ -758,7 +758,7 @@ class _Session:
         self.fault_on = False
         self.fault_slices = 0
         self.status_drawn = False
-        bpf["events"].open_ring_buffer(self._on_event)
+        bpf[b"events"].open_ring_buffer(self._on_event)
 
     def _on_event(self, ctx, data, size):
         raw = ctypes.string_at(data, size)
@@ -817,7 +817,7 @@ class _Session:
                      "(--ctx-checkpoints 0), or no prompt has been processed yet")
 
     def counters(self) -> list[int]:
-        return [int(v.value) for v in self.bpf["counters"].values()]
+        return [int(v.value) for v in self.bpf[b"counters"].values()]
 
     def progress(self) -> dict:
         """The kernel's counters now, as the trace's metadata names them."""
@@ -894,5 +894,5 @@ class _Session:
         self.bpf.ring_buffer_consume()
 
     def open_spans(self) -> tuple[int, int]:
-        states = list(self.bpf["threads"].values())
+        states = list(self.bpf[b"threads"].values())
         return sum(1 for s in states if s.ckpt), sum(1 for s in states if s.iter)
