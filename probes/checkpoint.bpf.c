@@ -273,7 +273,9 @@ static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struc
     e->fault_timed_ns = s->timed_ns - sp->timed_ns0;
     struct sched_now sc = {};
     sched_read(&sc);
-    e->cpu_ns = sc.cpu - sp->sc0.cpu;
+    /* Steal time accounted between the two reads can put the end a few us below the start
+     * (sched_read's one-tick bound): a span that short had no measurable CPU, so 0, never < 0. */
+    e->cpu_ns = sc.cpu > sp->sc0.cpu ? sc.cpu - sp->sc0.cpu : 0;
     e->wait_ns = sc.wait - sp->sc0.wait;
     e->nvcsw = sc.nvcsw - sp->sc0.nvcsw;
     e->nivcsw = sc.nivcsw - sp->sc0.nivcsw;
