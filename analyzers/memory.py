@@ -48,14 +48,14 @@ MAX_SEGMENTS_PER_ROW = 4
 def held_series(events: pd.DataFrame) -> pd.DataFrame:
     """[t_ns, pid, held_bytes]: one row per change of the bytes held in checkpoint buffers, per
     process, in time order (a step function: the value holds until the next row of its pid)."""
-    held, _ = _walk(events)
+    held, _ = _walk(events, *_kinds(events))
     return held
 
 
 def releases(events: pd.DataFrame) -> pd.DataFrame:
     """[t_ns, pid, tid, bytes, phase, held_after_bytes]: every munmap that returned checkpoint
     buffer memory (an eviction when its phase is checkpoint/create, a free or a trim otherwise)."""
-    _, rel = _walk(events)
+    _, rel = _walk(events, *_kinds(events))
     return rel
 
 
@@ -71,18 +71,18 @@ def memory_summary(events: pd.DataFrame) -> dict:
     (peaks are of the sum over processes: a process's own are in its `processes` entry).
     `releases` is a table (RELEASE_COLUMNS) like the analysis' others, a row per release
     (a pool-off server releases a buffer per checkpoint); renderers/json.py makes it a list."""
-    held, rel = _walk(events)
+    kind, is_buffer = _kinds(events)
+    held, rel = _walk(events, kind, is_buffer)
     rss = rss_series(events)
     total = _summed(held, "held_bytes")
     rss_total = _summed(rss, "rss_bytes")
     peak = int(total["value"].max()) if len(total) else 0
-    mapped = _buffer_maps(events)
     return {
         "peak_held_bytes": peak,
         "peak_held_ns": int(total["t_ns"].iat[int(total["value"].to_numpy().argmax())]) if len(total) else None,
         "end_held_bytes": int(total["value"].iat[-1]) if len(total) else 0,
-        "buffers_mapped": int(len(mapped)),
-        "buffer_bytes_mapped": int(mapped["bytes"].sum()),
+        "buffers_mapped": int(is_buffer.sum()),
+        "buffer_bytes_mapped": int(events["bytes"].to_numpy("int64")[is_buffer].sum()),
         "released_bytes": int(rel["bytes"].sum()),
         "peak_rss_bytes": int(rss_total["value"].max()) if len(rss_total) else None,
         "rss_samples": int(len(rss)),
@@ -97,63 +97,89 @@ def _summed(series: pd.DataFrame, col: str) -> pd.DataFrame:
     if not len(series):
         return pd.DataFrame({"t_ns": np.array([], "int64"), "value": np.array([], "int64")})
     value = series[col].to_numpy("int64")
-    previous = series.groupby("pid", sort=False)[col].shift(1, fill_value=0).to_numpy("int64")
-    total = np.cumsum(value - previous)
+    pid = series["pid"].to_numpy()
+    if pid[0] == pid[-1] and (pid == pid[0]).all():  # one process: the sum is its own series
+        total = value
+    else:
+        previous = series.groupby("pid", sort=False)[col].shift(1, fill_value=0).to_numpy("int64")
+        total = np.cumsum(value - previous)
     t = series["t_ns"].to_numpy("int64")
     last = np.r_[t[1:] != t[:-1], True]  # the last row at each time
     return pd.DataFrame({"t_ns": t[last], "value": total[last]})
 
 
-def _buffer_maps(events: pd.DataFrame) -> pd.DataFrame:
-    return events.loc[(events["kind"] == "mmap") & events["phase"].isin(BUFFER_PHASES)]
+def _kinds(events: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's MMAP/MUNMAP/MREMAP code (-1 for any other kind), and whether it maps a
+    checkpoint buffer (an mmap in a BUFFER_PHASES phase)."""
+    kind = _lookup(events["kind"], {"mmap": MMAP, "munmap": MUNMAP, "mremap": MREMAP}, -1)
+    return kind, (kind == MMAP) & (_lookup(events["phase"], dict.fromkeys(BUFFER_PHASES, 1), 0) == 1)
 
 
-def _walk(events: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+def _walk(events: pd.DataFrame, kind: np.ndarray, is_buffer: np.ndarray) -> tuple[pd.DataFrame, pd.DataFrame]:
     """Replay each process's mappings in time order, keeping the live checkpoint buffers as
     [start, end) address ranges. Only rows that can touch a buffer are walked; only the columns
-    the replay reads are taken, as numpy arrays (no frame copies)."""
-    kind = _lookup(events["kind"], {"mmap": MMAP, "munmap": MUNMAP, "mremap": MREMAP}, -1)
-    is_buffer = (kind == MMAP) & (_lookup(events["phase"], dict.fromkeys(BUFFER_PHASES, 1), 0) == 1)
+    the replay reads are taken, as numpy arrays. `sel` (the walked rows in walk order) stays None
+    while that is every row as stored (one process, its rows in time order: the common case), so
+    the columns are read in place, not copied."""
     if not is_buffer.any():
         return empty_frame(HELD_COLUMNS), empty_frame(RELEASE_COLUMNS)
     pid = events["pid"].to_numpy()
-    rows = np.flatnonzero((kind >= 0) & np.isin(pid, np.unique(pid[is_buffer])))
-    kind, is_buffer, pid = kind[rows], is_buffer[rows], pid[rows]
-    addr, nbytes = events["addr"].to_numpy("uint64")[rows], events["bytes"].to_numpy("int64")[rows]
-    end = addr + nbytes.astype("uint64")
+    mine = kind >= 0
+    if pid.min() != pid.max():  # several processes: only those that mapped a buffer
+        mine &= np.isin(pid, np.unique(pid[is_buffer]))
+    addr, nbytes = events["addr"].to_numpy("uint64"), events["bytes"].to_numpy("int64")
+    end = addr + nbytes.view("uint64")  # the bits of nbytes.astype("uint64"), without a copy
     lo, hi = addr[is_buffer].min(), end[is_buffer].max()
-    remap = kind == MREMAP
+    remap = (kind == MREMAP) & mine
     if remap.any():  # a buffer may move anywhere: every new range may hold one (mremap rows are few)
         lo, hi = min(lo, addr[remap].min()), max(hi, end[remap].max())
-    near = np.flatnonzero(is_buffer | remap | ((end > lo) & (addr < hi)))  # the rest can't overlap any buffer
+    near = is_buffer | remap | (mine & (end > lo) & (addr < hi))  # the rest can't overlap any buffer
+    del end, remap, mine  # freed now: fresh pages for the next temporaries cost their zeroing
+    sel = None if near.all() else np.flatnonzero(near)
     # A mapping exists from the mmap's return; an munmap's pages go at its entry.
-    at = rows[near]
-    t = np.where(kind[near] == MUNMAP, events["start_ns"].to_numpy()[at], events["end_ns"].to_numpy()[at])
-    by_time = np.argsort(t, kind="stable")
-    by_pid = by_time[np.argsort(pid[near][by_time], kind="stable")]  # by pid, then time, else in row order
-    order, t = near[by_pid], t[by_pid]
-    kind, buffer, addr, nbytes, pid = kind[order], is_buffer[order], addr[order], nbytes[order], pid[order]
-    rows = rows[order]
+    k = _take(kind, sel)
+    t = np.where(k == MUNMAP, _take(events["start_ns"].to_numpy(), sel), _take(events["end_ns"].to_numpy(), sel))
+    p = _take(pid, sel)
+    if not _in_order(p, t):  # by pid, then time, else in row order
+        order = np.lexsort((t, p))
+        sel, t, p = (order if sel is None else sel[order]), t[order], p[order]
     if "old_addr" in events.columns and "old_bytes" in events.columns:
-        old_addr, old_bytes = events["old_addr"].to_numpy("uint64")[rows], events["old_bytes"].to_numpy("int64")[rows]
+        old_addr, old_bytes = events["old_addr"].to_numpy("uint64"), events["old_bytes"].to_numpy("int64")
     else:  # a trace from before those columns: not recorded
-        old_addr, old_bytes = np.zeros(len(rows), "uint64"), np.zeros(len(rows), "int64")
-    changed = np.zeros(len(rows), bool)
-    freed = np.zeros(len(rows), "int64")
-    held = np.zeros(len(rows), "int64")
-    cuts = np.flatnonzero(pid[1:] != pid[:-1]) + 1
-    for a, b in zip(np.r_[0, cuts], np.r_[cuts, len(rows)]):  # one process at a time: its own address space
-        part = slice(a, b)
-        changed[part], freed[part], held[part] = _replay(kind[part], buffer[part], addr[part], nbytes[part],
-                                                         old_addr[part], old_bytes[part])
-    keep = changed
-    held_df = pd.DataFrame({"t_ns": t[keep], "pid": pid[keep], "held_bytes": held[keep]}).astype(HELD_COLUMNS)
-    out = keep & (kind == MUNMAP) & (freed > 0)
-    rel_df = pd.DataFrame({"t_ns": t[out], "pid": pid[out], "tid": events["tid"].to_numpy()[rows[out]],
-                           "bytes": freed[out], "phase": _names(events["phase"], rows[out]),
-                           "held_after_bytes": held[out]}).astype(RELEASE_COLUMNS)
-    return held_df.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True), \
-        rel_df.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True)
+        old_addr, old_bytes = np.zeros(len(events), "uint64"), np.zeros(len(events), "int64")
+    cols = [_take(c, sel) for c in (kind, is_buffer, addr, nbytes, old_addr, old_bytes)]  # in walk order
+    cuts = np.r_[0, np.flatnonzero(p[1:] != p[:-1]) + 1, len(p)]
+    # one process at a time: its own address space
+    parts = [_replay(*(c[a:b] for c in cols)) for a, b in zip(cuts[:-1], cuts[1:])]
+    changed, freed, held = parts[0] if len(parts) == 1 else map(np.concatenate, zip(*parts))
+    held_df = _by_time(pd.DataFrame({"t_ns": t[changed], "pid": p[changed], "held_bytes": held[changed]}),
+                       HELD_COLUMNS)
+    out = np.flatnonzero(changed & (cols[0] == MUNMAP) & (freed > 0))  # cols[0]: each walked row's kind
+    at = out if sel is None else sel[out]
+    rel_df = _by_time(pd.DataFrame({"t_ns": t[out], "pid": p[out], "tid": events["tid"].to_numpy()[at],
+                                    "bytes": freed[out], "phase": pd.Series(_names(events["phase"], at), dtype=object),
+                                    "held_after_bytes": held[out]}), RELEASE_COLUMNS)
+    return held_df, rel_df
+
+
+def _take(values: np.ndarray, sel: np.ndarray | None) -> np.ndarray:
+    return values if sel is None else values[sel]
+
+
+def _in_order(major: np.ndarray, minor: np.ndarray) -> bool:
+    """Whether rows are sorted by `major`, then `minor` (a check is far cheaper than a sort)."""
+    if not len(major) or major[0] == major[-1] and (major == major[0]).all():  # one value: minor alone
+        return bool((minor[1:] >= minor[:-1]).all())
+    up, same = major[1:] > major[:-1], major[1:] == major[:-1]
+    return bool((up | (same & (minor[1:] >= minor[:-1]))).all())
+
+
+def _by_time(frame: pd.DataFrame, columns: dict) -> pd.DataFrame:
+    """`frame` (walked by pid, then time) as `columns`, sorted by time, then pid (stable)."""
+    frame = frame.astype(columns)
+    if _in_order(frame["t_ns"].to_numpy(), frame["pid"].to_numpy()):
+        return frame
+    return frame.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True)
 
 
 def _lookup(values: pd.Series, codes: dict, other: int) -> np.ndarray:
@@ -223,9 +249,17 @@ def _segments(buffer: np.ndarray, addr: np.ndarray, nbytes: np.ndarray):
     over it). A row's held change is the sum over its segments of (now - before) x length.
     None for an empty or wrapping range, or rows covering too many segments."""
     n = len(buffer)
-    stop = addr + nbytes.astype("uint64")
+    stop = addr + nbytes.view("uint64")
     if (nbytes <= 0).any() or (stop <= addr).any():
         return None
+    by_addr = np.argsort(addr, kind="stable")
+    a, s = addr[by_addr], stop[by_addr]
+    same = a[1:] == a[:-1]
+    # Rows at one start end at one place, and end before the next start: every row is a segment
+    # of its own (pool-off's common case: each munmap returns one mmap's whole range).
+    if np.where(same, s[1:] == s[:-1], s[:-1] <= a[1:]).all():
+        return _one_segment_each(buffer, nbytes, by_addr, same)
+    del a, s, same, by_addr
     edges = np.unique(np.concatenate([addr, stop]))
     first = np.searchsorted(edges, addr)
     count = np.searchsorted(edges, stop) - first  # segments each row covers, >= 1
@@ -247,6 +281,20 @@ def _segments(buffer: np.ndarray, addr: np.ndarray, nbytes: np.ndarray):
     lost[order] = np.where(before & ~now, length, 0)
     freed = np.add.reduceat(lost, offset)
     return buffer | (freed > 0), freed, np.cumsum(np.add.reduceat(delta, offset))
+
+
+def _one_segment_each(buffer: np.ndarray, nbytes: np.ndarray, by_addr: np.ndarray, same: np.ndarray):
+    """_segments' rule where each row is one segment: `by_addr` orders the rows by segment, each
+    in row order, and `same` says where the next row in that order is of the same segment."""
+    now = buffer[by_addr]
+    before = np.zeros(len(now), bool)
+    before[1:] = now[:-1] & same
+    length = nbytes[by_addr]
+    delta = np.empty(len(now), "int64")
+    delta[by_addr] = (now.astype("int64") - before) * length
+    freed = np.empty(len(now), "int64")
+    freed[by_addr] = np.where(before & ~now, length, 0)
+    return buffer | (freed > 0), freed, np.cumsum(delta)
 
 
 class HeldBuffers:

@@ -111,6 +111,43 @@ def test_vectorised_replay_equals_the_row_by_row_rule():
     assert vectorised > 150 and with_mremap > 30
 
 
+def test_rows_of_one_segment_each_replay_as_the_row_by_row_rule(monkeypatch):
+    """Where every row maps or unmaps one of a few fixed ranges, whole (pool-off: each munmap
+    returns one mmap's range), the replay takes its shortcut (a row is a segment of its own) and
+    still gives HeldBuffers' answer for every row; a munmap over two ranges takes the general way."""
+    import numpy as np
+
+    from ckptrace.analyzers import memory
+    from ckptrace.analyzers.memory import KIND_NAMES, HeldBuffers, _segments
+
+    shortcut, real = [], memory._one_segment_each
+
+    def counted(*args):
+        shortcut.append(1)
+        return real(*args)
+
+    monkeypatch.setattr(memory, "_one_segment_each", counted)
+    rng = np.random.default_rng(5)
+    for trial in range(100):
+        n = int(rng.integers(2, 60))
+        kind = rng.choice(2, size=n)
+        buffer = (kind == 0) & (rng.random(n) < 0.7)
+        addr = (rng.integers(0, 6, size=n) * 4 * PAGE).astype("uint64")
+        nbytes = np.full(n, 2 * PAGE, "int64")
+        if trial % 2:  # a range of its own size at each start: still one segment per row
+            nbytes = (addr // np.uint64(4 * PAGE) % np.uint64(3) + np.uint64(1)).astype("int64") * PAGE
+        if trial % 10 == 9:  # one munmap over two ranges: not one segment per row
+            kind[0], buffer[0], addr[0], nbytes[0] = 1, False, 0, 8 * PAGE
+            addr[1] = 4 * PAGE
+        ref = HeldBuffers()
+        want = [(*ref.step(KIND_NAMES[k], "fill" if b else "none", a, m), ref.held)
+                for k, b, a, m in zip(kind.tolist(), buffer.tolist(), addr.tolist(), nbytes.tolist())]
+        before = len(shortcut)
+        got = _segments(buffer, addr, nbytes)
+        assert (len(shortcut) > before) == (trial % 10 != 9), trial
+        assert [(bool(c), int(f), int(h)) for c, f, h in zip(*got)] == want, trial
+
+
 def test_empty_trace_has_empty_typed_series():
     events = ev([dict(kind="checkpoint", tid=1, start_ns=1, end_ns=2, ckpt=1)])
     assert held_series(events).empty and list(held_series(events).columns) == ["t_ns", "pid", "held_bytes"]
