@@ -285,15 +285,16 @@ def _segments(buffer: np.ndarray, addr: np.ndarray, nbytes: np.ndarray):
 
 def _one_segment_each(buffer: np.ndarray, nbytes: np.ndarray, by_addr: np.ndarray, same: np.ndarray):
     """_segments' rule where each row is one segment: `by_addr` orders the rows by segment, each
-    in row order, and `same` says where the next row in that order is of the same segment."""
+    in row order, and `same` says where the next row in that order is of the same segment. Each
+    row's change is then +length (a buffer mapped where none was), -length (the buffer there
+    went) or 0, computed in row order: no int64 array is gathered or scattered."""
     now = buffer[by_addr]
-    before = np.zeros(len(now), bool)
-    before[1:] = now[:-1] & same
-    length = nbytes[by_addr]
-    delta = np.empty(len(now), "int64")
-    delta[by_addr] = (now.astype("int64") - before) * length
-    freed = np.empty(len(now), "int64")
-    freed[by_addr] = np.where(before & ~now, length, 0)
+    after_buffer = np.zeros(len(now), bool)
+    after_buffer[1:] = now[:-1] & same
+    before = np.empty(len(now), bool)  # each row's segment held a buffer before it
+    before[by_addr] = after_buffer
+    delta = (buffer.view("int8") - before.view("int8")) * nbytes
+    freed = np.where(before & ~buffer, nbytes, 0)
     return buffer | (freed > 0), freed, np.cumsum(delta)
 
 
