@@ -75,10 +75,10 @@ def _enclosing(inner: pd.DataFrame, outer: pd.DataFrame) -> np.ndarray:
 
 def restore_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     """One row per restore (RESTORE_COLUMNS), sorted by start_ns; `spans` from iteration_spans."""
-    rs = select(events, kind_mask(events, "restore"), _SPAN_COLS).reset_index(drop=True)
     rc = select(events, kind_mask(events, "restore_copy"), _SPAN_COLS).reset_index(drop=True)
     if not len(rc):
         return empty_frame(RESTORE_COLUMNS)
+    rs = select(events, kind_mask(events, "restore"), _SPAN_COLS).reset_index(drop=True)
     spans_part, rc = _with_copies(rs, rc)  # a restore without a copy restored nothing
     parts = [spans_part.assign(source="checkpoint"), _alone(rc, "other")]
     return _finish(pd.concat(parts, ignore_index=True), spans, RESTORE_COLUMNS)
@@ -87,11 +87,11 @@ def restore_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
 def prompt_save_table(events: pd.DataFrame, copies: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     """One row per prompt save with a state copy (PROMPT_SAVE_COLUMNS), sorted by start_ns; `events`
     holds the prompt_save rows, `copies` the copy rows (a checkpoint's, ckpt > 0, are not its)."""
-    ps = select(events, kind_mask(events, "prompt_save"), _SPAN_COLS).reset_index(drop=True)
     own = select(copies, (copies["ckpt"] == 0).to_numpy(), ["tid", "iter", "start_ns", "end_ns", "bytes", "faults",
                                                                 "cpu_ns", "wait_ns", "fault_ns"]).reset_index(drop=True)
     if not len(own):
         return empty_frame(PROMPT_SAVE_COLUMNS)
+    ps = select(events, kind_mask(events, "prompt_save"), _SPAN_COLS).reset_index(drop=True)
     saves, own = _with_copies(ps, own)
     parts = [saves.assign(source="call"), _alone(own, "inlined")]
     return _finish(pd.concat(parts, ignore_index=True), spans, PROMPT_SAVE_COLUMNS)
@@ -130,9 +130,11 @@ def _finish(t: pd.DataFrame, spans: pd.DataFrame, columns: dict[str, object]) ->
 def eviction_table(events: pd.DataFrame) -> pd.DataFrame:
     """The munmaps each create_checkpoint made before its first checkpoint (EVICTION_COLUMNS)."""
     cr = events.loc[kind_mask(events, "create"), ["tid", "start_ns", "end_ns"]].reset_index(drop=True)
+    if not len(cr):  # read first: the munmaps (many in a pool-off trace) matter only within creates
+        return empty_frame(EVICTION_COLUMNS)
     mu = events.loc[kind_mask(events, "munmap") & (events["phase"] == "create").to_numpy(),
                     ["tid", "start_ns", "end_ns", "bytes", "addr"]].reset_index(drop=True)
-    if not len(cr) or not len(mu):
+    if not len(mu):
         return empty_frame(EVICTION_COLUMNS)
     parent = _enclosing(mu, cr)
     ck = events.loc[kind_mask(events, "checkpoint"), ["tid", "start_ns", "end_ns"]].reset_index(drop=True)
