@@ -39,7 +39,7 @@ from ckptrace.errors import AnalysisError
 from ckptrace.trace import empty_frame
 
 from .events import KindRows, kind_rows
-from .spans import CLOCK_COLUMNS, NA_INT, assign_iterations, sum_at
+from .spans import CLOCK_COLUMNS, NA_INT, Groups, Ids, assign_iterations, by_start, increasing, kind_mask
 
 FAULT_SOURCES = ["none", "measured", "estimated", "not recorded"]  # a checkpoint takes the last of its spans'
 FILL_SOURCES = ["measured", "derived", "not recorded"]
@@ -72,20 +72,27 @@ CHECKPOINT_COLUMNS: dict[str, object] = {
 }
 
 
-def _spans(rows: pd.DataFrame) -> pd.DataFrame:
-    """A kind's rows with their fault time resolved: measured, estimated or none (see docstring)."""
-    cpu, wait, fault = rows["cpu_ns"], rows["wait_ns"], rows["fault_ns"]
-    faults = rows["faults"]
-    measured = fault.notna() & (faults > 0)
-    rate = float(np.median(fault[measured].to_numpy("float64") / faults[measured].to_numpy("float64"))) \
-        if measured.any() else None
-    missing = fault.isna() & (faults > 0)
-    estimate = pd.Series(pd.NA if rate is None else np.rint(faults * rate), index=rows.index).astype(NA_INT)
-    source = np.select([fault.notna().to_numpy() & (faults > 0).to_numpy(), (faults == 0).to_numpy(),
-                        missing.to_numpy() & (rate is not None)], [1, 0, 2], default=3)
-    fault = fault.where(~missing, estimate).where(faults > 0, 0)
-    return pd.DataFrame({"ckpt": rows["ckpt"], "ns": rows["end_ns"] - rows["start_ns"], "faults": faults,
-                         "cpu_ns": cpu, "wait_ns": wait, "fault_ns": fault, "source": source})
+def _spans(rows: pd.DataFrame) -> dict[str, np.ndarray]:
+    """A kind's rows with their fault time resolved: measured, estimated or none (see docstring).
+    Nullable columns as (values with 0 where NA, NA mask)."""
+    faults = rows["faults"].to_numpy("int64")
+    fault = pd.array(rows["fault_ns"], dtype=NA_INT, copy=False)
+    fault_na = np.asarray(fault.isna())
+    fault_ns = fault.to_numpy("int64", na_value=0)
+    some = faults > 0
+    measured = ~fault_na & some
+    missing = fault_na & some
+    rate = float(np.median(fault_ns[measured] / faults[measured])) if measured.any() else None
+    if rate is not None and missing.any():
+        fault_ns[missing] = np.rint(faults[missing] * rate)
+    fault_ns[~some] = 0
+    source = np.select([measured, faults == 0, missing & (rate is not None)], [1, 0, 2], default=3)
+    out = {"ckpt": rows["ckpt"].to_numpy(), "ns": rows["end_ns"].to_numpy() - rows["start_ns"].to_numpy(),
+           "faults": faults, "source": source, "fault_ns": (fault_ns, missing & (rate is None))}
+    for c in ("cpu_ns", "wait_ns"):
+        v = pd.array(rows[c], dtype=NA_INT, copy=False)
+        out[c] = (v.to_numpy("int64", na_value=0), np.asarray(v.isna()))
+    return out
 
 
 def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_probed: bool = True) -> pd.DataFrame:
@@ -95,64 +102,64 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
     ck = rows.of("checkpoint")
     if not len(ck):
         return empty_frame(CHECKPOINT_COLUMNS)
-    dup = ck["ckpt"].duplicated()
-    if dup.any():
-        raise AnalysisError(
-            f"checkpoint id {int(ck['ckpt'][dup].iloc[0])} appears on {int(dup.sum()) + 1} checkpoint rows: "
-            "ids must be unique within a trace; analyze each recording separately")
+    if not increasing(ck["ckpt"].to_numpy()):  # ids in order (the recorder's counter) are unique
+        dup = ck["ckpt"].duplicated()
+        if dup.any():
+            raise AnalysisError(
+                f"checkpoint id {int(ck['ckpt'][dup].iloc[0])} appears on {int(dup.sum()) + 1} checkpoint rows: "
+                "ids must be unique within a trace; analyze each recording separately")
 
     fills, copies = _spans(rows.of("fill")), _spans(rows.of("copy"))
+    ids = Ids(ck["ckpt"].to_numpy())
     # An update that copied no state saved nothing: llama-server calls update_dft on every
     # checkpoint, and without a draft model it returns at once. Not a checkpoint.
-    ck = ck[ck["ckpt"].isin(copies["ckpt"]).to_numpy()]
-    if not len(ck):
+    copy_at = ids.find(copies["ckpt"])
+    kept = np.bincount(copy_at[copy_at >= 0], minlength=len(ck)) > 0
+    if not kept.any():
         return empty_frame(CHECKPOINT_COLUMNS)
-    t = ck.reset_index(drop=True)
+    new_pos = None  # each checkpoint row's row in the table, -1 if left out
+    if not kept.all():
+        new_pos = np.where(kept, np.cumsum(kept) - 1, -1)
+        ck = ck.loc[kept]
+        ids = Ids(ck["ckpt"].to_numpy())
+        copy_at = np.where(copy_at >= 0, new_pos[np.maximum(copy_at, 0)], -1)
+    n = len(ck)
+    t: dict[str, object] = {c: ck[c].to_numpy() for c in ("ckpt", "tid", "start_ns", "end_ns", "bytes", "draft",
+                                                         "faults", "spec", "iter")}
+    t["cpu_ns"], t["wait_ns"] = ck["cpu_ns"].array, ck["wait_ns"].array
     t["total_ns"] = t["end_ns"] - t["start_ns"]
-    n = len(t)
-    ids = t["ckpt"].to_numpy()
-    by_id = np.argsort(ids, kind="stable")
-
-    def position(of: np.ndarray) -> np.ndarray:  # each id's row in t, -1 for an id no checkpoint has
-        at = np.searchsorted(ids, of, sorter=by_id)
-        at = np.minimum(at, n - 1)
-        return np.where(ids[by_id[at]] == of, by_id[at], -1)
 
     # No span of a kind: nothing of it happened, 0 where the checkpoint's own clocks were recorded.
-    zero_if_recorded = {"cpu_ns": t["cpu_ns"].notna().to_numpy(), "wait_ns": t["wait_ns"].notna().to_numpy()}
-    for name, parts in (("fill", fills), ("copy", copies)):
-        at = position(parts["ckpt"].to_numpy())
-        mine = at >= 0
-        at = at[mine]
-        has = np.bincount(at, minlength=n) > 0
+    zero_if_recorded = {"fault_ns": np.ones(n, bool),
+                        "cpu_ns": ~np.asarray(t["cpu_ns"].isna()), "wait_ns": ~np.asarray(t["wait_ns"].isna())}
+    source = {}
+    for name, parts, at in (("fill", fills, ids.find(fills["ckpt"])), ("copy", copies, copy_at)):
+        g = Groups(at, n)
         if name == "fill":
-            t["pool_hit"] = ~has
-        t[f"{name}_ns"] = sum_at(at, parts["ns"].to_numpy("int64")[mine], n)
-        t[f"{name}_faults"] = sum_at(at, parts["faults"].to_numpy("int64")[mine], n)
-        source = np.zeros(n, "int64")
-        np.maximum.at(source, at, parts["source"].to_numpy("int64")[mine])
-        t[f"{name}_source"] = source
+            t["pool_hit"] = ~g.has
+        t[f"{name}_ns"] = g.sum(parts["ns"])
+        t[f"{name}_faults"] = g.sum(parts["faults"])
+        source[name] = g.max(parts["source"])
         for c in ("fault_ns", "cpu_ns", "wait_ns"):  # a sum is NA when a part is (not recorded)
-            v = pd.array(parts[c], dtype=NA_INT)
-            total = sum_at(at, v.to_numpy("int64", na_value=0)[mine], n)
-            part_na = sum_at(at, np.asarray(v.isna(), "int64")[mine], n) > 0
-            zero = ~has if c == "fault_ns" else ~has & zero_if_recorded[c]
-            t[f"{name}_{c}"] = pd.arrays.IntegerArray(total, np.where(has, part_na, ~zero))
+            t[f"{name}_{c}"] = g.sum_na(pd.arrays.IntegerArray(*parts[c]), zero_if_recorded[c])
     t["other_ns"] = t["total_ns"] - t["fill_ns"] - t["copy_ns"]
     t["fault_ns"] = t["fill_fault_ns"] + t["copy_fault_ns"]  # NA + x is NA
-    t["fault_source"] = pd.Categorical.from_codes(np.maximum(t["fill_source"], t["copy_source"]).to_numpy(),
+    t["fault_source"] = pd.Categorical.from_codes(np.maximum(source["fill"], source["copy"]),
                                                   dtype=CHECKPOINT_COLUMNS["fault_source"])
 
+    # Syscalls made while the checkpoint was open, counted on the memory group's kind codes.
+    memory = rows.of_group("memory")
     for kind in ("mmap", "munmap"):
-        at = position(rows.of(kind)["ckpt"].to_numpy())
+        mine = kind_mask(memory, kind)
+        at = ids.find(memory["ckpt"].to_numpy()[mine])
         t[f"{kind}s"] = np.bincount(at[at >= 0], minlength=n).astype("int64")
 
-    t["fill_source"] = pd.Categorical.from_codes(np.zeros(len(t), "int8"), dtype=CHECKPOINT_COLUMNS["fill_source"])
+    t["fill_source"] = pd.Categorical.from_codes(np.zeros(n, "int8"), dtype=CHECKPOINT_COLUMNS["fill_source"])
+    t["iter"] = assign_iterations(t, spans)
+    t = pd.DataFrame({c: t[c] for c in CHECKPOINT_COLUMNS}, copy=False)
     if not fill_probed:
         _derive_fill(t)
-    t["iter"] = assign_iterations(t, spans)
-    t = t[list(CHECKPOINT_COLUMNS)].astype(CHECKPOINT_COLUMNS)
-    return t.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)
+    return by_start(t)
 
 
 def _derive_fill(t: pd.DataFrame) -> None:
@@ -167,3 +174,5 @@ def _derive_fill(t: pd.DataFrame) -> None:
     t["fault_source"] = np.where(t["fill_faults"] > 0, "not recorded", t["fault_source"].astype(str))
     t["pool_hit"] = (t["fill_faults"] == 0) & (t["mmaps"] == 0)
     t["fill_source"] = "derived"
+    for c in ("fault_source", "fill_source", "other_ns"):
+        t[c] = t[c].astype(CHECKPOINT_COLUMNS[c])

@@ -22,7 +22,7 @@ import pandas as pd
 from ckptrace.trace import empty_frame
 
 from .events import KindRows, kind_rows
-from .spans import BOUNDARIES, CLOCK_COLUMNS, NA_INT, assign_iterations, sum_at
+from .spans import BOUNDARIES, CLOCK_COLUMNS, NA_INT, Groups, Ids, assign_iterations, kind_mask
 
 ITERATION_KINDS = ["prefill", "decode"]
 
@@ -59,39 +59,38 @@ def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoi
     if not len(spans):
         return empty_frame(ITERATION_COLUMNS)
     n = len(spans)
-    ids = spans["iter"].to_numpy()
-    by_id = np.argsort(ids, kind="stable")
+    ids = Ids(spans["iter"].to_numpy())
 
-    def position(of: np.ndarray) -> np.ndarray:  # each id's row in spans (every id given is one of theirs)
-        return by_id[np.searchsorted(ids, of, sorter=by_id)]
-
-    ck = checkpoints.loc[(checkpoints["iter"] != 0).to_numpy()]
-    at = position(ck["iter"].to_numpy())
-    count = np.bincount(at, minlength=n)
-    has = count > 0
+    ck_iter = checkpoints["iter"].to_numpy()
+    g = Groups(np.where(ck_iter != 0, ids.find(ck_iter), -1), n)  # every assigned id is one of the spans'
     out: dict[str, object] = {c: spans[c].array for c in ("iter", "tid", "start_ns", "end_ns")}
     start, end = spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy()
     out["span_ns"] = end - start
-    sums = {c: sum_at(at, ck[c].to_numpy("int64"), n) for c in ("fill_ns", "copy_ns", "bytes", "faults")}
-    prompt = sum_at(at, (~ck["spec"].to_numpy()).astype("int64"), n)
+    sums = {c: g.sum(checkpoints[c].to_numpy("int64")) for c in ("fill_ns", "copy_ns", "bytes", "faults")}
+    saved = g.any(~checkpoints["spec"].to_numpy())  # made a checkpoint not for a speculative round
     recorded = spans["cpu_ns"].notna().to_numpy()
     for c in ("fault_ns", "fill_fault_ns", "copy_fault_ns", "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns",
               "copy_wait_ns"):
-        v = pd.array(ck[c], dtype=NA_INT)
-        total = sum_at(at, v.to_numpy("int64", na_value=0), n)
-        part_na = sum_at(at, np.asarray(v.isna(), "int64"), n) > 0
         # no checkpoint: no fault time; no fill or copy time on or off CPU where the span's was recorded
-        zero = ~has if "fault" in c else ~has & recorded
-        out[c] = pd.arrays.IntegerArray(total, np.where(has, part_na, ~zero))
+        out[c] = g.sum_na(checkpoints[c].array, np.ones(n, bool) if "fault" in c else recorded)
     out["fill_ns"], out["copy_ns"] = sums["fill_ns"], sums["copy_ns"]
-    out["other_ns"] = out["span_ns"] - sums["fill_ns"] - sums["copy_ns"]
+    out["other_ns"] = out["span_ns"] - sums["fill_ns"]
+    out["other_ns"] -= sums["copy_ns"]  # in place: one fewer array of every iteration
     out["cpu_ns"], out["wait_ns"] = spans["cpu_ns"].array, spans["wait_ns"].array
-    out["checkpoints"], out["bytes"], out["faults"] = count.astype("int64"), sums["bytes"], sums["faults"]
-    for kind in ("mmap", "munmap"):
-        sys_iter = assign_iterations(rows.of(kind), spans)
-        out[f"{kind}s"] = np.bincount(position(sys_iter[sys_iter != 0]), minlength=n).astype("int64")
+    out["checkpoints"], out["bytes"], out["faults"] = g.count, sums["bytes"], sums["faults"]
+    # Syscalls anywhere in the iteration: both kinds placed at once, counted on the kind codes.
+    memory = rows.of_group("memory")
+    sys_rows = kind_mask(memory, "mmap", "munmap")
+    sys = {c: memory[c].to_numpy() for c in ("tid", "start_ns", "end_ns", "iter")}
+    if not sys_rows.all():  # (only syscalls, the usual case: no copy)
+        sys = {c: v[sys_rows] for c, v in sys.items()}
+    sys_iter = assign_iterations(sys, spans)
+    at = np.where(sys_iter != 0, ids.find(sys_iter), -1)  # -1: in no iteration
+    is_mmap = kind_mask(memory, "mmap")[sys_rows]
+    for kind, mine in (("mmap", is_mmap), ("munmap", ~is_mmap)):
+        out[f"{kind}s"] = np.bincount(at[mine & (at >= 0)], minlength=n).astype("int64", copy=False)
     for c in ("tokens", "prompt_tokens", "span_faults", "boundary"):
         out[c] = spans[c].array
-    prefill = (prompt > 0) | (spans["prompt_tokens"].to_numpy() > 0)
-    out["kind"] = pd.Categorical.from_codes(np.where(prefill, 0, 1).astype("int8"), dtype=ITERATION_COLUMNS["kind"])
+    decode = ~(saved | (spans["prompt_tokens"].to_numpy() > 0))
+    out["kind"] = pd.Categorical.from_codes(decode.view("int8"), dtype=ITERATION_COLUMNS["kind"])  # prefill 0, decode 1
     return pd.DataFrame({c: out[c] for c in ITERATION_COLUMNS}, copy=False)

@@ -55,11 +55,96 @@ def select(events: pd.DataFrame, mask: np.ndarray, cols: list[str]) -> pd.DataFr
     return out
 
 
-def sum_at(at: np.ndarray, values: np.ndarray, n: int) -> np.ndarray:
-    """int64 sums of `values` per position `at` in 0..n-1 (0 where none), exact."""
-    out = np.zeros(n, "int64")
-    np.add.at(out, at, values)
-    return out
+def increasing(values: np.ndarray, strict: bool = True) -> bool:
+    """Whether `values` never decrease (strict: always increase), e.g. ids in the order they were given."""
+    return len(values) < 2 or bool(((values[1:] > values[:-1]) if strict else (values[1:] >= values[:-1])).all())
+
+
+def by_start(frame: pd.DataFrame) -> pd.DataFrame:
+    """`frame` sorted by start_ns then tid (stable), with a fresh index; rows usually come in that
+    order already, and then nothing is sorted or copied."""
+    start, tid = frame["start_ns"].to_numpy(), frame["tid"].to_numpy()
+    ordered = increasing(start, strict=False)
+    if ordered and len(start) > 1:
+        tie = np.flatnonzero(start[1:] == start[:-1])
+        ordered = bool((tid[tie + 1] >= tid[tie]).all())
+    if not ordered:
+        frame = frame.sort_values(["start_ns", "tid"], kind="stable")
+    return frame.reset_index(drop=True)
+
+
+class Ids:
+    """Positions of ids in an array of unique ids. Ids usually grow with time, often one by one
+    (the recorder's counters): consecutive ids are found by subtraction, increasing ones by binary
+    search, others through a stable argsort."""
+
+    def __init__(self, ids: np.ndarray):
+        self.ids = ids
+        self.sorter = None if increasing(ids) else np.argsort(ids, kind="stable")
+        self.first = ids[0] if len(ids) and self.sorter is None and ids[-1] - ids[0] == len(ids) - 1 else None
+
+    def find(self, of: np.ndarray) -> np.ndarray:
+        """Each id's position, -1 for an id not there."""
+        n = len(self.ids)
+        if self.first is not None:
+            at = of - self.first
+            return np.where((at >= 0) & (at < n), at, -1)
+        if not n:
+            return np.full(len(of), -1, "int64")
+        at = np.searchsorted(self.ids, of, sorter=self.sorter)
+        np.minimum(at, n - 1, out=at)
+        if self.sorter is not None:
+            at = self.sorter[at]
+        return np.where(self.ids[at] == of, at, -1)
+
+
+class Groups:
+    """Rows grouped by a position `at` in 0..n-1 (-1: in no group), e.g. each fill's checkpoint, for
+    several exact int64 reductions per group: the rows are put in group order once (no sort when
+    they already are, the usual case) and each reduction is one ufunc.reduceat."""
+
+    def __init__(self, at: np.ndarray, n: int):
+        self.n = n
+        mine = at >= 0
+        if mine.all() and increasing(at, strict=False):
+            self.order, s = None, at
+        else:
+            self.order = np.flatnonzero(mine)
+            s = at[self.order]
+            if not increasing(s, strict=False):
+                self.order = self.order[np.argsort(s, kind="stable")]
+                s = at[self.order]
+        self.starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1]))) if len(s) else np.zeros(0, "int64")
+        self.present = s[self.starts]
+        self.count = np.zeros(n, "int64")
+        self.count[self.present] = np.diff(np.append(self.starts, len(s)))
+        self.has = self.count > 0
+
+    def _reduce(self, ufunc: np.ufunc, values: np.ndarray) -> np.ndarray:
+        out = np.zeros(self.n, values.dtype)
+        if len(self.starts):
+            out[self.present] = ufunc.reduceat(values if self.order is None else values[self.order], self.starts)
+        return out
+
+    def sum(self, values: np.ndarray) -> np.ndarray:
+        """Each group's sum (0 for a group without rows)."""
+        return self._reduce(np.add, values)
+
+    def max(self, values: np.ndarray) -> np.ndarray:
+        """Each group's largest value (0 for a group without rows)."""
+        return self._reduce(np.maximum, values)
+
+    def any(self, values: np.ndarray) -> np.ndarray:
+        """Whether any of each group's (boolean) values is true (False for a group without rows)."""
+        return self._reduce(np.logical_or, values)
+
+    def sum_na(self, values, zero: np.ndarray) -> pd.arrays.IntegerArray:
+        """Each group's sum of a nullable column, NA when any part is (not recorded); a group
+        without rows is 0 where `zero`, NA elsewhere."""
+        values = pd.array(values, dtype=NA_INT, copy=False)
+        total = self.sum(values.to_numpy("int64", na_value=0))
+        part_na = self.any(np.asarray(values.isna()))
+        return pd.arrays.IntegerArray(total, np.where(self.has, part_na, ~zero))
 
 
 def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:
@@ -68,7 +153,11 @@ def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:
     if isinstance(col.dtype, pd.CategoricalDtype):
         cats = col.cat.categories
         codes = [cats.get_loc(k) for k in kinds if k in cats]
-        return np.isin(col.cat.codes.to_numpy(), codes)
+        codes_of = col.cat.codes.to_numpy()
+        mask = np.zeros(len(col), bool)
+        for code in codes:  # a comparison per kind: far cheaper than np.isin on millions of codes
+            mask |= codes_of == code
+        return mask
     return col.isin(kinds).to_numpy()
 
 
@@ -76,12 +165,13 @@ def iteration_spans(rows: KindRows | pd.DataFrame) -> pd.DataFrame:
     """Every iteration's id, thread and [start_ns, end_ns], by the rules in the module docstring."""
     rows = kind_rows(rows)
     it = rows.of("iteration")
-    it = it.drop_duplicates("iter").rename(columns={"faults": "span_faults"})
-    it = it.assign(boundary=_boundary(len(it), "update_slots"))
-    slot_tids = it["tid"].unique()
+    if not increasing(it["iter"].to_numpy()):  # ids in order (the kernel's counter) are unique
+        it = it.drop_duplicates("iter")
+    it = it.rename(columns={"faults": "span_faults"}).assign(boundary=_boundary(len(it), "update_slots"))
 
     dec = rows.of("decode")
-    dec = dec.loc[~dec["tid"].isin(slot_tids).to_numpy()]
+    if len(dec):
+        dec = dec.loc[~dec["tid"].isin(it["tid"].unique()).to_numpy()]
     if len(dec):
         dec = dec.sort_values(["tid", "end_ns"], kind="stable").rename(columns={"faults": "span_faults"})
         prev_end = dec.groupby("tid")["end_ns"].shift(1)
@@ -96,8 +186,10 @@ def iteration_spans(rows: KindRows | pd.DataFrame) -> pd.DataFrame:
     spans = pd.concat([it, dec], ignore_index=True) if len(dec) else it
     if not len(spans):
         return empty_frame(SPAN_COLUMNS)
-    spans = spans[list(SPAN_COLUMNS)].astype(SPAN_COLUMNS)
-    return spans.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)
+    # Converted only where the type differs (a copy otherwise, of millions of rows).
+    spans = pd.DataFrame({c: spans[c] if spans[c].dtype == t else spans[c].astype(t) for c, t in SPAN_COLUMNS.items()},
+                         copy=False)
+    return by_start(spans)
 
 
 def _boundary(n: int, name: str) -> pd.Categorical:
@@ -105,29 +197,32 @@ def _boundary(n: int, name: str) -> pd.Categorical:
     return pd.Categorical.from_codes(np.full(n, BOUNDARIES.index(name), "int8"), dtype=SPAN_COLUMNS["boundary"])
 
 
-def assign_iterations(rows: pd.DataFrame, spans: pd.DataFrame) -> np.ndarray:
-    """Iteration id (0 = none) for each row of `rows` (tid, start_ns, end_ns, iter) within `spans`."""
-    out = np.zeros(len(rows), dtype="int64")
-    if not len(rows) or not len(spans):
+def assign_iterations(rows, spans: pd.DataFrame) -> np.ndarray:
+    """Iteration id (0 = none) for each row of `rows` (a frame, or a dict of arrays: tid, start_ns,
+    end_ns, iter) within `spans`."""
+    tid, start, end = (np.asarray(rows[c]) for c in ("tid", "start_ns", "end_ns"))
+    out = np.zeros(len(tid), dtype="int64")
+    if not len(tid) or not len(spans):
         return out
-    tid = rows["tid"].to_numpy()
-    start = rows["start_ns"].to_numpy()
-    end = rows["end_ns"].to_numpy()
+    boundary = spans["boundary"].cat.codes.to_numpy()
+    s_tid, s_start, s_end, s_iter = (spans[c].to_numpy() for c in ("tid", "start_ns", "end_ns", "iter"))
 
     # Kernel ids: keep them when the iteration was recorded and really encloses the row.
-    ks = spans.loc[spans["boundary"] == "update_slots"].set_index("iter")
-    if len(ks):
-        r_iter = rows["iter"].to_numpy()
-        pos = ks.index.get_indexer(r_iter)
-        hit = pos >= 0
-        p = np.where(hit, pos, 0)
-        hit &= (r_iter != 0) & (ks["tid"].to_numpy()[p] == tid)
-        hit &= (ks["start_ns"].to_numpy()[p] <= start) & (end <= ks["end_ns"].to_numpy()[p])
+    slots = boundary == BOUNDARIES.index("update_slots")
+    if slots.any():
+        ks = None if slots.all() else np.flatnonzero(slots)  # the update_slots spans' rows
+        r_iter = np.asarray(rows["iter"])
+        p = Ids(s_iter if ks is None else s_iter[ks]).find(r_iter)
+        hit = (p >= 0) & (r_iter != 0)
+        p = np.where(hit, p, 0)
+        if ks is not None:
+            p = ks[p]
+        hit &= (s_tid[p] == tid) & (s_start[p] <= start) & (end <= s_end[p])
         out[hit] = r_iter[hit]
 
     # Decode boundaries: the first iteration on the thread that ends at or after the row starts.
-    ds = spans.loc[spans["boundary"] == "decode", ["tid", "start_ns", "end_ns", "iter"]]
-    if len(ds):
+    if not slots.all():
+        ds = spans.loc[~slots, ["tid", "start_ns", "end_ns", "iter"]]
         dmask = np.isin(tid, ds["tid"].unique())
         left = pd.DataFrame({"pos": np.flatnonzero(dmask), "tid": tid[dmask],
                              "start_ns": start[dmask], "end_ns": end[dmask]}).sort_values("start_ns", kind="stable")

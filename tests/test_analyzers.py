@@ -331,3 +331,20 @@ def test_kernel_id_outside_its_iteration_is_unassigned():
     it = it_table(ev, ck)
     assert it["fill_ns"].tolist() == [0]
     assert_parts_fit(it)
+
+
+def test_tables_do_not_depend_on_id_values_or_row_order():
+    # Ids with gaps and out of order, rows shuffled: the same tables, ids aside (the tables take
+    # fast paths for consecutive ids and rows in order, and must agree with the general ones).
+    ck_ids, it_ids = {1: 90, 2: 40, 3: 70, 4: 10}, {1: 500, 2: 30, 3: 31}
+    rows = [{**r, "ckpt": ck_ids.get(r.get("ckpt", 0), 0), "iter": it_ids.get(r.get("iter", 0), 0)}
+            for r in slots_rows()]
+    rows = [rows[i] for i in np.random.default_rng(18).permutation(len(rows))]
+    ev, ev2 = make_events(slots_rows()), make_events(rows)
+    ck, ck2 = ck_table(ev), ck_table(ev2)
+    it, it2 = it_table(ev, ck), it_table(ev2, ck2)
+    back = lambda ids: {v: k for k, v in ids.items()} | {0: 0}  # noqa: E731
+    ck2["ckpt"], ck2["iter"] = ck2["ckpt"].map(back(ck_ids)), ck2["iter"].map(back(it_ids))
+    it2["iter"] = it2["iter"].map(back(it_ids))
+    pd.testing.assert_frame_equal(ck2, ck)
+    pd.testing.assert_frame_equal(it2, it)
