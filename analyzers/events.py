@@ -5,8 +5,8 @@ Built from a whole events frame (`from_frame`) or batch by batch from a trace fi
 whole trace. Rows are kept in groups of kinds (GROUPS), in trace order within a group. Left out:
 `decode` rows of threads that have `iteration` rows (spans.py uses decode rows only where
 update_slots was not probed) and the kinds and columns no analysis reads. Kept as running figures
-instead: each thread's first start, the largest iteration id and the trace's first start and last
-end. An analysis that reads another kind or column adds it to GROUPS.
+instead: the first start of each thread whose iterations come from decode rows (spans.py), the
+largest iteration id, each process's rows, and the trace's first start and last end. An analysis that reads another kind or column adds it to GROUPS.
 """
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ READ = [c for c in COLUMNS if c in {"kind", "iter", "pid"} or any(c in cols for 
 @dataclass
 class KindRows:
     frames: dict[str, pd.DataFrame]  # group -> its rows
-    first_start: pd.Series  # tid -> its earliest start_ns over every row of the trace
+    first_start: pd.Series  # tid -> its earliest start_ns over every row of the trace (threads with kept decode rows)
     max_iter: int  # the largest iteration id of any row (0 if none)
     per_pid: pd.DataFrame  # pid -> rows, max_iter: each process's row count and largest iteration id
     start_ns: int | None = None  # the trace's first start and last end, None without rows
@@ -134,9 +134,9 @@ def kind_rows(events: KindRows | pd.DataFrame) -> KindRows:
     return events if isinstance(events, KindRows) else KindRows.from_frame(events)
 
 
-def _plan(kinds) -> tuple[dict[str, int], np.ndarray]:
-    """From each batch's (kind codes, tids): the rows each group will keep, and the threads with
-    update_slots rows (whose decode rows are not kept)."""
+def _plan(kinds) -> tuple[dict[str, int], np.ndarray, np.ndarray]:
+    """From each batch's (kind codes, tids): the rows each group will keep, the threads with
+    update_slots rows (whose decode rows are not kept), and those whose decode rows are kept."""
     counts = np.zeros(len(KINDS), "int64")
     slot: set[int] = set()
     decode: dict[int, int] = {}  # tid -> its decode rows
@@ -148,22 +148,23 @@ def _plan(kinds) -> tuple[dict[str, int], np.ndarray]:
             decode[t] = decode.get(t, 0) + n
     sizes = {g: int(counts[[KINDS.index(k) for k in kinds]].sum()) for g, (kinds, _) in GROUPS.items()}
     sizes["decode"] = sum(n for t, n in decode.items() if t not in slot)
-    return sizes, np.array(sorted(slot), "int32")
+    return sizes, np.array(sorted(slot), "int32"), np.array(sorted(set(decode) - slot), "int32")
 
 
 class _Accumulator:
     """Running state over Arrow batches (iter_record_batches' form): each group's rows copied into
     numpy arrays of their final size (known from a first pass over the kinds: no chunks, no copy
-    at the end, the batch's memory reused for the next), each thread's first start, the extremes."""
+    at the end, the batch's memory reused for the next), the decode threads' first starts, each
+    process's rows and largest iteration id, the extremes."""
 
-    def __init__(self, sizes: dict[str, int], slot_tids: np.ndarray, source: str):
-        self.sizes, self.slot_tids, self.source = sizes, slot_tids, source
+    def __init__(self, sizes: dict[str, int], slot_tids: np.ndarray, decode_tids: np.ndarray, source: str):
+        self.sizes, self.slot_tids, self.decode_tids, self.source = sizes, slot_tids, decode_tids, source
         self.arrays = {g: {c: _column_arrays(c, sizes[g]) for c in cols} for g, (_, cols) in GROUPS.items()
                        if sizes[g]}
         self.filled = dict.fromkeys(self.arrays, 0)
         self.codes = {g: [KINDS.index(k) for k in kinds] for g, (kinds, _) in GROUPS.items()}
-        self.first: list[pa.Table] = []
-        self.per_pid: list[pa.Table] = []
+        self.first: list[pa.Table] = []  # per batch: [tid, start_ns_min] of the decode threads
+        self.per_pid: list[pa.Table] = []  # per batch: [pid, iter_count, iter_max]
         self.max_iter = 0
         self.start_ns: int | None = None
         self.end_ns: int | None = None
@@ -177,10 +178,19 @@ class _Accumulator:
         codes = pc.fill_null(codes, -1).to_numpy() if codes.null_count else codes.to_numpy()
         tid = batch.column("tid").to_numpy()
         start = batch.column("start_ns").to_numpy()
-        self.first.append(pa.table({"tid": tid, "start_ns": start}).group_by("tid").aggregate([("start_ns", "min")]))
-        self.max_iter = max(self.max_iter, int(batch.column("iter").to_numpy().max()))
-        self.per_pid.append(pa.table({"pid": batch.column("pid"), "iter": batch.column("iter")}).group_by("pid")
-                            .aggregate([("iter", "count"), ("iter", "max")]))
+        if len(self.decode_tids):  # only their iterations start at a thread's first row (spans.py)
+            mine = np.isin(tid, self.decode_tids)
+            self.first.append(pa.table({"tid": tid[mine], "start_ns": start[mine]}).group_by("tid")
+                              .aggregate([("start_ns", "min")]))
+        pid, it = batch.column("pid").to_numpy(), batch.column("iter").to_numpy()
+        top = int(it.max())
+        self.max_iter = max(self.max_iter, top)
+        if pid[0] == pid.min() == pid.max():  # one process (the common case): no grouping
+            self.per_pid.append(pa.table({"pid": pa.array([pid[0]], pa.int32()), "iter_count": [len(pid)],
+                                          "iter_max": [top]}))  # no view: it would keep the batch's column
+        else:
+            self.per_pid.append(pa.table({"pid": pid, "iter": it}).group_by("pid")
+                                .aggregate([("iter", "count"), ("iter", "max")]))
         lo, hi = int(start.min()), int(batch.column("end_ns").to_numpy().max())
         self.start_ns = lo if self.start_ns is None else min(self.start_ns, lo)
         self.end_ns = hi if self.end_ns is None else max(self.end_ns, hi)
@@ -198,7 +208,7 @@ class _Accumulator:
                 if c not in columns:
                     columns[c] = _numpy_column(batch.column(c))
                 for src, out in zip(columns[c], dst):  # a batch without NA leaves the NA mask False
-                    np.take(src, picked, out=out[at:at + k])
+                    np.take(src, picked, out=out[at:at + k], mode="clip")  # "raise" buffers `out`: 4x slower
             self.filled[group] = at + k
 
     def result(self) -> KindRows:
