@@ -35,9 +35,10 @@ RANGES = {
 }
 TEXT_COLUMNS = {"kind", "phase"}
 BOOL_COLUMNS = {"draft", "spec"}
-# Memory a trace may expand to: this many times its file size (real traces: under 10x), at least
-# MIN_BUDGET, and never more than half the memory available now.
-EXPANSION = 64
+# Memory a trace may expand to: this many times its file size, at least MIN_BUDGET, and never more
+# than half the memory available now. Delta-encoded traces (trace.PARQUET_OPTIONS) of real recordings
+# expand about 30x; a very regular one up to about 70x (the 10M-event benchmark trace).
+EXPANSION = 256
 MIN_BUDGET = 256 << 20
 
 
@@ -150,21 +151,35 @@ def check_ids(ck: pd.DataFrame, iters: pd.Series, parts: pd.DataFrame, shown: st
     of the checkpoint rows), one iteration row per iteration id (`iters`), and each fill and copy
     row (`parts`: kind, ckpt, start_ns, end_ns) inside its checkpoint."""
     for kind, ids in (("checkpoint", ck["ckpt"]), ("iteration", iters)):
+        if _rising(ids.to_numpy()):  # the recorder's order: no id twice, nothing to hash
+            continue
         ids = ids[ids > 0]
         dup = ids[ids.duplicated()]
         if len(dup):
             raise TraceFormatError(f"{shown}: {kind} id {int(dup.iat[0])} appears {int((ids == dup.iat[0]).sum())} "
                                    "times")
-    ck = ck.set_index("ckpt")
-    parts = parts.loc[parts["ckpt"].isin(ck.index)]
+    ck_ids = ck["ckpt"].to_numpy()
+    if _rising(ck_ids):  # found by binary search, not through a hashed index
+        at = np.minimum(np.searchsorted(ck_ids, parts["ckpt"].to_numpy()), max(len(ck_ids) - 1, 0))
+        found = ck_ids[at] == parts["ckpt"].to_numpy() if len(ck_ids) else np.zeros(len(parts), bool)
+        parts, at = parts.loc[found], at[found]
+        outer = {c: ck[c].to_numpy()[at] for c in ("start_ns", "end_ns")}
+    else:
+        ck = ck.set_index("ckpt")
+        parts = parts.loc[parts["ckpt"].isin(ck.index)]
+        outer = ck.loc[parts["ckpt"].to_numpy()] if len(parts) else None
     if len(parts):
-        outer = ck.loc[parts["ckpt"].to_numpy()]
-        out = (parts["start_ns"].to_numpy() < outer["start_ns"].to_numpy()) | \
-              (parts["end_ns"].to_numpy() > outer["end_ns"].to_numpy())
+        out = (parts["start_ns"].to_numpy() < np.asarray(outer["start_ns"])) | \
+              (parts["end_ns"].to_numpy() > np.asarray(outer["end_ns"]))
         if out.any():
             row = parts.iloc[int(np.flatnonzero(out)[0])]
             raise TraceFormatError(f"{shown}: a {row['kind']} of checkpoint {int(row['ckpt'])} lies outside "
                                    f"its checkpoint ({int(out.sum())} such rows)")
+
+
+def _rising(ids: np.ndarray) -> bool:
+    """Whether every id is greater than the one before (so none appears twice)."""
+    return bool((ids[1:] > ids[:-1]).all())
 
 
 def _itemsize(dtype) -> int:

@@ -34,8 +34,8 @@ from ckptrace.probes.launch import HeldChild
 from ckptrace.output import OutputError, check_output, write_new, write_output
 from ckptrace.terminal import printable
 from ckptrace.stream import CUT_SHORT, Recording, StreamFull, batches
-from ckptrace.trace import (KINDS, OPTIONAL, PHASES, ROW_GROUP_ROWS, event_schema, normalize_events, to_batch,
-                            trace_schema)
+from ckptrace.trace import (KINDS, OPTIONAL, PARQUET_OPTIONS, PHASES, ROW_GROUP_ROWS, event_schema, normalize_events,
+                            to_batch, trace_schema)
 
 BPF_SOURCE = Path(__file__).with_name("checkpoint.bpf.c")
 
@@ -509,7 +509,7 @@ def _finisher(out: Recording, session: _Session, meta: TraceMeta):
 
     def write(f):
         _say(f"ckptrace: writing the finished trace ({meta.events} events)")  # a long recording takes seconds
-        with pq.ParquetWriter(f, schema, compression="zstd") as w:
+        with pq.ParquetWriter(f, schema, **PARQUET_OPTIONS) as w:
             for table in _finished_tables(out, session.unwritten, cal, session.batch_min_start, schema):
                 w.write_table(table)
     return write, meta.events

@@ -3,6 +3,8 @@ the analysis reads) against the whole-frame one (analyze_trace(read_trace)): eve
 on the sample traces and on a synthetic trace of many row groups; the batch reader's checks."""
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pandas as pd
 import pyarrow.parquet as pq
@@ -179,3 +181,39 @@ def test_json_written_in_chunks_is_the_same_text(mixed, monkeypatch):
     assert len(parts) > 100 and "".join(parts) == want
     out = ckptrace("analyze", str(mixed), "--json")
     assert out.stdout == want + "\n"
+
+
+def test_fill_outside_its_checkpoint_found_where_ids_rise(tmp_path):
+    """One process: checkpoint ids rise through the trace, so check_ids finds each fill's checkpoint
+    by binary search; the error is read_trace's."""
+    ev = synthetic_trace("a", checkpoints=300, seed=1).events
+    ids = ev.loc[ev["kind"] == "checkpoint", "ckpt"].to_numpy()
+    assert (np.diff(ids) > 0).all()
+    path = tmp_path / "outside.parquet"
+    _fill_outside(ev)
+    write_trace(path, ev, synthetic_trace("x", checkpoints=1).meta)
+    with pytest.raises(TraceFormatError) as whole:
+        read_trace(path)
+    with pytest.raises(TraceFormatError) as batched:
+        analyze_file(path, batch_rows=256)
+    assert "lies outside its checkpoint (1 such rows)" in str(whole.value)
+    assert str(batched.value) == str(whole.value)
+
+
+def test_read_ahead_keeps_order_raises_in_place_and_stops_its_thread():
+    def items(fail_at=None):
+        for i in range(5):
+            if i == fail_at:
+                raise OSError("damaged page")
+            yield i
+
+    assert list(tracemod.read_ahead(items())) == list(range(5))
+    got = []
+    with pytest.raises(OSError, match="damaged page"):
+        for i in tracemod.read_ahead(items(fail_at=3)):
+            got.append(i)
+    assert got == [0, 1, 2]
+    reader = tracemod.read_ahead(items())
+    assert next(reader) == 0
+    reader.close()  # a caller stopping early: the thread ends with it
+    assert not [t for t in threading.enumerate() if t.name.startswith("ckptrace-read")]
