@@ -88,7 +88,10 @@ def generate(path: str, n: int) -> None:
 
 def measure(path: str, whole: bool = False) -> dict:
     from ckptrace.analyzers import KindRows, analyze_rows
+    from ckptrace.heap import keep_freed_memory
     from ckptrace.trace import Trace, read_meta, read_trace
+
+    keep_freed_memory()  # as the commands that read traces do (ckptrace/cli.py)
 
     def cpu() -> float:
         r = resource.getrusage(resource.RUSAGE_SELF)

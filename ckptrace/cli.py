@@ -8,6 +8,7 @@ import click
 
 from ckptrace import __version__
 from ckptrace.errors import CkptraceError
+from ckptrace.heap import keep_freed_memory
 from ckptrace.terminal import printable
 
 # name -> module under ckptrace.commands defining a click command called `command`.
@@ -26,6 +27,10 @@ COMMANDS = {
 }
 
 
+# Commands that read traces and exit: glibc keeps their freed memory for reuse (ckptrace/heap.py).
+READERS = {"analyze", "compare", "dashboard", "export"}
+
+
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
         return list(COMMANDS)
@@ -39,6 +44,8 @@ class LazyGroup(click.Group):
             missing = f"module {e.name!r} is missing" if e.name else str(e).splitlines()[0]
             raise CkptraceError(f"the {name} command could not be loaded: {missing}; "
                                 "reinstall ckptrace with its dependencies") from None
+        if name in READERS:
+            keep_freed_memory()
         return module.command
 
     def format_commands(self, ctx, formatter):
