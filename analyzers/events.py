@@ -6,7 +6,8 @@ whole trace. Rows are kept in groups of kinds (GROUPS), in trace order within a 
 `decode` rows of threads that have `iteration` rows (spans.py uses decode rows only where
 update_slots was not probed) and the kinds and columns no analysis reads. Kept as running figures
 instead: the first start of each thread whose iterations come from decode rows (spans.py), the
-largest iteration id, each process's rows, and the trace's first start and last end. An analysis that reads another kind or column adds it to GROUPS.
+largest iteration id, each process's rows, and the trace's first start and last end. An analysis
+that reads another kind or column adds it to GROUPS.
 """
 from __future__ import annotations
 

@@ -402,11 +402,15 @@ def iter_kinds(path: str | os.PathLike, batch_rows: int = BATCH_ROWS) -> Iterato
         with open_regular(path) as source:
             pf = pq.ParquetFile(source, pre_buffer=False)  # a local file: read-ahead only costs memory
             check_table(pf, COLUMNS, source.size(), shown)
-            for batch in pf.iter_batches(batch_size=batch_rows, columns=["kind", "tid"], use_threads=False):
-                kind, tid = batch.column(0), batch.column(1)
-                check_column("kind", kind, COLUMNS["kind"], shown)
-                check_column("tid", tid, COLUMNS["tid"], shown)
-                yield _arrow_typed("kind", kind, path).indices.to_numpy(), _arrow_typed("tid", tid, path).to_numpy()
+            batches = read_ahead(pf.iter_batches(batch_size=batch_rows, columns=["kind", "tid"], use_threads=False))
+            try:
+                for batch in batches:
+                    kind, tid = batch.column(0), batch.column(1)
+                    check_column("kind", kind, COLUMNS["kind"], shown)
+                    check_column("tid", tid, COLUMNS["tid"], shown)
+                    yield _arrow_typed("kind", kind, path).indices.to_numpy(), _arrow_typed("tid", tid, path).to_numpy()
+            finally:
+                batches.close()  # its thread stops before the file closes
     except (pa.ArrowException, OSError) as e:
         raise TraceFormatError(f"{path}: trace is damaged ({_first_line(e)})") from None
 
