@@ -134,7 +134,7 @@ def _walk(events: pd.DataFrame, kind: np.ndarray, is_buffer: np.ndarray) -> tupl
     if remap.any():  # a buffer may move anywhere: every new range may hold one (mremap rows are few)
         lo, hi = min(lo, addr[remap].min()), max(hi, end[remap].max())
     near = is_buffer | remap | (mine & (end > lo) & (addr < hi))  # the rest can't overlap any buffer
-    del end, remap, mine  # freed now: fresh pages for the next temporaries cost their zeroing
+    del end, remap, mine  # freed before the walk's own temporaries: a lower peak
     sel = None if near.all() else np.flatnonzero(near)
     # A mapping exists from the mmap's return; an munmap's pages go at its entry.
     k = _take(kind, sel)
@@ -163,6 +163,7 @@ def _walk(events: pd.DataFrame, kind: np.ndarray, is_buffer: np.ndarray) -> tupl
 
 
 def _take(values: np.ndarray, sel: np.ndarray | None) -> np.ndarray:
+    """The values at `sel`; all of them, in place, when None."""
     return values if sel is None else values[sel]
 
 
