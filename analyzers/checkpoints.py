@@ -72,9 +72,8 @@ CHECKPOINT_COLUMNS: dict[str, object] = {
 }
 
 
-def _spans(rows: pd.DataFrame) -> dict[str, np.ndarray]:
-    """A kind's rows with their fault time resolved: measured, estimated or none (see docstring).
-    Nullable columns as (values with 0 where NA, NA mask)."""
+def _spans(rows: pd.DataFrame) -> dict[str, object]:
+    """A kind's rows with their fault time resolved: measured, estimated or none (see docstring)."""
     faults = rows["faults"].to_numpy("int64")
     fault = pd.array(rows["fault_ns"], dtype=NA_INT, copy=False)
     fault_na = np.asarray(fault.isna())
@@ -87,12 +86,9 @@ def _spans(rows: pd.DataFrame) -> dict[str, np.ndarray]:
         fault_ns[missing] = np.rint(faults[missing] * rate)
     fault_ns[~some] = 0
     source = np.select([measured, faults == 0, missing & (rate is not None)], [1, 0, 2], default=3)
-    out = {"ckpt": rows["ckpt"].to_numpy(), "ns": rows["end_ns"].to_numpy() - rows["start_ns"].to_numpy(),
-           "faults": faults, "source": source, "fault_ns": (fault_ns, missing & (rate is None))}
-    for c in ("cpu_ns", "wait_ns"):
-        v = pd.array(rows[c], dtype=NA_INT, copy=False)
-        out[c] = (v.to_numpy("int64", na_value=0), np.asarray(v.isna()))
-    return out
+    return {"ckpt": rows["ckpt"].to_numpy(), "ns": rows["end_ns"].to_numpy() - rows["start_ns"].to_numpy(),
+            "faults": faults, "source": source, "fault_ns": pd.arrays.IntegerArray(fault_ns, missing & (rate is None)),
+            "cpu_ns": rows["cpu_ns"].array, "wait_ns": rows["wait_ns"].array}
 
 
 def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_probed: bool = True) -> pd.DataFrame:
@@ -141,7 +137,7 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
         t[f"{name}_faults"] = g.sum(parts["faults"])
         source[name] = g.max(parts["source"])
         for c in ("fault_ns", "cpu_ns", "wait_ns"):  # a sum is NA when a part is (not recorded)
-            t[f"{name}_{c}"] = g.sum_na(pd.arrays.IntegerArray(*parts[c]), zero_if_recorded[c])
+            t[f"{name}_{c}"] = g.sum_na(parts[c], zero_if_recorded[c])
     t["other_ns"] = t["total_ns"] - t["fill_ns"] - t["copy_ns"]
     t["fault_ns"] = t["fill_fault_ns"] + t["copy_fault_ns"]  # NA + x is NA
     t["fault_source"] = pd.Categorical.from_codes(np.maximum(source["fill"], source["copy"]),

@@ -88,7 +88,10 @@ class Ids:
         n = len(self.ids)
         if self.first is not None:
             at = of - self.first
-            return np.where((at >= 0) & (at < n), at, -1)
+            gone = (at < 0) | (at >= n)
+            if gone.any():
+                at[gone] = -1
+            return at
         if not n:
             return np.full(len(of), -1, "int64")
         at = np.searchsorted(self.ids, of, sorter=self.sorter)
@@ -101,7 +104,8 @@ class Ids:
 class Groups:
     """Rows grouped by a position `at` in 0..n-1 (-1: in no group), e.g. each fill's checkpoint, for
     several exact int64 reductions per group: the rows are put in group order once (no sort when
-    they already are, the usual case) and each reduction is one ufunc.reduceat."""
+    they already are, the usual case) and each reduction is one ufunc.reduceat, none when each
+    group has one row (a checkpoint's copy, an iteration's checkpoint: the usual case too)."""
 
     def __init__(self, at: np.ndarray, n: int):
         self.n = n
@@ -119,12 +123,18 @@ class Groups:
         self.count = np.zeros(n, "int64")
         self.count[self.present] = np.diff(np.append(self.starts, len(s)))
         self.has = self.count > 0
+        self.single = len(self.starts) == len(s)  # one row per group: nothing to reduce
+        self.full = len(self.present) == n  # rows in every group: no zeros to fill in
 
     def _reduce(self, ufunc: np.ufunc, values: np.ndarray) -> np.ndarray:
-        out = np.zeros(self.n, values.dtype)
-        if len(self.starts):
-            out[self.present] = ufunc.reduceat(values if self.order is None else values[self.order], self.starts)
-        return out
+        v = values if self.order is None else values[self.order]
+        if not self.single:
+            v = ufunc.reduceat(v, self.starts)
+        if not self.full:
+            out = np.zeros(self.n, values.dtype)
+            out[self.present] = v
+            return out
+        return v.copy() if v is values else v  # a new array, never the caller's
 
     def sum(self, values: np.ndarray) -> np.ndarray:
         """Each group's sum (0 for a group without rows)."""

@@ -21,7 +21,9 @@ def test_ids_find_each_position_or_minus_one(name):
 
 
 AT = {"in order": np.array([0, 0, 2, 2, 2, 4]), "out of order": np.array([4, 0, 2, 0, 2, 2]),
-      "some in no group": np.array([-1, 0, 4, -1, 0, 2]), "none": np.zeros(0, "int64")}
+      "some in no group": np.array([-1, 0, 4, -1, 0, 2]), "none": np.zeros(0, "int64"),
+      "one row each": np.array([1, 3, 5]), "one row in every group": np.arange(6),
+      "one row in every group, out of order": np.array([5, 0, 3, 1, 2, 4]), "every group": np.array([0, 1, 1, 2, 3, 4, 5])}
 
 
 @pytest.mark.parametrize("name", AT)
@@ -42,6 +44,7 @@ def test_groups_reduce_each_group_exactly(name):
     want = [None if any(na[i] for i in r) else sum(int(values[i]) for i in r) if r else 0 if zero[k] else None
             for k, r in enumerate(rows_of)]
     assert [None if v is pd.NA else int(v) for v in got] == want
+    assert not np.shares_memory(g.sum(values), values)  # a new column, never the caller's array
 
 
 def test_by_start_sorts_by_start_then_thread_only_when_needed():
