@@ -113,21 +113,22 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
     kept = np.bincount(copy_at[copy_at >= 0], minlength=len(ck)) > 0
     if not kept.any():
         return empty_frame(CHECKPOINT_COLUMNS)
-    new_pos = None  # each checkpoint row's row in the table, -1 if left out
     if not kept.all():
-        new_pos = np.where(kept, np.cumsum(kept) - 1, -1)
-        ck = ck.loc[kept]
+        new_pos = np.where(kept, np.cumsum(kept) - 1, -1)  # each checkpoint row's row in the table, -1 if left out
+        first, last = np.flatnonzero(kept)[[0, -1]]
+        # Only the first or last left out (cut off at attach or stop): a view, not a copy of every row.
+        ck = (ck.iloc[first:last + 1] if kept[first:last + 1].all() else ck.loc[kept]).reset_index(drop=True)
         ids = Ids(ck["ckpt"].to_numpy())
         copy_at = np.where(copy_at >= 0, new_pos[np.maximum(copy_at, 0)], -1)
     n = len(ck)
-    t: dict[str, object] = {c: ck[c].to_numpy() for c in ("ckpt", "tid", "start_ns", "end_ns", "bytes", "draft",
-                                                         "faults", "spec", "iter")}
-    t["cpu_ns"], t["wait_ns"] = ck["cpu_ns"].array, ck["wait_ns"].array
-    t["total_ns"] = t["end_ns"] - t["start_ns"]
+    # The rows' own columns, shared as Series: pandas copies them if the table is ever written to.
+    t: dict[str, object] = {c: ck[c] for c in ("ckpt", "tid", "start_ns", "end_ns", "bytes", "draft", "faults",
+                                               "spec", "iter", "cpu_ns", "wait_ns")}
+    t["total_ns"] = ck["end_ns"].to_numpy() - ck["start_ns"].to_numpy()
 
     # No span of a kind: nothing of it happened, 0 where the checkpoint's own clocks were recorded.
     zero_if_recorded = {"fault_ns": np.ones(n, bool),
-                        "cpu_ns": ~np.asarray(t["cpu_ns"].isna()), "wait_ns": ~np.asarray(t["wait_ns"].isna())}
+                        "cpu_ns": ck["cpu_ns"].notna().to_numpy(), "wait_ns": ck["wait_ns"].notna().to_numpy()}
     source = {}
     for name, parts, at in (("fill", fills, ids.find(fills["ckpt"])), ("copy", copies, copy_at)):
         g = Groups(at, n)
@@ -145,10 +146,9 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
 
     # Syscalls made while the checkpoint was open, counted on the memory group's kind codes.
     memory = rows.of_group("memory")
+    at = ids.find(memory["ckpt"].to_numpy())
     for kind in ("mmap", "munmap"):
-        mine = kind_mask(memory, kind)
-        at = ids.find(memory["ckpt"].to_numpy()[mine])
-        t[f"{kind}s"] = np.bincount(at[at >= 0], minlength=n).astype("int64")
+        t[f"{kind}s"] = np.bincount(at[kind_mask(memory, kind) & (at >= 0)], minlength=n).astype("int64", copy=False)
 
     t["fill_source"] = pd.Categorical.from_codes(np.zeros(n, "int8"), dtype=CHECKPOINT_COLUMNS["fill_source"])
     t["iter"] = assign_iterations(t, spans)

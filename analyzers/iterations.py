@@ -54,7 +54,8 @@ ITERATION_COLUMNS: dict[str, object] = {
 
 def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoints: pd.DataFrame) -> pd.DataFrame:
     """One row per iteration (ITERATION_COLUMNS), sorted by start_ns, from iteration_spans(rows)
-    and checkpoint_table(rows, spans). The spans' own columns are shared, not copied."""
+    and checkpoint_table(rows, spans). The spans' own columns are shared as Series, not copied (pandas
+    copies them if the table is ever written to)."""
     rows = kind_rows(rows)
     if not len(spans):
         return empty_frame(ITERATION_COLUMNS)
@@ -63,7 +64,7 @@ def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoi
 
     ck_iter = checkpoints["iter"].to_numpy()
     g = Groups(np.where(ck_iter != 0, ids.find(ck_iter), -1), n)  # every assigned id is one of the spans'
-    out: dict[str, object] = {c: spans[c].array for c in ("iter", "tid", "start_ns", "end_ns")}
+    out: dict[str, object] = {c: spans[c] for c in ("iter", "tid", "start_ns", "end_ns")}
     start, end = spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy()
     out["span_ns"] = end - start
     sums = {c: g.sum(checkpoints[c].to_numpy("int64")) for c in ("fill_ns", "copy_ns", "bytes", "faults")}
@@ -76,7 +77,7 @@ def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoi
     out["fill_ns"], out["copy_ns"] = sums["fill_ns"], sums["copy_ns"]
     out["other_ns"] = out["span_ns"] - sums["fill_ns"]
     out["other_ns"] -= sums["copy_ns"]  # in place: one fewer array of every iteration
-    out["cpu_ns"], out["wait_ns"] = spans["cpu_ns"].array, spans["wait_ns"].array
+    out["cpu_ns"], out["wait_ns"] = spans["cpu_ns"], spans["wait_ns"]
     out["checkpoints"], out["bytes"], out["faults"] = g.count, sums["bytes"], sums["faults"]
     # Syscalls anywhere in the iteration: both kinds placed at once, counted on the kind codes.
     memory = rows.of_group("memory")
@@ -90,7 +91,7 @@ def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoi
     for kind, mine in (("mmap", is_mmap), ("munmap", ~is_mmap)):
         out[f"{kind}s"] = np.bincount(at[mine & (at >= 0)], minlength=n).astype("int64", copy=False)
     for c in ("tokens", "prompt_tokens", "span_faults", "boundary"):
-        out[c] = spans[c].array
+        out[c] = spans[c]
     decode = ~(saved | (spans["prompt_tokens"].to_numpy() > 0))
     out["kind"] = pd.Categorical.from_codes(decode.view("int8"), dtype=ITERATION_COLUMNS["kind"])  # prefill 0, decode 1
     return pd.DataFrame({c: out[c] for c in ITERATION_COLUMNS}, copy=False)

@@ -126,7 +126,8 @@ class Groups:
         self.single = len(self.starts) == len(s)  # one row per group: nothing to reduce
         self.full = len(self.present) == n  # rows in every group: no zeros to fill in
 
-    def _reduce(self, ufunc: np.ufunc, values: np.ndarray) -> np.ndarray:
+    def _reduce(self, ufunc: np.ufunc, values: np.ndarray, fresh: bool = False) -> np.ndarray:
+        """`fresh`: `values` is the caller's own temporary, fit to be returned as the result."""
         v = values if self.order is None else values[self.order]
         if not self.single:
             v = ufunc.reduceat(v, self.starts)
@@ -134,7 +135,7 @@ class Groups:
             out = np.zeros(self.n, values.dtype)
             out[self.present] = v
             return out
-        return v.copy() if v is values else v  # a new array, never the caller's
+        return v.copy() if v is values and not fresh else v  # a new array, never the caller's
 
     def sum(self, values: np.ndarray) -> np.ndarray:
         """Each group's sum (0 for a group without rows)."""
@@ -152,7 +153,8 @@ class Groups:
         """Each group's sum of a nullable column, NA when any part is (not recorded); a group
         without rows is 0 where `zero`, NA elsewhere."""
         values = pd.array(values, dtype=NA_INT, copy=False)
-        total = self.sum(values.to_numpy("int64", na_value=0))
+        # A copy only where it is the result itself (otherwise the array may be the column's own).
+        total = self._reduce(np.add, values.to_numpy("int64", na_value=0, copy=self.full), fresh=self.full)
         part_na = self.any(np.asarray(values.isna()))
         return pd.arrays.IntegerArray(total, np.where(self.has, part_na, ~zero))
 

@@ -5,7 +5,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ckptrace.analyzers import (CHECKPOINT_COLUMNS, ITERATION_COLUMNS, analyze_trace, checkpoint_table,
+from ckptrace.analyzers import (CHECKPOINT_COLUMNS, ITERATION_COLUMNS, KindRows, analyze_trace, checkpoint_table,
                                 iteration_spans, iteration_table, summarize)
 from ckptrace.errors import AnalysisError
 from ckptrace.meta import OpenSpans, TraceMeta
@@ -348,3 +348,21 @@ def test_tables_do_not_depend_on_id_values_or_row_order():
     it2["iter"] = it2["iter"].map(back(it_ids))
     pd.testing.assert_frame_equal(ck2, ck)
     pd.testing.assert_frame_equal(it2, it)
+
+
+def test_tables_take_writes_without_changing_the_rows():
+    # The tables share the rows' arrays where a column is the rows' own (no copy of millions of
+    # rows): writing into a table must work, and change neither the rows nor the spans.
+    rows = KindRows.from_frame(make_events(slots_rows()))
+    before = {g: f.copy() for g, f in rows.frames.items()}
+    spans = iteration_spans(rows)
+    spans_before = spans.copy()
+    ck = checkpoint_table(rows, spans)
+    it = iteration_table(rows, spans, ck)
+    ck.loc[0, ["ckpt", "tid", "start_ns", "bytes", "draft", "cpu_ns"]] = [9, 9, 9, 9, True, 9]
+    it.loc[0, ["iter", "tid", "end_ns", "cpu_ns", "tokens", "span_faults"]] = [9, 9, 9, 9, 9, 9]
+    it["start_ns"] += 1
+    for g, f in rows.frames.items():
+        pd.testing.assert_frame_equal(f, before[g])
+    pd.testing.assert_frame_equal(spans, spans_before)
+    assert ck.loc[0, "tid"] == 9 and it.loc[0, "tokens"] == 9

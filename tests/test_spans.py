@@ -44,7 +44,12 @@ def test_groups_reduce_each_group_exactly(name):
     want = [None if any(na[i] for i in r) else sum(int(values[i]) for i in r) if r else 0 if zero[k] else None
             for k, r in enumerate(rows_of)]
     assert [None if v is pd.NA else int(v) for v in got] == want
-    assert not np.shares_memory(g.sum(values), values)  # a new column, never the caller's array
+    # New arrays, never the caller's: changing the parts changes no sum.
+    sums = g.sum(values), g.sum_na(pd.arrays.IntegerArray(values, np.zeros(len(at), bool)), zero)
+    want = [s.copy() for s in sums]
+    values[:] = 1
+    for s, w in zip(sums, want):
+        assert s.tolist() == w.tolist()
 
 
 def test_by_start_sorts_by_start_then_thread_only_when_needed():
