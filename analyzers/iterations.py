@@ -69,11 +69,11 @@ def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoi
     out["span_ns"] = end - start
     sums = {c: g.sum(checkpoints[c].to_numpy("int64")) for c in ("fill_ns", "copy_ns", "bytes", "faults")}
     saved = g.any(~checkpoints["spec"].to_numpy())  # made a checkpoint not for a speculative round
-    recorded = spans["cpu_ns"].notna().to_numpy()
+    recorded, everywhere = spans["cpu_ns"].notna().to_numpy(), np.ones(n, bool)
     for c in ("fault_ns", "fill_fault_ns", "copy_fault_ns", "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns",
               "copy_wait_ns"):
         # no checkpoint: no fault time; no fill or copy time on or off CPU where the span's was recorded
-        out[c] = g.sum_na(checkpoints[c].array, np.ones(n, bool) if "fault" in c else recorded)
+        out[c] = g.sum_na(checkpoints[c].array, everywhere if "fault" in c else recorded)
     out["fill_ns"], out["copy_ns"] = sums["fill_ns"], sums["copy_ns"]
     out["other_ns"] = out["span_ns"] - sums["fill_ns"]
     out["other_ns"] -= sums["copy_ns"]  # in place: one fewer array of every iteration

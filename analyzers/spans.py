@@ -126,13 +126,15 @@ class Groups:
         self.single = len(self.starts) == len(s)  # one row per group: nothing to reduce
         self.full = len(self.present) == n  # rows in every group: no zeros to fill in
 
-    def _reduce(self, ufunc: np.ufunc, values: np.ndarray, fresh: bool = False) -> np.ndarray:
-        """`fresh`: `values` is the caller's own temporary, fit to be returned as the result."""
+    def _reduce(self, ufunc: np.ufunc, values: np.ndarray, fresh: bool = False, empty: np.ndarray | None = None
+                ) -> np.ndarray:
+        """Each group's reduction; `empty` (zeros if None) holds the groups without rows and is
+        filled in. `fresh`: `values` is the caller's own temporary, fit to be returned as the result."""
         v = values if self.order is None else values[self.order]
         if not self.single:
             v = ufunc.reduceat(v, self.starts)
         if not self.full:
-            out = np.zeros(self.n, values.dtype)
+            out = np.zeros(self.n, values.dtype) if empty is None else empty
             out[self.present] = v
             return out
         return v.copy() if v is values and not fresh else v  # a new array, never the caller's
@@ -155,8 +157,8 @@ class Groups:
         values = pd.array(values, dtype=NA_INT, copy=False)
         # A copy only where it is the result itself (otherwise the array may be the column's own).
         total = self._reduce(np.add, values.to_numpy("int64", na_value=0, copy=self.full), fresh=self.full)
-        part_na = self.any(np.asarray(values.isna()))
-        return pd.arrays.IntegerArray(total, np.where(self.has, part_na, ~zero))
+        na = self._reduce(np.logical_or, np.asarray(values.isna()), empty=~zero)
+        return pd.arrays.IntegerArray(total, na)
 
 
 def kind_mask(events: pd.DataFrame, *kinds: str) -> np.ndarray:
