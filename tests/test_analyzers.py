@@ -241,6 +241,25 @@ def test_an_update_that_copied_nothing_is_not_a_checkpoint():
     assert ck["ckpt"].tolist() == [1] and not ck["pool_hit"].any()
 
 
+@pytest.mark.parametrize("empty", [(1,), (4,), (2,), (1, 3), (1, 2, 4)])
+def test_updates_that_copied_nothing_leave_the_others_their_parts(empty):
+    # Left out first, last, in the middle, or several: each kept checkpoint keeps its own fill,
+    # copy and syscalls (the table finds them by position among the checkpoints kept).
+    rows = []
+    for c in range(1, 5):
+        t = c * 100 * MS
+        rows.append(dict(kind="checkpoint", tid=1, start_ns=t, end_ns=t + 50 * MS, ckpt=c, bytes=MIB))
+        if c not in empty:
+            rows += [dict(kind="fill", tid=1, start_ns=t + MS, end_ns=t + (1 + c) * MS, ckpt=c, bytes=MIB),
+                     dict(kind="copy", tid=1, start_ns=t + 20 * MS, end_ns=t + (20 + 2 * c) * MS, ckpt=c, bytes=MIB)]
+        rows += [dict(kind="mmap", tid=1, start_ns=t + MS + k, end_ns=t + MS + k + 1, ckpt=c) for k in range(c)]
+    ck = ck_table(make_events(rows))
+    kept = [c for c in range(1, 5) if c not in empty]
+    assert ck["ckpt"].tolist() == kept
+    assert ck["fill_ns"].tolist() == [c * MS for c in kept] and ck["copy_ns"].tolist() == [2 * c * MS for c in kept]
+    assert ck["mmaps"].tolist() == kept
+
+
 def test_nothing_measured_reports_fault_time_not_recorded():
     rows = [r for r in decode_rows()]
     for r in rows:
