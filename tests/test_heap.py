@@ -1,5 +1,6 @@
 """ckptrace.heap: the commands that read traces keep freed memory for reuse, so a block freed and
-allocated again comes back without fresh-page faults (each a page the kernel must zero)."""
+allocated again comes back without fresh-page faults (each a page the kernel must zero), and ask
+numpy for no 2 MiB pages."""
 from __future__ import annotations
 
 import subprocess
@@ -13,6 +14,8 @@ import numpy as np
 from ckptrace.heap import keep_freed_memory
 if sys.argv[1] == "keep" and not keep_freed_memory():
     sys.exit("mallopt refused")
+if np._core.multiarray._get_madvise_hugepage() != (sys.argv[1] == "default"):
+    sys.exit("numpy's huge page advice not as asked")
 a = np.ones(64 << 20, "uint8")
 del a
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
