@@ -12,6 +12,7 @@ that reads another kind or column adds it to GROUPS.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -119,8 +120,17 @@ class KindRows:
                 pass  # the checked read names the first problem its checks find
             raise
         acc = _Accumulator(*plan, printable(path))
-        for batch in iter_record_batches(path, READ, batch_rows, whole_checks=False):
-            acc.add(batch)
+        # Kept rows are copied in a second thread while this one checks the next batch (and the
+        # reader's own thread decodes the one after): numpy's copies run without the GIL. The
+        # copies stay in batch order, one at a time.
+        with ThreadPoolExecutor(1, thread_name_prefix="ckptrace-keep") as pool:
+            copying = None
+            for batch in iter_record_batches(path, READ, batch_rows, whole_checks=False):
+                if copying is not None:
+                    copying.result()
+                copying = pool.submit(acc.add, batch)
+            if copying is not None:
+                copying.result()
         pa.default_memory_pool().release_unused()  # the batches' memory: Arrow's allocator keeps it otherwise
         rows = acc.result()
         ck, it = rows.of("checkpoint"), rows.of("iteration")

@@ -459,12 +459,16 @@ def _arrow_typed(name: str, values: pa.Array, path) -> pa.Array:
         if not pa.types.is_dictionary(values.type):
             values = pc.dictionary_encode(values)
         known = list(dtype.categories)
-        lut = np.array([known.index(v) if v in known else -1 for v in values.dictionary.to_pylist()] or [-1], "int8")
+        names = values.dictionary.to_pylist()
+        every = KIND_VALUES if name == "kind" else PHASE_VALUES
+        if names == known[:len(names)] and not values.null_count and pa.types.is_int8(values.indices.type):
+            return pa.DictionaryArray.from_arrays(values.indices, every)  # ckptrace's own order: codes as they are
+        lut = np.array([known.index(v) if v in known else -1 for v in names] or [-1], "int8")
         codes = lut[values.indices.to_numpy(zero_copy_only=False)]
         if (codes < 0).any():
             what = "event kinds" if name == "kind" else "phases"
             raise TraceFormatError(f"{path}: trace has {what} this version does not know")
-        return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int8()), KIND_VALUES if name == "kind" else PHASE_VALUES)
+        return pa.DictionaryArray.from_arrays(pa.array(codes, pa.int8()), every)
     want = pa.bool_() if dtype == np.dtype("bool") else pa.int64() if isinstance(dtype, pd.Int64Dtype) else \
         pa.from_numpy_dtype(dtype)
     return values if values.type == want else values.cast(want)
