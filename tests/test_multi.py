@@ -134,8 +134,10 @@ def test_pool_costs_memory_and_saves_fill(tmp_path, workload):
     assert held["verdict"] == "single figures"
     assert held["baseline_value"] * MIB == legs[0][1]["held"] and held["candidate_value"] * MIB == legs[1][1]["held"]
     assert held["change_mib"] > 100  # 6 buffers pooled against 2 in use: 288 against 112 MiB
-    fill = {m["metric"]: m for m in doc["metrics"]}["checkpoint_fill_cpu_ns"]
-    assert fill["verdict"] == "faster" and fill["change_pct"] < -30  # half the checkpoints hit
+    # The fill saved, in page faults: exact counts, where its CPU time moves with the machine's load
+    # (a verdict on it read 'no change' once on a busy machine).
+    faults = {m["metric"]: m for m in doc["metrics"]}["checkpoint_faults"]
+    assert faults["verdict"] == "faster" and faults["change_pct"] < -30  # half the checkpoints hit
     assert "Time against memory: fill" in doc["explanation"] and "held checkpoint memory +" in doc["explanation"]
 
 
