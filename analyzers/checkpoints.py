@@ -121,7 +121,7 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
         ids = Ids(ck["ckpt"].to_numpy())
         copy_at = np.where(copy_at >= 0, new_pos[np.maximum(copy_at, 0)], -1)
     n = len(ck)
-    # The rows' own columns, shared as Series: pandas copies them if the table is ever written to.
+    # The rows' own columns, shared as Series: pandas 3 copies them if the table is ever written to.
     t: dict[str, object] = {c: ck[c] for c in ("ckpt", "tid", "start_ns", "end_ns", "bytes", "draft", "faults",
                                                "spec", "iter", "cpu_ns", "wait_ns")}
     t["total_ns"] = ck["end_ns"].to_numpy() - ck["start_ns"].to_numpy()

@@ -54,8 +54,8 @@ ITERATION_COLUMNS: dict[str, object] = {
 
 def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoints: pd.DataFrame) -> pd.DataFrame:
     """One row per iteration (ITERATION_COLUMNS), sorted by start_ns, from iteration_spans(rows)
-    and checkpoint_table(rows, spans). The spans' own columns are shared as Series, not copied (pandas
-    copies them if the table is ever written to)."""
+    and checkpoint_table(rows, spans). The spans' own columns are shared as Series, not copied (pandas 3
+    copies them on write: copy-on-write)."""
     rows = kind_rows(rows)
     if not len(spans):
         return empty_frame(ITERATION_COLUMNS)

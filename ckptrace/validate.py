@@ -37,8 +37,10 @@ TEXT_COLUMNS = {"kind", "phase"}
 BOOL_COLUMNS = {"draft", "spec"}
 # Memory a trace may expand to: this many times its file size, at least MIN_BUDGET, and never more
 # than half the memory available now. Delta-encoded traces (trace.PARQUET_OPTIONS) of real recordings
-# expand about 30x; a very regular one up to about 70x (the 10M-event benchmark trace).
+# expand about 2-30x; a very regular one up to about 70x (the 10M-event benchmark trace). A
+# recording's stream (zstd Arrow IPC, no delta encoding) keeps the older bound.
 EXPANSION = 256
+STREAM_EXPANSION = 64
 MIN_BUDGET = 256 << 20
 
 
@@ -82,14 +84,14 @@ def check_table(pf: pq.ParquetFile, columns: dict, size: int, shown: str) -> Non
             f"{MIN_BUDGET >> 20} MiB, at most half the available memory): a damaged or hostile trace?")
 
 
-def memory_budget(size: int) -> int:
+def memory_budget(size: int, expansion: int = EXPANSION) -> int:
     """Memory a trace file of `size` bytes may expand to when read."""
-    return min(max(EXPANSION * size, MIN_BUDGET), _available() // 2)
+    return min(max(expansion * size, MIN_BUDGET), _available() // 2)
 
 
 def budget_rows(size: int, columns: dict) -> int:
     """Rows a file of `size` bytes may hold (a stream, whose row count is known only as it is read)."""
-    return memory_budget(size) // (3 * sum(_itemsize(d) for d in columns.values()))
+    return memory_budget(size, STREAM_EXPANSION) // (3 * sum(_itemsize(d) for d in columns.values()))
 
 
 def check_types(schema: pa.Schema, columns: dict, shown: str) -> None:

@@ -217,3 +217,15 @@ def test_read_ahead_keeps_order_raises_in_place_and_stops_its_thread():
     assert next(reader) == 0
     reader.close()  # a caller stopping early: the thread ends with it
     assert not [t for t in threading.enumerate() if t.name.startswith("ckptrace-read")]
+
+
+def test_traces_are_written_delta_encoded(tmp_path):
+    """Integer columns delta-encoded (a smaller file, cheaper to decode), ids and names as dictionaries."""
+    path = tmp_path / "enc.parquet"
+    write_trace(path, synthetic_trace("a", checkpoints=50, seed=1).events, synthetic_trace("x", checkpoints=1).meta)
+    group = pq.ParquetFile(path).metadata.row_group(0)
+    encodings = {group.column(i).path_in_schema: group.column(i).encodings for i in range(group.num_columns)}
+    for name in ("start_ns", "end_ns", "ckpt", "iter", "bytes", "faults", "cpu_ns"):
+        assert "DELTA_BINARY_PACKED" in encodings[name], (name, encodings[name])
+    for name in ("kind", "phase", "tid", "pid"):
+        assert "RLE_DICTIONARY" in encodings[name], (name, encodings[name])

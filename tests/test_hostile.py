@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -575,6 +576,28 @@ def test_a_small_file_claiming_millions_of_rows_is_refused_before_it_is_read(tmp
     line = assert_one_error_line(r)
     assert "4000000 events would take about" in line and "a damaged or hostile trace?" in line
     assert peak_kib < 400 << 10  # the CLI's own imports (about 150 MiB here), not 4M rows
+
+
+def test_a_file_above_the_floor_expanding_past_the_bound_is_refused(tmp_path):
+    """A file of a few MiB, so the bound is EXPANSION times its size, not the 256 MiB floor: 3M rows
+    whose one varying column pads it to about 1.4 MiB would expand about 650x, past the bound."""
+    import pyarrow.parquet as pq
+
+    from ckptrace.validate import EXPANSION, MIN_BUDGET
+
+    one = pq.read_table(SAMPLES / "1-pool-off.parquet").slice(0, 1)
+    block = pa.concat_tables([one] * 100_000).combine_chunks()
+    rng = np.random.default_rng(5)
+    path = tmp_path / "big-bomb.parquet"
+    with pq.ParquetWriter(path, block.schema, compression="zstd") as w:
+        for _ in range(30):
+            addr = np.zeros(len(block), "uint64")
+            addr[::25] = rng.integers(1, 1 << 62, size=len(addr[::25]), dtype="uint64")
+            w.write_table(block.set_column(block.schema.get_field_index("addr"), "addr", pa.array(addr)))
+    size = path.stat().st_size
+    assert EXPANSION * size > MIN_BUDGET  # the bound is the file's, not the floor
+    line = assert_one_error_line(run(["analyze", path], timeout=60))
+    assert "3000000 events would take about" in line and f"({EXPANSION}x the file" in line
 
 
 @pytest.mark.parametrize("node", ["fifo", "/dev/zero", "dir"])
