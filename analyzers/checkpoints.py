@@ -37,9 +37,10 @@ import pandas as pd
 
 from ckptrace.errors import AnalysisError
 from ckptrace.trace import empty_frame
+from ckptrace.validate import increasing
 
 from .events import KindRows, kind_rows
-from .spans import CLOCK_COLUMNS, NA_INT, Groups, Ids, assign_iterations, by_start, increasing, kind_mask
+from .spans import CLOCK_COLUMNS, NA_INT, Groups, Ids, assign_iterations, by_start, kind_mask
 
 FAULT_SOURCES = ["none", "measured", "estimated", "not recorded"]  # a checkpoint takes the last of its spans'
 FILL_SOURCES = ["measured", "derived", "not recorded"]

@@ -21,6 +21,8 @@ import pandas as pd
 
 from ckptrace.trace import empty_frame
 
+from .spans import in_order, sorted_by
+
 BUFFER_PHASES = ("fill", "checkpoint", "create")
 HELD_COLUMNS: dict[str, object] = {"t_ns": np.dtype("int64"), "pid": np.dtype("int32"),
                                    "held_bytes": np.dtype("int64")}
@@ -140,7 +142,7 @@ def _walk(events: pd.DataFrame, kind: np.ndarray, is_buffer: np.ndarray) -> tupl
     k = _take(kind, sel)
     t = np.where(k == MUNMAP, _take(events["start_ns"].to_numpy(), sel), _take(events["end_ns"].to_numpy(), sel))
     p = _take(pid, sel)
-    if not _in_order(p, t):  # by pid, then time, else in row order
+    if not in_order(p, t):  # by pid, then time, else in row order
         order = np.lexsort((t, p))
         sel, t, p = (order if sel is None else sel[order]), t[order], p[order]
     if "old_addr" in events.columns and "old_bytes" in events.columns:
@@ -167,20 +169,9 @@ def _take(values: np.ndarray, sel: np.ndarray | None) -> np.ndarray:
     return values if sel is None else values[sel]
 
 
-def _in_order(major: np.ndarray, minor: np.ndarray) -> bool:
-    """Whether rows are sorted by `major`, then `minor` (a check is far cheaper than a sort)."""
-    if not len(major) or major[0] == major[-1] and (major == major[0]).all():  # one value: minor alone
-        return bool((minor[1:] >= minor[:-1]).all())
-    up, same = major[1:] > major[:-1], major[1:] == major[:-1]
-    return bool((up | (same & (minor[1:] >= minor[:-1]))).all())
-
-
 def _by_time(frame: pd.DataFrame, columns: dict) -> pd.DataFrame:
     """`frame` (walked by pid, then time) as `columns`, sorted by time, then pid (stable)."""
-    frame = frame.astype(columns)
-    if _in_order(frame["t_ns"].to_numpy(), frame["pid"].to_numpy()):
-        return frame
-    return frame.sort_values(["t_ns", "pid"], kind="stable").reset_index(drop=True)
+    return sorted_by(frame.astype(columns), "t_ns", "pid")
 
 
 def _lookup(values: pd.Series, codes: dict, other: int) -> np.ndarray:

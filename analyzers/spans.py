@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.trace import empty_frame
+from ckptrace.validate import increasing
 
 from .events import KindRows, kind_rows
 
@@ -55,22 +56,25 @@ def select(events: pd.DataFrame, mask: np.ndarray, cols: list[str]) -> pd.DataFr
     return out
 
 
-def increasing(values: np.ndarray, strict: bool = True) -> bool:
-    """Whether `values` never decrease (strict: always increase), e.g. ids in the order they were given."""
-    return len(values) < 2 or bool(((values[1:] > values[:-1]) if strict else (values[1:] >= values[:-1])).all())
+def in_order(major: np.ndarray, minor: np.ndarray) -> bool:
+    """Whether rows are sorted by `major`, then `minor` (a check is far cheaper than a sort)."""
+    if not increasing(major, strict=False):
+        return False
+    tie = np.flatnonzero(major[1:] == major[:-1])
+    return bool((minor[tie + 1] >= minor[tie]).all())
+
+
+def sorted_by(frame: pd.DataFrame, major: str, minor: str) -> pd.DataFrame:
+    """`frame` sorted by `major`, then `minor` (stable), with a fresh index; rows usually come in
+    that order already, and then nothing is sorted or copied."""
+    if not in_order(frame[major].to_numpy(), frame[minor].to_numpy()):
+        frame = frame.sort_values([major, minor], kind="stable")
+    return frame.reset_index(drop=True)
 
 
 def by_start(frame: pd.DataFrame) -> pd.DataFrame:
-    """`frame` sorted by start_ns then tid (stable), with a fresh index; rows usually come in that
-    order already, and then nothing is sorted or copied."""
-    start, tid = frame["start_ns"].to_numpy(), frame["tid"].to_numpy()
-    ordered = increasing(start, strict=False)
-    if ordered and len(start) > 1:
-        tie = np.flatnonzero(start[1:] == start[:-1])
-        ordered = bool((tid[tie + 1] >= tid[tie]).all())
-    if not ordered:
-        frame = frame.sort_values(["start_ns", "tid"], kind="stable")
-    return frame.reset_index(drop=True)
+    """`frame` sorted by start_ns, then tid: the tables' order."""
+    return sorted_by(frame, "start_ns", "tid")
 
 
 class Ids:

@@ -153,7 +153,7 @@ def check_ids(ck: pd.DataFrame, iters: pd.Series, parts: pd.DataFrame, shown: st
     of the checkpoint rows), one iteration row per iteration id (`iters`), and each fill and copy
     row (`parts`: kind, ckpt, start_ns, end_ns) inside its checkpoint."""
     for kind, ids in (("checkpoint", ck["ckpt"]), ("iteration", iters)):
-        if _rising(ids.to_numpy()):  # the recorder's order: no id twice, nothing to hash
+        if increasing(ids.to_numpy()):  # the recorder's order: no id twice, nothing to hash
             continue
         ids = ids[ids > 0]
         dup = ids[ids.duplicated()]
@@ -161,7 +161,7 @@ def check_ids(ck: pd.DataFrame, iters: pd.Series, parts: pd.DataFrame, shown: st
             raise TraceFormatError(f"{shown}: {kind} id {int(dup.iat[0])} appears {int((ids == dup.iat[0]).sum())} "
                                    "times")
     ck_ids = ck["ckpt"].to_numpy()
-    if _rising(ck_ids):  # found by binary search, not through a hashed index
+    if increasing(ck_ids):  # found by binary search, not through a hashed index
         at = np.minimum(np.searchsorted(ck_ids, parts["ckpt"].to_numpy()), max(len(ck_ids) - 1, 0))
         found = ck_ids[at] == parts["ckpt"].to_numpy() if len(ck_ids) else np.zeros(len(parts), bool)
         parts, at = parts.loc[found], at[found]
@@ -179,9 +179,10 @@ def check_ids(ck: pd.DataFrame, iters: pd.Series, parts: pd.DataFrame, shown: st
                                    f"its checkpoint ({int(out.sum())} such rows)")
 
 
-def _rising(ids: np.ndarray) -> bool:
-    """Whether every id is greater than the one before (so none appears twice)."""
-    return bool((ids[1:] > ids[:-1]).all())
+def increasing(values: np.ndarray, strict: bool = True) -> bool:
+    """Whether `values` never decrease (strict: always increase, so none appears twice), e.g. ids
+    in the order the recorder's counters gave them."""
+    return len(values) < 2 or bool(((values[1:] > values[:-1]) if strict else (values[1:] >= values[:-1])).all())
 
 
 def _itemsize(dtype) -> int:
