@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -105,16 +106,47 @@ def launched_pid(start_line: str) -> int:
     return int(start_line.split("(pid ")[1].split(")")[0])
 
 
-def wait_until(condition, what: str, timeout_s: float = 60, every_s: float = 0.02):
+def wait_until(condition, what: str, timeout_s: float = 60, every_s: float = 0.02, watch=()):
     """Poll `condition()` until it returns something true (an event: a line, a file, a counter),
-    and return that; fail naming `what` after timeout_s (a bound for a hung test, not a speed)."""
+    and return that; fail naming `what` after timeout_s (a bound for a hung test, not a speed).
+
+    `watch`: the process (a Popen, or several) the event depends on. Once one has exited, the
+    event can no longer come: fail at once with its exit status and last stderr line, rather
+    than wait out timeout_s (a dead demo once cost a 1200 s wait)."""
+    watched = [watch] if isinstance(watch, subprocess.Popen) else list(watch)
     deadline = time.monotonic() + timeout_s
     while True:
         got = condition()
         if got:
             return got
+        for proc in watched:
+            if proc.poll() is not None:
+                assert condition(), (f"waiting for {what}: {describe_exit(proc)}")
         assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
         time.sleep(every_s)
+
+
+def describe_exit(proc: subprocess.Popen) -> str:
+    """`ARGV0 (pid N) exited with status S: LAST STDERR LINE` for a process that has exited."""
+    name = Path(str(proc.args[0] if isinstance(proc.args, (list, tuple)) else proc.args).split()[0]).name
+    status = proc.returncode if proc.returncode >= 0 else f"signal {-proc.returncode}"
+    return f"{name} (pid {proc.pid}) exited with status {status}: {last_stderr_line(proc)}"
+
+
+def last_stderr_line(proc: subprocess.Popen) -> str:
+    """The last non-empty line still unread on an exited process's stderr pipe, without blocking
+    (a child it left behind may hold the pipe open); "no stderr" when there is none to read."""
+    if proc.stderr is None or proc.stderr.closed:
+        return "no stderr"
+    fd = proc.stderr.fileno()
+    chunks = []
+    while select.select([fd], [], [], 0)[0]:
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        chunks.append(chunk)
+    lines = [ln.strip() for ln in b"".join(chunks).decode(errors="replace").splitlines() if ln.strip()]
+    return lines[-1] if lines else "no stderr"
 
 
 def proc_status(pid: int) -> dict[str, str]:

@@ -99,7 +99,8 @@ def test_demo_llama_server_stops_everything_it_started_on_ctrl_c(tmp_path):
             server = [p for p, cmd in kids.items() if "llama-server" in cmd.split(" ")[0]]
             rec = [p for p, cmd in kids.items() if " record " in cmd]
             return (server + rec) if server and rec else None
-        started = wait_until(both_children, "the demo's server and recorder", timeout_s=1200, every_s=0.2)
+        started = wait_until(both_children, "the demo's server and recorder", timeout_s=1200, every_s=0.2,
+                             watch=demo)
         demo.send_signal(signal.SIGINT)
         out, err = demo.communicate(timeout=180)
     finally:
