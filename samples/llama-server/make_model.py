@@ -14,7 +14,8 @@
 Both llama.cpp generations build.sh knows (0.3.36 and upstream 11434) load all three.
 
 The weights are random (the text it writes is noise); the tokenizer is copied from a
-vocab-only GGUF that ships with llama.cpp (default: gpt-2, from the sdist build.sh fetched).
+vocab-only GGUF that ships with llama.cpp (default: gpt-2, from llama-cpp-python 0.3.36's sdist,
+which this script fetches into the cache with build.sh --fetch-only when it is not there yet).
 Needs `gguf==0.19.0` (the version vendored in that sdist): `pip install -e '.[llama]'`.
 
 Usage: python samples/llama-server/make_model.py OUT.gguf [--arch mamba|hybrid|swa]
@@ -27,6 +28,7 @@ import argparse
 import glob
 import math
 import os
+import subprocess
 import sys
 import tarfile
 import tempfile
@@ -77,6 +79,21 @@ def cache_root() -> str:
     return os.path.join(os.environ.get("CKPTRACE_CACHE", "/var/cache/ckptrace"), "llama-server")
 
 
+def fetch_sdist(sdist: str) -> None:
+    """Fetch the 0.3.36 sdist into the cache with build.sh --fetch-only (pip download, once)."""
+    build_sh = os.path.join(os.path.dirname(os.path.abspath(__file__)), "build.sh")
+    fix = f"bash {build_sh} --fetch-only --version {SDIST_VERSION}"
+    print(f"make_model.py: no gpt-2 vocab in the cache: fetching llama-cpp-python {SDIST_VERSION}'s "
+          f"sdist for it (once, into {os.path.dirname(sdist)})", file=sys.stderr, flush=True)
+    p = subprocess.run(["bash", build_sh, "--fetch-only", "--version", SDIST_VERSION], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                       env={**os.environ, "CKPTRACE_PYTHON": os.environ.get("CKPTRACE_PYTHON", sys.executable)})
+    if p.returncode != 0 or not os.path.exists(sdist):
+        last = [ln.strip() for ln in p.stderr.splitlines() if ln.strip()][-1:] or ["no output"]
+        sys.exit(f"make_model.py: could not fetch the sdist ({last[0]}): run `{fix}` to see why, "
+                 "or pass --vocab PATH")
+
+
 def find_vocab() -> str:
     """The gpt-2 vocab GGUF: from an extracted build (any version), else pulled out of the
     cached 0.3.36 sdist."""
@@ -89,8 +106,7 @@ def find_vocab() -> str:
         return out
     sdist = os.path.join(root, f"sdist-{SDIST_VERSION}", f"llama_cpp_python-{SDIST_VERSION}.tar.gz")
     if not os.path.exists(sdist):
-        sys.exit("make_model.py: no vocab GGUF found: run samples/llama-server/build.sh first "
-                 "(it fetches the sdist) or pass --vocab PATH")
+        fetch_sdist(sdist)
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with tarfile.open(sdist) as tar:
         src = tar.extractfile(VOCAB_MEMBER)
