@@ -124,9 +124,11 @@ run_tests() {
         export CKPTRACE_REQUIRE_EBPF=1
         step "tests: CI=true, eBPF tests must run (CKPTRACE_REQUIRE_EBPF=1)"
     fi
-    step "tests: $VENV/bin/python -m pytest -q -ra"
-    local rc=0
-    "$VENV/bin/python" -m pytest -q -ra || rc=$?
+    # --durations=15: the slowest tests, where the time of a fresh machine's run goes
+    step "tests: $VENV/bin/python -m pytest -q -ra --durations=15"
+    local rc=0 start=$SECONDS
+    "$VENV/bin/python" -m pytest -q -ra --durations=15 || rc=$?
+    step "tests: the suite took $((SECONDS - start)) s"
     case $rc in
         0) step "tests: passed" ;;
         5) die "pytest collected no tests" ;;
