@@ -160,18 +160,19 @@ def test_recorded_workload_matches_its_truth(require_root_ebpf, workload, tmp_pa
     assert r.returncode == 0, r.stderr
     doc = json.loads(r.stdout)
     m = {x["metric"]: x for x in doc["metrics"]}
-    # Only verdicts with a wide margin (issue 8): the pool-on leg is a mixture of warm-up misses
-    # and hits. Its hits have no fill at all (-100% by definition), and the mean fill of the
-    # mixture falls by about its hit fraction (~80% here), four times the 20% floor, so neither
-    # can flip with how many hits a run happens to get.
+    # Only exact figures and counts, never a time's change (issue 8; the mixture's wall fill read
+    # +6.8% once on a busy machine): the pool-on leg is a mixture of warm-up misses and hits. Its
+    # hits have no fill row at all, so their fill is exactly 0, on the wall and on CPU (-100% by
+    # definition); and the mixture's page faults per checkpoint fall by its hit fraction (>= 50%,
+    # ~80% here): a hit faults nothing, a miss each page of its fresh buffer once, as pool-off does.
     pool = {(x["class"], x["metric"]): x for x in doc["pool"]}
-    assert pool[("hits", "checkpoint_fill_ns")]["candidate_value"] == 0
-    assert pool[("hits", "checkpoint_fill_cpu_ns")]["verdict"] == "faster"
+    for name in ("checkpoint_fill_ns", "checkpoint_fill_cpu_ns"):  # on CPU too: hits spend none
+        hits = pool[("hits", name)]
+        assert hits["candidate_value"] == 0 and hits["change_pct"] == pytest.approx(-100), hits
     rate = doc["legs"][1]["pool_hits"] / doc["legs"][1]["checkpoints"]
     assert rate >= 0.5, rate  # the sample's pool misses only while warming up
-    for name in ("checkpoint_fill_ns", "checkpoint_fill_cpu_ns"):  # on CPU too: hits spend none
-        assert m[name]["ci_high_pct"] < -20, m[name]
-    assert_pool_faster(doc)  # wall verdict 'not judged' when a leg waited for a CPU (busy machine)
+    assert m["checkpoint_faults"]["ci_high_pct"] < -20, m["checkpoint_faults"]
+    assert_pool_faster(doc)  # on page faults: exact counts, whatever the machine's load
 
 
 def v1_trace(path, events, meta) -> None:
