@@ -120,8 +120,16 @@ def wait_until(condition, what: str, timeout_s: float = 60, every_s: float = 0.0
         if got:
             return got
         for proc in watched:
-            if proc.poll() is not None:
-                assert condition(), (f"waiting for {what}: {describe_exit(proc)}")
+            if proc.poll() is not None:  # the event may have come just before it exited
+                try:
+                    got = condition()
+                except Exception as e:  # e.g. it read /proc/PID of the process now reaped
+                    got = None
+                    why = f" ({type(e).__name__}: {e})"
+                else:
+                    why = ""
+                assert got, f"waiting for {what}: {describe_exit(proc)}{why}"
+                return got
         assert time.monotonic() < deadline, f"timed out after {timeout_s} s waiting for {what}"
         time.sleep(every_s)
 
@@ -179,9 +187,10 @@ def truth_count(path: Path, kind: str = "checkpoint") -> int:
         return 0
 
 
-def wait_for_truth(path: Path, n: int = 1, kind: str = "checkpoint") -> None:
-    """Until the workload has finished n records of `kind` (it is past them, by its own account)."""
-    wait_until(lambda: truth_count(path, kind) >= n, f"{n} {kind} lines in {path}")
+def wait_for_truth(path: Path, n: int = 1, kind: str = "checkpoint", watch=()) -> None:
+    """Until the workload has finished n records of `kind` (it is past them, by its own account).
+    `watch`: as wait_until's, the workload (or the recorder that launched it)."""
+    wait_until(lambda: truth_count(path, kind) >= n, f"{n} {kind} lines in {path}", watch=watch)
 
 
 def load_truth(path: Path) -> dict[str, pd.DataFrame]:
@@ -238,13 +247,14 @@ def assert_parts_fit(rows, faults_measured: bool = False) -> None:
     assert not bad.any(), f"parts outside their span:\n{df[bad].to_string()}"
 
 
-def assert_pool_faster(comparison: dict, wall: str = "checkpoint_fill_ns", cpu: str = "checkpoint_fill_cpu_ns") -> None:
-    """A pool's effect as compare --json states it: faster on CPU; on wall time faster, unless a leg
-    waited for a CPU over 10% (its warning says so), when the wall verdict is 'not judged'."""
+def assert_pool_faster(comparison: dict, faults: str = "checkpoint_faults") -> None:
+    """A pool's effect as compare --json states it, on exact counts: fewer page faults per
+    checkpoint (a hit reuses a resident buffer and faults nothing; every miss faults each page of
+    its fresh buffer once), so 'faster' on checkpoint_faults. Not on the fill's wall time (a busy
+    machine read pool-on +6.8% once) nor its CPU time (a verdict on it read 'no change' once,
+    commit 4b2a36a): the machine's load moves those, never a fault count."""
     m = {x["metric"]: x for x in comparison["metrics"]}
-    assert m[cpu]["verdict"] == "faster", m[cpu]
-    busy = any("waiting for a CPU" in w for w in comparison["warnings"])
-    assert m[wall]["verdict"] == ("not judged" if busy else "faster"), (m[wall], comparison["warnings"])
+    assert m[faults]["verdict"] == "faster", (m[faults], comparison["warnings"])
 
 
 SPAWN_AT_PID = Path(__file__).resolve().with_name("spawn_at_pid.c")

@@ -435,10 +435,10 @@ def test_export_of_a_recording_cut_short_by_sigkill(tmp_path, workload):
     out, truth = tmp_path / "killed.parquet", tmp_path / "t.jsonl"
     with recorder(out, "--", workload, "--iterations", "1000000", "--ckpt-mib", "8", "--truth", truth) as rec:
         child = launched_pid(rec.start_line)
-        wait_for_truth(truth, 4)
+        wait_for_truth(truth, 4, watch=rec)
         # Killed once the stream holds checkpoints (it is flushed every half second).
         wait_until(lambda: out.exists() and (read_trace(out).events["kind"] == "checkpoint").sum() >= 2,
-                   "2 checkpoints flushed to the stream")
+                   "2 checkpoints flushed to the stream", watch=rec)
         rec.kill()
         rec.wait(30)
     wait_until(lambda: not proc_status(child), "the launched command to die with its recorder")

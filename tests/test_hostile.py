@@ -410,14 +410,13 @@ def test_a_thread_id_names_its_process():
 @pytest.mark.ebpf
 def test_record_given_a_thread_id_records_its_process(require_root_ebpf, workload, tmp_path):
     from ckptrace.trace import read_trace
-    from helpers import go, waiting_workload
+    from helpers import go, proc_status, wait_until, waiting_workload
 
     with waiting_workload(workload, "--noise-threads", "1", "--iterations", "100000") as wl:
         go(wl)
-        deadline = time.monotonic() + 30
-        while len(os.listdir(f"/proc/{wl.pid}/task")) < 2:  # the noise thread has started
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        # the noise thread has started (/proc/PID/status's Threads: its task/ entries; {} once reaped)
+        wait_until(lambda: int(proc_status(wl.pid).get("Threads", 0)) >= 2, "the workload's noise thread",
+                   timeout_s=30, every_s=0.01, watch=wl)
         tid = max(int(t) for t in os.listdir(f"/proc/{wl.pid}/task"))
         r = run(["record", "--quiet", "--pid", tid, "--duration", "2", "-o", tmp_path / "t.parquet"])
     assert r.returncode == 0, r.stderr

@@ -168,7 +168,7 @@ def test_a_pid_given_to_a_new_process_is_not_the_recorded_one(tmp_path, workload
         pid, ticks = old.pid, start_ticks(old.pid)
         with recorder(out, "--pid", pid) as rec:
             rec.send_signal(signal.SIGSTOP)
-            wait_until(lambda: stopped(rec.pid), "the recorder to stop")
+            wait_until(lambda: stopped(rec.pid), "the recorder to stop", watch=rec)
             old.kill()
             old.wait(60)
             with started([spawn, pid, workload, "--wait-signal"], ready="ready pid=") as (new, line):

@@ -206,10 +206,10 @@ def test_attach_by_pid_until_the_target_exits(tmp_path, workload):
 def test_attach_mid_run_never_reports_a_partial_checkpoint(tmp_path, workload):
     mid = tmp_path / "mid.jsonl"
     with started([workload, "--iterations", "1000000", "--truth", mid]) as (wl, _):
-        wait_for_truth(mid, 1)  # it has made a checkpoint: we attach mid-run
+        wait_for_truth(mid, 1, watch=wl)  # it has made a checkpoint: we attach mid-run
         with recorder(tmp_path / "live.parquet", "--pid", wl.pid) as rec:
             seen = truth_count(mid)
-            wait_for_truth(mid, seen + 4)  # some whole checkpoints after the probes arrived
+            wait_for_truth(mid, seen + 4, watch=wl)  # some whole checkpoints after the probes arrived
             wl.kill()  # and it dies mid-recording, most likely inside a checkpoint
             wl.wait(30)
             _, err = rec.communicate(timeout=60)
@@ -277,7 +277,7 @@ def test_stop_by_signal_keeps_what_was_recorded(tmp_path, workload, sig, reason)
     truth = tmp_path / "t.jsonl"
     with recorder(trace_path, "--", workload, "--iterations", "100000", "--decode-us", "500",
                   "--truth", truth) as rec:
-        wait_for_truth(truth, 2)
+        wait_for_truth(truth, 2, watch=rec)
         rec.send_signal(sig)
         _, err = rec.communicate(timeout=60)
         assert rec.returncode == 0 and "Traceback" not in err, err
@@ -310,8 +310,8 @@ def test_a_hangup_that_takes_the_terminal_keeps_the_trace(tmp_path, workload):
         return b"checkpoints" in seen  # the status line, as drawn on the terminal
 
     try:
-        wait_for_truth(truth, 2)
-        wait_until(status_drawn, "the status line on the recorder's terminal")
+        wait_for_truth(truth, 2, watch=rec)
+        wait_until(status_drawn, "the status line on the recorder's terminal", watch=rec)
         os.close(master)  # the terminal is gone: the recorder's writes to it now fail
         master = None
         rec.send_signal(signal.SIGHUP)
@@ -336,11 +336,12 @@ def test_second_ctrl_c_while_stopping_keeps_the_trace(tmp_path, workload):
     with recorder(trace_path, "--", workload, "--iterations", "100000", "--decode-us", "500",
                   "--truth", truth) as rec:
         child = launched_pid(rec.start_line)
-        wait_for_truth(truth, 1)
+        wait_for_truth(truth, 1, watch=rec)
         os.kill(child, signal.SIGSTOP)
-        wait_until(lambda: proc_status(child).get("State", "").startswith("T"), "the command to stop")
+        wait_until(lambda: proc_status(child).get("State", "").startswith("T"), "the command to stop", watch=rec)
         rec.send_signal(signal.SIGINT)
-        wait_until(lambda: signal_pending(child, signal.SIGTERM), "the recorder's SIGTERM to its command")
+        wait_until(lambda: signal_pending(child, signal.SIGTERM), "the recorder's SIGTERM to its command",
+                   watch=rec)
         rec.send_signal(signal.SIGINT)  # while it waits for its command to die: it is stopping
         assert rec.poll() is None
         os.kill(child, signal.SIGCONT)
@@ -550,7 +551,7 @@ def test_live_status_line_on_a_terminal(tmp_path, workload):
                 seen += _read_pty(primary)
             return re.search(rb"\r\s*[\d.]+ s  checkpoints [1-9]\d*  iterations \d+  checkpoint faults \d+  "
                              rb"lost 0", seen)
-        wait_until(status_with_checkpoints, "a status line counting checkpoints", every_s=0)
+        wait_until(status_with_checkpoints, "a status line counting checkpoints", every_s=0, watch=rec)
         rec.send_signal(signal.SIGINT)
         assert rec.wait(60) == 0
         while chunk := _read_pty(primary):
@@ -592,7 +593,7 @@ def test_the_trace_is_written_atomically(tmp_path, workload):
     os.link(out, tmp_path / "old")
     with recorder(out, "--", workload, "--pause-in-checkpoint", "--iterations", "3") as rec:
         child = launched_pid(rec.start_line)
-        wait_until(lambda: "paused in checkpoint" in rec.stderr.readline(), "the workload's pause")
+        wait_until(lambda: "paused in checkpoint" in rec.stderr.readline(), "the workload's pause", watch=rec)
         live = read_trace(out)
         assert live.meta.complete is False and live.meta.cut_short and live.meta.version == 3
         rec.kill()
@@ -602,7 +603,7 @@ def test_the_trace_is_written_atomically(tmp_path, workload):
     assert read_trace(out).meta.complete is False
     with recorder(out, "--", workload, "--pause-in-checkpoint", "--iterations", "3") as rec:
         child = launched_pid(rec.start_line)
-        wait_until(lambda: "paused in checkpoint" in rec.stderr.readline(), "the workload's pause")
+        wait_until(lambda: "paused in checkpoint" in rec.stderr.readline(), "the workload's pause", watch=rec)
         os.kill(child, signal.SIGUSR1)
         _, err = rec.communicate(timeout=60)
         assert rec.returncode == 0, err

@@ -61,7 +61,8 @@ def test_prometheus_scrapes_what_the_truth_and_analyze_of_the_same_run_say(tmp_p
         port = int(re.search(r"127\.0\.0\.1:(\d+)/metrics", line).group(1))
         target = f"127.0.0.1:{port}"
         with Prometheus([target], interval_s=0.5) as prom:
-            wait_until(lambda: prom.health(target) == "up", "the exporter's target up", timeout_s=60, every_s=0.2)
+            wait_until(lambda: prom.health(target) == "up", "the exporter's target up", timeout_s=60, every_s=0.2,
+                       watch=[srv, prom.proc])
             t_up = time.time()
             before = prom.query("ckptrace_checkpoints_total")
             with urllib.request.urlopen(f"http://{target}/metrics", timeout=10) as r:
@@ -76,10 +77,11 @@ def test_prometheus_scrapes_what_the_truth_and_analyze_of_the_same_run_say(tmp_p
             for proc, truth in ((a, ta), (b, tb)):
                 n = len(load_truth(truth)["checkpoint"])
                 wait_until(lambda: prom.value(last[proc.pid] % "ckptrace_checkpoints_total") == n,
-                           f"Prometheus holding PID {proc.pid}'s {n} checkpoints", timeout_s=60, every_s=0.2)
+                           f"Prometheus holding PID {proc.pid}'s {n} checkpoints", timeout_s=60, every_s=0.2,
+                           watch=prom.proc)  # not srv: it stops by itself once both have exited
                 # Its series end: the exporter served them once more, then dropped them.
                 wait_until(lambda: prom.value(f'ckptrace_checkpoints_total{{pid="{proc.pid}"}}') is None,
-                           f"PID {proc.pid}'s series to end", timeout_s=60, every_s=0.2)
+                           f"PID {proc.pid}'s series to end", timeout_s=60, every_s=0.2, watch=prom.proc)
             assert srv.wait(60) == 0
             err = srv.stderr.read()
             assert "Traceback" not in err and err.count("exited; its series end") == 2, err
@@ -250,9 +252,10 @@ def test_comm_waits_says_so_then_serves_each_new_process(tmp_path, workload):
             assert wl.wait(120) == 0
         n = len(load_truth(truth)["checkpoint"])
         want = re.compile(rf'^ckptrace_checkpoints_total\{{[^}}]*pid="{wl.pid}"[^}}]*\}} {n}\.0$', re.M)
-        wait_until(lambda: want.search(scraped(url)), f"the final {n} checkpoints served", every_s=0.1)
+        wait_until(lambda: want.search(scraped_or_none(url)), f"the final {n} checkpoints served", every_s=0.1,
+                   watch=srv)
         assert next_line(srv).startswith(f"ckptrace: PID {wl.pid} exited")
-        wait_until(lambda: f'pid="{wl.pid}"' not in scraped(url), "its series to end", every_s=0.1)
+        wait_until(lambda: f'pid="{wl.pid}"' not in scraped(url), "its series to end", every_s=0.1, watch=srv)
         srv.send_signal(signal.SIGTERM)
         assert srv.wait(60) == 0
         rest = srv.stderr.read()
@@ -310,20 +313,21 @@ def test_fold_in_any_batches_equals_analyze(trace):
         assert got["ckptrace_checkpoint_memory_held_bytes"] == mem["end_held_bytes"]
 
 
-def final_scrapes(url: str, want: dict[int, int]) -> dict[int, str]:
+def final_scrapes(url: str, want: dict[int, int], watch=()) -> dict[int, str]:
     """For each pid, the scrape that holds its final values: its checkpoint count reached its n
     (one scrape is one snapshot, so every series of that pid in it is final too). One polling
-    loop for all: each process is served once after it exits, then gone."""
+    loop for all: each process is served once after it exits, then gone. `watch`: serve, as
+    wait_until's (a serve that has exited answers no scrape: its status and last line say why)."""
     found: dict[int, str] = {}
 
     def poll():
-        text = scraped(url)
+        text = scraped_or_none(url)
         for pid, n in want.items():
             if pid not in found and re.search(
                     rf'^ckptrace_checkpoints_total\{{[^}}]*pid="{pid}"[^}}]*\}} {n}\.0$', text, re.M):
                 found[pid] = text
         return len(found) == len(want)
-    wait_until(poll, f"the final checkpoint counts {want} served", every_s=0.05)
+    wait_until(poll, f"the final checkpoint counts {want} served", every_s=0.05, watch=watch)
     return found
 
 
@@ -352,7 +356,8 @@ def test_upstream_builds_restores_and_a_derived_fill(tmp_path):
         go(i)
         assert u.wait(120) == 0 and i.wait(120) == 0
         truth_u, truth_i = load_truth(tu), load_truth(ti)
-        final = final_scrapes(url, {u.pid: len(truth_u["checkpoint"]), i.pid: len(truth_i["checkpoint"])})
+        final = final_scrapes(url, {u.pid: len(truth_u["checkpoint"]), i.pid: len(truth_i["checkpoint"])},
+                              watch=srv)
         text_u, text_i = final[u.pid], final[i.pid]
         # Scraping on until both are gone: each exited process is served once more, then dropped,
         # and serve stops by itself (its socket closes: an empty scrape).
@@ -425,10 +430,10 @@ def test_a_process_that_exits_while_being_attached_is_a_note_and_the_others_are_
                 started(["sh", "-c", 'kill -STOP $$; exec "$@"', "sh", CKPTRACE, "serve", "--listen",
                          "127.0.0.1:0", "--pid", a.pid, "--pid", b.pid]) as (srv, _):
             # serve's pid is known before it runs (sh stops itself, then execs it): no race
-            wait_until(lambda: stopped(srv.pid), "the shell to stop before it runs serve")
+            wait_until(lambda: stopped(srv.pid), "the shell to stop before it runs serve", watch=srv)
             stopper[b"armed"][ctypes.c_int(2)] = ctypes.c_uint32(srv.pid)
             srv.send_signal(signal.SIGCONT)
-            wait_until(lambda: stopped(srv.pid) or srv.poll() is not None, "serve to stop at its first uprobe")
+            wait_until(lambda: stopped(srv.pid), "serve to stop at its first uprobe", watch=srv)
             assert srv.poll() is None
             a.kill()
             a.wait(60)
@@ -441,7 +446,7 @@ def test_a_process_that_exits_while_being_attached_is_a_note_and_the_others_are_
             url = re.search(r"(http://\S+/metrics)", line).group(1)
             go(b)
             assert b.wait(120) == 0
-            final = final_scrapes(url, {b.pid: len(load_truth(tb)["checkpoint"])})[b.pid]
+            final = final_scrapes(url, {b.pid: len(load_truth(tb)["checkpoint"])}, watch=srv)[b.pid]
             assert f'pid="{a.pid}"' not in final
             # served once more after it exited, then gone; then serve stops by itself
             wait_until(lambda: srv.poll() is not None or f'pid="{b.pid}"' not in scraped_or_none(url),
@@ -473,7 +478,7 @@ def test_a_pid_reused_by_a_new_process_of_the_name_is_a_new_process(tmp_path, wo
             pid = old.pid
             assert next_line(srv).startswith(f"ckptrace: serving PID {pid} ({name}, ")
             srv.send_signal(signal.SIGSTOP)
-            wait_until(lambda: stopped(srv.pid), "serve to stop")
+            wait_until(lambda: stopped(srv.pid), "serve to stop", watch=srv)
             go(old)
             assert old.wait(120) == 0
         with started([spawn, pid, exe, "--wait-signal", "--iterations", "5", "--ckpt-mib", "36", "--truth", t2],
@@ -486,7 +491,7 @@ def test_a_pid_reused_by_a_new_process_of_the_name_is_a_new_process(tmp_path, wo
             assert new.wait(120) == 0
         n1, n2 = len(load_truth(t1)["checkpoint"]), len(load_truth(t2)["checkpoint"])
         assert n1 != n2
-        final_scrapes(url, {pid: n2})  # the new process's own count, not added to the old one's
+        final_scrapes(url, {pid: n2}, watch=srv)  # the new process's own count, not added to the old one's
         srv.send_signal(signal.SIGTERM)
         assert srv.wait(60) == 0
         assert "Traceback" not in srv.stderr.read()

@@ -67,7 +67,7 @@ def test_kill_9_leaves_a_cut_short_trace_with_every_flushed_event(tmp_path, work
     with recorder(out, "--", workload, "--iterations", "1000000", "--ckpt-mib", "8", "--decode-us", "500",
                   "--gap-us", "10000", "--truth", truth) as rec:
         child = launched_pid(rec.start_line)
-        wait_for_truth(truth, 12)
+        wait_for_truth(truth, 12, watch=rec)
         twelfth_end = int(load_truth(truth)["checkpoint"].sort_values("end_ns")["end_ns"].iat[11])
         wait_until(lambda: time.monotonic_ns() > twelfth_end + 1_200_000_000, "12 checkpoints a second old")
         killed_ns = time.monotonic_ns()
@@ -163,6 +163,7 @@ def test_a_kill_while_the_finished_trace_is_written_leaves_the_stream_and_nothin
     test has filled, so its 'writing the finished trace' line, printed with the new file open,
     blocks it there; the kill comes once that file is seen among its descriptors."""
     import os
+    import select
     import signal
     import subprocess
 
@@ -180,16 +181,28 @@ def test_a_kill_while_the_finished_trace_is_written_leaves_the_stream_and_nothin
         try:
             with os.fdopen(r, "rb", buffering=0) as err:
                 line = b""
-                while not line.endswith(b"\n"):
-                    line += err.read(1) or b"\n"
-                assert line.startswith(b"ckptrace: tracing"), line
+
+                def start_line() -> bool:
+                    """Its first stderr line, as far as written; or the recorder has exited (the
+                    test holds a write end, `filler`, so its pipe never reads EOF: a read blocks)."""
+                    nonlocal line
+                    exited = rec.poll() is not None
+                    while not line.endswith(b"\n") and select.select([err], [], [], 0)[0]:
+                        line += err.read(1) or b"\n"
+                    return line.endswith(b"\n") or exited
+                wait_until(start_line, "the recorder's start line", timeout_s=180)  # was unbounded: bcc compiles
+                assert line.startswith(b"ckptrace: tracing"), (line, rec.poll())
                 fill()
                 go(wl)
                 assert wl.wait(120) == 0
 
                 def writing_file():
                     """The recorder's open file in the folder that is not -o (the trace being written)."""
-                    for fd in os.listdir(f"/proc/{rec.pid}/fd"):
+                    try:
+                        fds = os.listdir(f"/proc/{rec.pid}/fd")
+                    except FileNotFoundError:  # it has exited and been reaped (watch= says how)
+                        return None
+                    for fd in fds:
                         p = f"/proc/{rec.pid}/fd/{fd}"
                         try:
                             if os.readlink(p).startswith(f"{folder}/") and os.stat(p).st_ino != out.stat().st_ino:
@@ -197,7 +210,8 @@ def test_a_kill_while_the_finished_trace_is_written_leaves_the_stream_and_nothin
                         except FileNotFoundError:
                             continue
                     return None
-                wait_until(writing_file, "the recorder to open the finished trace's file (blocked on its line)")
+                wait_until(writing_file, "the recorder to open the finished trace's file (blocked on its line)",
+                           watch=rec)
                 assert rec.poll() is None
                 rec.send_signal(signal.SIGKILL)
                 assert rec.wait(60) == -signal.SIGKILL
