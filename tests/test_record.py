@@ -474,12 +474,12 @@ def test_a_full_ring_buffer_loses_events_and_counts_them(tmp_path, workload):
 
 # --- promises about what a recording holds, and how it is written ------------------------------
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+TRACE_FORMAT_DOC = Path(__file__).resolve().parents[1] / "docs" / "trace-format.md"
 
 
-def readme_trace_format() -> tuple[dict[str, str], list[str]]:
-    """README's trace format: {column: dtype} from its table, and its metadata keys."""
-    text = README.read_text().split("## Trace format", 1)[1].split("\n## ", 1)[0]
+def documented_trace_format() -> tuple[dict[str, str], list[str]]:
+    """docs/trace-format.md's trace format: {column: dtype} from its table, and its metadata keys."""
+    text = TRACE_FORMAT_DOC.read_text().split("## Trace format", 1)[1].split("\n## ", 1)[0]
     columns = {}
     for row in re.findall(r"^\| (`.+?`) \| (\w+) \|", text, re.M):
         for name in re.findall(r"`(\w+)`", row[0]):
@@ -490,11 +490,11 @@ def readme_trace_format() -> tuple[dict[str, str], list[str]]:
 
 
 def test_trace_format_as_other_readers_see_it(tmp_path, workload):
-    """A real recording read with plain pandas and pyarrow, checked against README's tables."""
+    """A real recording read with plain pandas and pyarrow, checked against docs/trace-format.md's tables."""
     import pyarrow.parquet as pq
 
     r = record_with_truth(tmp_path, [workload, "--iterations", "3"], "--label", "fmt")
-    columns, keys = readme_trace_format()
+    columns, keys = documented_trace_format()
     assert len(columns) == 24 and "fault_timed_ns" in columns and "cpu_ns" in columns and len(keys) >= 30  # the parse found them
     df = pd.read_parquet(r.path)
     assert {c: str(df[c].dtype) for c in df.columns} == columns
