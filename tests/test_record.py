@@ -523,7 +523,7 @@ def test_mremap_is_a_row_of_its_own(tmp_path, workload):
 
 def test_batches_over_256_tokens(tmp_path, workload):
     """A 400-token prefill batch (2 slots x 200): its token count is exact; prompt tokens are read
-    from the first 256 entries of batch.logits (README), where only slot 0's last token asks for
+    from the first 256 entries of batch.logits (docs/metrics.md), where only slot 0's last token asks for
     logits."""
     r = record_with_truth(tmp_path, [workload, "--iterations", "3", "--slots", "2", "--prompt-tokens", "200"])
     it = r.trace.events[r.trace.events["kind"] == "iteration"].reset_index(drop=True)
