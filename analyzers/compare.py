@@ -8,7 +8,7 @@ Rules:
   (NA: no clocks, fault time not recorded) is left out of that metric, never read as 0; an arm
   left empty that way reads "not recorded" (empty otherwise: "not measured").
 - Each arm is summarised by a statistic, the mean by default (`statistic`; STATISTICS). Chosen by
-  measurement (benchmarks/bench_verdicts.py, README): a pool-on leg is a mixture of warm-up misses
+  measurement (benchmarks/bench_verdicts.py, docs/validation.md): a pool-on leg is a mixture of warm-up misses
   and hits, whose median jumps between a miss's value and 0 as the hit fraction crosses one half,
   so median verdicts flipped between repetitions of the same A/B/A; the mean moves smoothly with
   the hit fraction. Means also add up (total = fill + copy + other).
@@ -29,7 +29,7 @@ Rules:
 - Verdict: interval includes 0 -> "no change"; else |change| <= max(drift, min_effect_pct) ->
   "within drift"; else "faster" (change < 0) or "slower". The floor (default 20%) is there
   because two baseline legs give a single, often tiny, drift estimate, while whole runs of the
-  same workload moved by more between legs on this project's shared 2-core VM (A/A/A, README).
+  same workload moved by more between legs on this project's shared 2-core VM (A/A/A, docs/validation.md).
   Every metric is a time or a fault count, so lower is faster.
 - Busy machine: when any leg's checkpoints or prefill iterations waited for a CPU more than 10% of
   their wall time, the wall-time metrics (WALL_METRICS) read "not judged": their change is the

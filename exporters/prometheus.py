@@ -217,7 +217,7 @@ def _checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool, fill_probed: bo
     two to each other): {column: float array, -1 = not recorded}, and the rows to carry.
 
     The same definitions in numpy rather than that module's pandas: its checkpoint table costs
-    about 20 ms a call (README's serve overhead). A checkpoint is an update_tgt/update_dft row
+    about 20 ms a call (docs/performance.md's serve overhead). A checkpoint is an update_tgt/update_dft row
     with at least one state copy; fill_ns/copy_ns the summed wall time of its fill/copy rows (0
     when none: a fill-less checkpoint is a pool hit); cpu/wait its own span's; fault_ns its
     fills' and copies' fault time summed, not recorded when any part was not measured (analyze

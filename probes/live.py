@@ -99,7 +99,7 @@ class LiveProbes:
 
     def batch(self) -> LiveBatch | None:
         """Every event since the last batch, in the kernel's own layout (a numpy record array:
-        no DataFrame per batch, see README's serve overhead), with each span's fault time; None
+        no DataFrame per batch, see docs/performance.md's serve overhead), with each span's fault time; None
         when there was none."""
         self.bpf.ring_buffer_consume()
         if not self.chunks:

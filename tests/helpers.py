@@ -203,7 +203,7 @@ def load_truth(path: Path) -> dict[str, pd.DataFrame]:
 
 
 def clock_tolerance(truth_ns):
-    """README's promise against the workload's own clock: 5% + 0.5 ms (issue 2)."""
+    """docs/tests.md's promise against the workload's own clock: 5% + 0.5 ms (issue 2)."""
     return 0.05 * truth_ns + 0.5e6
 
 
@@ -237,7 +237,7 @@ def record_with_truth(tmp_path: Path, workload_argv: list, *record_args, name: s
 
 def assert_parts_fit(rows, faults_measured: bool = False) -> None:
     """Each iteration's (or checkpoint's) parts fit its span: fill + copy <= span. With every
-    fault time measured (not estimated: README says estimates are never clamped), the fault time
+    fault time measured (not estimated: docs/commands.md says estimates are never clamped), the fault time
     is also a part of fill + copy. Takes analyzer frames or `analyze --json` rows."""
     df = pd.DataFrame(rows)
     span = df["span_ns"] if "span_ns" in df else df["end_ns"] - df["start_ns"]

@@ -7,7 +7,7 @@ import pytest
 
 # The builds the real-server tests run: build.sh's version and compiler (run_legs' keywords).
 # 0.3.36 GCC + libstdc++ (its pool pair); upstream 11434 clang + libc++ (its pool pair, and the
-# hybrid and SWA legs on its pool-off server): together the rows of README's verified table.
+# hybrid and SWA legs on its pool-off server): together the rows of docs/llama-server.md's verified table.
 # Both measure the fill: GCC's growth (_M_default_append) is out of line and probed; clang -O3
 # inlines libc++'s growth into update_tgt, and the probes sit on its memset call sites there.
 BUILDS = {"0.3.36": {"version": "0.3.36", "libcxx": False},

@@ -119,7 +119,7 @@ def test_help_has_examples():
 
 # On CPU + waiting may exceed a span's wall time a little: the wait comes from the run queue's
 # clock, which the kernel updates lazily (at ticks and switches), the wall from the probe's ktime.
-# 3 to 6 us here when idle, 50 us once under load; the bound is README's clock promise.
+# 3 to 6 us here when idle, 50 us once under load; the bound is docs/tests.md's clock promise.
 def skew_ns(wall_ns: int) -> float:
     return clock_tolerance(wall_ns)
 

@@ -110,7 +110,7 @@ def test_pooled_candidate_is_faster_in_aba():
     assert set(c.metrics["metric"]) == set(METRICS) - set(RESTORE_METRICS) - set(PROMPT_SAVE_METRICS)  # no leg restored or saved
 
 
-# Compare's rules one by one (README): each case sits far from its threshold.
+# Compare's rules one by one (docs/commands.md): each case sits far from its threshold.
 
 def test_interval_rule_identical_arms_read_no_change():
     # Candidate and both baseline legs hold the same values: the change is exactly 0, so the

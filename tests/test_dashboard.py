@@ -297,7 +297,7 @@ def test_empty_trace_still_gives_a_page_that_says_what_is_missing(tmp_path):
 def test_a_real_recording_renders_its_own_numbers(require_root_ebpf, workload, tmp_path):
     """The sample workload recorded pool-off and pool-on, `ckptrace dashboard` on the two traces,
     loaded in Chromium: each prefill iteration's stacked bar, as the page holds it, is that
-    iteration's span by the workload's own clock (README's 5% + 0.5 ms)."""
+    iteration's span by the workload's own clock (docs/tests.md's 5% + 0.5 ms)."""
     legs = [record_with_truth(tmp_path, [workload, "--iterations", "9", "--pool", pool], "--label",
                               f"pool-{pool}", name=pool) for pool in ("off", "on")]
     out = tmp_path / "real.html"

@@ -9,7 +9,7 @@ size = X MiB)` at -lv 4.
 
 Every A/B/A test runs on two builds (BUILDS): GCC + libstdc++ on llama-cpp-python 0.3.36's
 llama.cpp, and clang + libc++ on upstream llama.cpp build 11434 with the ported pool. The second
-covers three rows at once (upstream, libc++, its pool); GCC on upstream is checked by hand (README).
+covers three rows at once (upstream, libc++, its pool); GCC on upstream is checked by hand (docs/llama-server.md).
 Hybrid and SWA models: test_llama_upstream.py.
 """
 from __future__ import annotations

@@ -23,7 +23,7 @@ PAGE = 4096  # glibc maps a buffer with one page more, for its chunk header
 # batch per CPU; the workload samples its RSS between iterations only.
 RSS_SLACK = 4 * MIB
 # Pool on, a new request every 3 prefills with the state growing 8 MiB a prefill: the first
-# request's buffers stay pooled and serve every later one (README, the pool's memory cost).
+# request's buffers stay pooled and serve every later one (docs/validation.md, the pool's memory cost).
 POOLED = ["--iterations", "18", "--ckpt-mib", "40", "--grow-mib", "8", "--request-prefills", "3"]
 
 

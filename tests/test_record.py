@@ -474,12 +474,12 @@ def test_a_full_ring_buffer_loses_events_and_counts_them(tmp_path, workload):
 
 # --- promises about what a recording holds, and how it is written ------------------------------
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+TRACE_FORMAT_DOC = Path(__file__).resolve().parents[1] / "docs" / "trace-format.md"
 
 
-def readme_trace_format() -> tuple[dict[str, str], list[str]]:
-    """README's trace format: {column: dtype} from its table, and its metadata keys."""
-    text = README.read_text().split("## Trace format", 1)[1].split("\n## ", 1)[0]
+def documented_trace_format() -> tuple[dict[str, str], list[str]]:
+    """docs/trace-format.md's trace format: {column: dtype} from its table, and its metadata keys."""
+    text = TRACE_FORMAT_DOC.read_text().split("## Trace format", 1)[1].split("\n## ", 1)[0]
     columns = {}
     for row in re.findall(r"^\| (`.+?`) \| (\w+) \|", text, re.M):
         for name in re.findall(r"`(\w+)`", row[0]):
@@ -490,11 +490,11 @@ def readme_trace_format() -> tuple[dict[str, str], list[str]]:
 
 
 def test_trace_format_as_other_readers_see_it(tmp_path, workload):
-    """A real recording read with plain pandas and pyarrow, checked against README's tables."""
+    """A real recording read with plain pandas and pyarrow, checked against docs/trace-format.md's tables."""
     import pyarrow.parquet as pq
 
     r = record_with_truth(tmp_path, [workload, "--iterations", "3"], "--label", "fmt")
-    columns, keys = readme_trace_format()
+    columns, keys = documented_trace_format()
     assert len(columns) == 24 and "fault_timed_ns" in columns and "cpu_ns" in columns and len(keys) >= 30  # the parse found them
     df = pd.read_parquet(r.path)
     assert {c: str(df[c].dtype) for c in df.columns} == columns
@@ -523,7 +523,7 @@ def test_mremap_is_a_row_of_its_own(tmp_path, workload):
 
 def test_batches_over_256_tokens(tmp_path, workload):
     """A 400-token prefill batch (2 slots x 200): its token count is exact; prompt tokens are read
-    from the first 256 entries of batch.logits (README), where only slot 0's last token asks for
+    from the first 256 entries of batch.logits (docs/metrics.md), where only slot 0's last token asks for
     logits."""
     r = record_with_truth(tmp_path, [workload, "--iterations", "3", "--slots", "2", "--prompt-tokens", "200"])
     it = r.trace.events[r.trace.events["kind"] == "iteration"].reset_index(drop=True)

@@ -26,7 +26,7 @@ def variant(name: str):
 
 
 def within_cpu(ours, truth) -> bool:
-    """README's promise against the workload's thread CPU clock: 5% + 0.5 ms."""
+    """docs/tests.md's promise against the workload's thread CPU clock: 5% + 0.5 ms."""
     ours, truth = np.asarray(ours, dtype="float64"), np.asarray(truth, dtype="float64")
     return bool(np.all(np.abs(ours - truth) <= clock_tolerance(truth)))
 
