@@ -70,8 +70,9 @@ Examples:
 def cli():
     """Trace where llama-server's prefill time goes when it saves context checkpoints.
 
-    Data flows probes -> trace -> analyzers -> dashboards. Only `doctor`, `record` and
-    `symbols --pid` need root and eBPF; the rest work on any machine with the trace files.
+    Data flows probes -> trace -> analyzers -> dashboards. Only `doctor`, `record`,
+    `symbols --pid`, `serve` and `demo` need root and eBPF; the rest work on any machine with
+    the trace files.
     """
 
 

@@ -23,7 +23,7 @@ Examples:
   ckptrace record --pid 4242=east --pid 4343=west -o both.parquet
   # every running llama-server (waits for one if none runs yet)
   ckptrace record --comm llama-server -o fleet.parquet --duration 60
-  # also the legacy per-fault service interval, on every fault (costs about 9%)
+  # also the legacy per-fault service interval, on every fault (costs about 13%: docs/performance.md)
   ckptrace record --fault-sample 1 -o legacy.parquet -- ckpt-workload
 """,
 )
