@@ -304,22 +304,30 @@ def sched_offsets() -> tuple[dict[str, int] | None, str]:
 
 
 @contextlib.contextmanager
-def _output_to(path: str):
-    """Send fds 1 and 2 to a file: libbcc and clang print diagnostics there (some to stdout)."""
+def captured_output():
+    """Send fds 1 and 2 to an anonymous file while the block runs (libbcc and clang print
+    diagnostics there, some to stdout); yields a list that holds the text once the block is done.
+
+    The file never has a name (O_TMPFILE, or unlinked at once where the filesystem lacks it)
+    and is read back through its descriptor: with a TMPDIR another user can write, there is no
+    name for them to swap for a link that root would then write through."""
     sys.stdout.flush()
     sys.stderr.flush()
-    saved = [os.dup(1), os.dup(2)]
-    try:
-        with open(path, "w") as f:
-            os.dup2(f.fileno(), 1)
-            os.dup2(f.fileno(), 2)
-        yield
-    finally:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        for fd, copy in zip((1, 2), saved):
-            os.dup2(copy, fd)
-            os.close(copy)
+    text: list[str] = []
+    with tempfile.TemporaryFile("w+b", prefix="ckptrace-bcc-") as log:
+        saved = [os.dup(1), os.dup(2)]
+        try:
+            os.dup2(log.fileno(), 1)
+            os.dup2(log.fileno(), 2)
+            yield text
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, copy in zip((1, 2), saved):
+                os.dup2(copy, fd)
+                os.close(copy)
+            log.seek(0)
+            text.append(log.read().decode(errors="replace"))
 
 
 def _first_error_line(log: str, exc: BaseException) -> str:
@@ -342,14 +350,13 @@ def load_bpf(**bpf_kwargs):
     bcc = import_bcc()
     if isinstance(bpf_kwargs.get("text"), str):  # bcc wants bytes and warns otherwise
         bpf_kwargs["text"] = bpf_kwargs["text"].encode()
-    with tempfile.NamedTemporaryFile("r", prefix="ckptrace-bcc-", suffix=".log") as log:
-        failure = None
-        with _output_to(log.name):
-            try:
-                return bcc.BPF(**bpf_kwargs)
-            except Exception as e:  # bcc raises bare Exception for compile and load failures
-                failure = e
-        text = log.read()
+    failure = None
+    with captured_output() as out:
+        try:
+            return bcc.BPF(**bpf_kwargs)
+        except Exception as e:  # bcc raises bare Exception for compile and load failures
+            failure = e
+    text = out[0]
     line = _first_error_line(text, failure)
     if "Operation not permitted" in text + str(failure) or "super-user" in str(failure):
         raise error_with_fix(NotPermitted, f"the kernel refused to load a BPF program ({line})",
@@ -367,20 +374,19 @@ def compile_trivial() -> None:
     """bcc compiles a trivial program and the kernel verifies and loads it (not attached)."""
     b = load_bpf(text=TRIVIAL)
     try:
-        with tempfile.NamedTemporaryFile("r", suffix=".log") as log:
-            failure = None
-            with _output_to(log.name):
-                try:
-                    b.load_func(b"ckptrace_trivial", type(b).RAW_TRACEPOINT)
-                except Exception as e:
-                    failure = e
-            if failure is not None:
-                line = _first_error_line(log.read(), failure)
-                if "permitted" in line or "super-user" in str(failure):
-                    raise error_with_fix(NotPermitted, f"the kernel refused a trivial program ({line})",
-                                 "run with sudo (root)")
-                raise error_with_fix(EbpfUnavailable, f"the kernel rejected a trivial program: {line}",
-                             "check the kernel's BPF support (CONFIG_BPF_SYSCALL)")
+        failure = None
+        with captured_output() as out:
+            try:
+                b.load_func(b"ckptrace_trivial", type(b).RAW_TRACEPOINT)
+            except Exception as e:
+                failure = e
+        if failure is not None:
+            line = _first_error_line(out[0], failure)
+            if "permitted" in line or "super-user" in str(failure):
+                raise error_with_fix(NotPermitted, f"the kernel refused a trivial program ({line})",
+                                     "run with sudo (root)")
+            raise error_with_fix(EbpfUnavailable, f"the kernel rejected a trivial program: {line}",
+                                 "check the kernel's BPF support (CONFIG_BPF_SYSCALL)")
     finally:
         b.cleanup()
 

@@ -668,14 +668,13 @@ def load_program(bcc, targets: Targets, offsets: dict, sched: dict | None, opts:
 
 def _quietly(what: str, call, *args, **kwargs):
     """Run a bcc call with libbcc's own printing captured; failures become one line."""
-    with tempfile.NamedTemporaryFile("r", prefix="ckptrace-bcc-", suffix=".log") as log:
-        failure = None
-        with kernel._output_to(log.name):
-            try:
-                return call(*args, **kwargs)
-            except Exception as e:  # bcc raises bare Exception
-                failure = e
-        text = log.read()
+    failure = None
+    with kernel.captured_output() as out:
+        try:
+            return call(*args, **kwargs)
+        except Exception as e:  # bcc raises bare Exception
+            failure = e
+    text = out[0]
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     # A verifier log ends with "processed N insns"; the reason is the line before it.
     reason = next((lines[i - 1] for i, ln in enumerate(lines) if ln.startswith("processed ") and i), None)

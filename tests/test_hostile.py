@@ -176,6 +176,51 @@ def test_root_never_writes_through_a_symlink_another_user_planted(victim, args):
     assert secret.read_text() == "root's data\n"
 
 
+# User nobody's watcher: every new name in FOLDER becomes a symlink to VICTIM at once, for a bounded
+# time (until STOP appears); it prints each name it saw. /usr/bin/python3: nobody can run it.
+SWAPPER = """
+import os, sys, time
+folder, victim, stop = sys.argv[1:]
+before, seen, end = set(os.listdir(folder)), [], time.monotonic() + 600
+while not os.path.exists(stop) and time.monotonic() < end:
+    for name in set(os.listdir(folder)) - before - set(seen) - {".swap"}:
+        seen.append(name)
+        try:
+            os.symlink(victim, os.path.join(folder, ".swap"))
+            os.rename(os.path.join(folder, ".swap"), os.path.join(folder, name))
+        except OSError:
+            pass
+print("\\n".join(seen))
+"""
+
+
+@pytest.mark.ebpf
+def test_root_writes_bcc_chatter_through_no_name_in_a_tmpdir_another_user_owns(require_root_ebpf, workload,
+                                                                                  victim, tmp_path):
+    """Issue 22, case 1: libbcc's chatter went to a NamedTemporaryFile that root opened again by
+    name, so with TMPDIR in another user's folder a watcher swapping that name for a symlink made
+    root truncate a root-only file (4 of 8 tries). Now it has no name at all (an anonymous file
+    read back through its descriptor): nobody's watcher, racing through doctor's compile and
+    load checks and a whole recording (a probe attached per point), finds no name to swap."""
+    secret, theirs = victim
+    stop = secret.parent / "stop"  # where nobody can see it (pytest's tmp_path is root-only)
+    watcher = subprocess.Popen([*AS_NOBODY, "/usr/bin/python3", "-c", SWAPPER, theirs, secret, stop],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        env = {"TMPDIR": str(theirs)}
+        doctor = run(["doctor"], env=env, timeout=300)
+        rec = run(["record", "--quiet", "-o", tmp_path / "t.parquet", "--", workload, "--iterations", "3",
+                   "--ckpt-mib", "36"], env=env, timeout=300)
+    finally:
+        stop.touch()
+        out, err = watcher.communicate(timeout=60)
+    assert watcher.returncode == 0, err
+    assert doctor.returncode == 0, doctor.stdout + doctor.stderr
+    assert rec.returncode == 0 and "Traceback" not in rec.stderr, rec.stderr
+    assert out.split() == []  # no name ever appeared in the folder root was told to use
+    assert secret.read_text() == "root's data\n"
+
+
 @ROOT
 @pytest.mark.parametrize("what", ["dashboard", "csv"])
 def test_dev_null_is_written_into_not_replaced(tmp_path, what):
