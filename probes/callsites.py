@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ckptrace.probes import elfsafe
+
 FILL_CALLEES = ("memset", "__memset_chk")
 SAVE_CALLEES = ("llama_state_seq_get_data_ext",)
 _EM_X86_64 = "EM_X86_64"
@@ -73,7 +75,11 @@ def calls_to(elf, start: int, size: int, functions: dict[int, str], names=FILL_C
 
 
 def _read(elf, vaddr: int, size: int) -> bytes | None:
-    """`size` bytes at `vaddr` from the executable PT_LOAD holding them (None: not mapped code)."""
+    """`size` bytes at `vaddr` from the executable PT_LOAD holding them (None: not mapped code).
+    A function whose symbol claims more than elfsafe.MAX_CODE bytes is a hostile file's."""
+    if size > elfsafe.MAX_CODE:
+        raise elfsafe.BadObject(f"a function at {vaddr:#x} claims {size} bytes: more than "
+                                f"{elfsafe.MAX_CODE // elfsafe.MiB} MiB of code")
     for seg in elf.iter_segments():
         if seg["p_type"] != "PT_LOAD" or not seg["p_flags"] & 1:
             continue
@@ -111,7 +117,7 @@ def _slot_names(elf, slots: set[int], functions: dict[int, str]) -> dict[int, st
     for sec in elf.iter_sections():
         if sec["sh_type"] != "SHT_RELA" or sec["sh_entsize"] != 24:
             continue
-        data = sec.data()
+        data = elfsafe.table(elf, sec, 24)
         rel = np.frombuffer(data, dtype=np.dtype([("off", "<u8"), ("info", "<u8"), ("addend", "<i8")]),
                             count=len(data) // 24)
         keep = np.flatnonzero(np.isin(rel["off"], np.fromiter(slots, dtype=np.uint64)))

@@ -305,7 +305,7 @@ def resolve_process(pid: int, label: str | None = None) -> Target:
 
     start = start_time(pid)
     try:
-        plan = symbols.resolve_pid(pid)
+        plan = symbols.resolve_pid(pid, note=_note)
     except OSError as e:
         raise _gone_or(pid, f"PID {pid}: cannot read its mappings ({e.strerror or e})") from None
     name = comm_of(pid)
@@ -328,7 +328,7 @@ def resolve_targets(pid, command: list[str] | None, comm: str | None, opts: Reco
     if command:
         child = HeldChild(command)
         try:
-            plan = symbols.resolve_binary(child.path)
+            plan = symbols.resolve_binary(child.path, note=_note)
         except BaseException:
             child.abandon()
             raise
@@ -603,6 +603,11 @@ def _rescue(write) -> tuple[Path | None, list[str]]:
         except OutputError as e:
             failures.append(f"{folder}: {e.reason}")
     return None, failures
+
+
+def _note(text: str) -> None:
+    """A note from symbol resolution (an object of the target left out, and why)."""
+    _say(f"ckptrace: note: {text}")
 
 
 def _say(text: str) -> None:

@@ -8,17 +8,19 @@ import re
 import shutil
 import subprocess
 import textwrap
+import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
 
 import cxxfilt
 import numpy as np
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from ckptrace.errors import NotPermitted, SymbolError, TargetError
-from ckptrace.probes import callsites
+from ckptrace.probes import callsites, elfsafe
+from ckptrace.probes.elfsafe import BadObject
 from ckptrace.probes.target import process_of, unreadable
+from ckptrace.terminal import printable
 from ckptrace.meta import ObjectInfo, ProfileInfo  # the trace records these as they are
 
 __all__ = ["POINTS", "ProbePoint", "ObjectInfo", "ProbePlan", "resolve_binary", "resolve_pid",
@@ -127,6 +129,13 @@ _BINDINGS = {0: "LOCAL", 1: "GLOBAL", 2: "WEAK", 10: "GNU_UNIQUE"}
 # .part.N the outlined body, both only reached from the real entry (which we probe).
 _NOT_ENTRY_CLONES = ("cold", "part")
 _DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib")
+# Every file a target maps is read, and any user's process maps what it likes: a file that can't be
+# read within elfsafe's bounds is noted and left out, the rest searched (docs/security.md).
+RESOLVE_S = 30.0  # all of one target's objects (the sample's 5 take 0.1 s); each one: elfsafe.TIME_S
+MAX_NOTES = 8  # notes on objects not searched, then one line counting the rest
+MAX_MATCHES = 1 << 16  # functions of one object named like a probe point (llama-server's: a few hundred)
+MAX_OCCURRENCES = 1 << 20  # of the names' needles in one string table
+_CHUNK = 1 << 16  # symbols scanned at once (the scan's temporaries stay a few MiB)
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,7 @@ class ProbePlan:
     stdlib: str = "libstdc++"  # of the growth behind resize(): decides llama_batch_ext's token size
     markers: list[ProbePoint] = field(default_factory=list)
     fill: str = "not probed"  # how the fill is measured (format_plan's `fill:` line)
+    not_searched: list[str] = field(default_factory=list)  # "PATH: why" of each object left out
 
     def to_dict(self) -> dict:
         return {
@@ -164,6 +174,7 @@ class ProbePlan:
             "stdlib": self.stdlib,
             "fill": self.fill,
             "costs": self.costs(),
+            "not_searched": list(self.not_searched),
         }
 
     @property
@@ -203,29 +214,64 @@ class _Object:
     sizes: dict[int, int]  # st_size of each point found, by address (update_tgt's: to disassemble it)
     candidates: set[str]  # demangled names of defined functions matching a hint
     save_callers: list[ProbePoint] = field(default_factory=list)  # SAVE_CALLER's definitions (never probed)
+    machine_code: bytes = b""  # e_machine as the file has it (libraries must match the executable's)
+    follow: bool = True  # whether its path may end in a symbolic link (a path from /proc/PID/maps may not)
 
 
-def _open_elf(path: str):
+class _NotCode(TargetError):
+    """An ELF file that holds no code to probe (ET_REL, a core file): a mapped one is passed over."""
+
+
+class _Notes:
+    """The objects left out of a resolution, each said once as it happens through `say` (the first
+    MAX_NOTES; a last line counts the rest), all kept for the plan."""
+
+    def __init__(self, say, deadline: float):
+        self.say, self.items, self.deadline = say, [], deadline
+
+    def add(self, path: str, why) -> None:
+        self.items.append(f"{path}: {why}")
+        if self.say is not None and len(self.items) <= MAX_NOTES:
+            self.say(f"{printable(path)} not searched: {printable(str(why))}")
+
+    def close(self) -> None:
+        if self.say is not None and len(self.items) > MAX_NOTES:
+            self.say(f"{len(self.items) - MAX_NOTES} more objects not searched (unreadable)")
+
+    def late(self) -> bool:
+        return time.monotonic() > self.deadline
+
+
+def _open_elf(path: str, follow: bool = True, deadline: float | None = None):
+    """(file, BoundedELF); TargetError or NotPermitted for a file that can't be opened at all,
+    BadObject for one that is not a regular ELF file within elfsafe's bounds."""
     try:
-        f = open(path, "rb")
+        return elfsafe.open_elf(path, follow, deadline)
     except FileNotFoundError:
         raise TargetError(f"{path}: no such file; give the path of the program or library") from None
-    except IsADirectoryError:
-        raise TargetError(f"{path} is a directory, not a program") from None
     except PermissionError:
         raise NotPermitted(f"cannot read {path}: run as root or make it readable") from None
-    try:
-        return f, ELFFile(f)
-    except (ELFError, OSError, ValueError) as e:
-        f.close()
-        raise TargetError(f"{path} is not an ELF program or library ({e})") from None
+    except OSError as e:
+        raise BadObject(f"cannot be opened ({e.strerror or e})") from None
+
+
+def _main_object_error(path: str, e: BadObject) -> TargetError:
+    """The executable itself unreadable: the one line the command ends with."""
+    if isinstance(e, elfsafe.NotRegular):
+        return TargetError(f"{path} is {e}: give the path of the program")
+    if str(e) == elfsafe.NOT_ELF:
+        return TargetError(f"{path} is not an ELF program or library")
+    return TargetError(f"{path} is not an ELF program or library that can be read: {e}")
+
+
+_MAX_NOTE_SOURCE = 1 << 16  # a note section or segment read for the build-id (real ones: bytes)
 
 
 def _build_id(elf: ELFFile) -> str:
     # Notes live in SHT_NOTE sections; a file with its section headers removed still has PT_NOTE.
-    sources = [s for s in elf.iter_sections() if s["sh_type"] == "SHT_NOTE"]
+    sources = [s for s in elf.iter_sections() if s["sh_type"] == "SHT_NOTE" and s["sh_size"] <= _MAX_NOTE_SOURCE]
     if not sources:
-        sources = [s for s in elf.iter_segments() if s["p_type"] == "PT_NOTE"]
+        sources = [s for s in elf.iter_segments() if s["p_type"] == "PT_NOTE" and s["p_filesz"] <= _MAX_NOTE_SOURCE]
     for src in sources:
         for note in src.iter_notes():
             if note["n_type"] == "NT_GNU_BUILD_ID" and note["n_name"] == "GNU":
@@ -242,7 +288,13 @@ def _dynamic(elf: ELFFile) -> tuple[list[str], list[str], list[str]]:
         dyn = next((s for s in elf.iter_segments() if s["p_type"] == "PT_DYNAMIC"), None)
     if dyn is None:
         return needed, rpath, runpath
-    for tag in dyn.iter_tags():
+    size = dyn["sh_size"] if "sh_size" in dyn.header else dyn["p_filesz"]
+    if size > elfsafe.MAX_TABLE:
+        raise BadObject(f"its dynamic table claims {size} bytes: more than {elfsafe.MAX_TABLE // elfsafe.MiB} MiB")
+    entries = size // elf.structs.Elf_Dyn.sizeof()
+    for n, tag in enumerate(dyn.iter_tags()):
+        if n >= entries:
+            break  # no DT_NULL inside the table: what follows it is no tag
         t = tag.entry.d_tag
         if t == "DT_NEEDED":
             needed.append(tag.needed)
@@ -268,42 +320,66 @@ def _defined_functions_matching(elf: ELFFile, section, needles: list[bytes]):
     """Yield (raw name, st_value, binding, st_size) of defined functions whose raw name holds a needle.
 
     pyelftools builds one Python object per symbol (about 25 us each: over a second for a 46k
-    symbol .dynsym), so the table is scanned as one numpy array and only names containing a
-    needle are decoded.
-    """
-    strtab = elf.get_section(section["sh_link"]).data()
-    data = section.data()
+    symbol .dynsym), so the table is scanned as numpy arrays, _CHUNK symbols at a time, and only
+    names containing a needle are decoded. Every size is checked before it is read (elfsafe.table:
+    a table claiming more than the file holds, or more than MAX_TABLE, is a BadObject), and the
+    string table is indexed by the needles' occurrences only, never one entry per byte."""
     dt = _sym_dtype(elf)
-    syms = np.frombuffer(data, dtype=dt, count=len(data) // dt.itemsize)
-    if len(syms) == 0 or not strtab:
+    strtab = elfsafe.table(elf, elf.get_section(section["sh_link"]))
+    data = elfsafe.table(elf, section, dt.itemsize)
+    if not data or not strtab:
         return
-    typ = syms["st_info"] & 0xF
-    keep = (((typ == _STT_FUNC) | (typ == _STT_GNU_IFUNC)) & (syms["st_shndx"] != 0)
-            & (syms["st_value"] != 0))
-    off = syms["st_name"].astype(np.int64)
-    nul = np.flatnonzero(np.frombuffer(strtab, dtype=np.uint8) == 0)
-    if len(nul) == 0:
+    pos, first, end = _needle_strings(elf, strtab, needles)
+    if not len(pos):
         return
-    # End of each name: the first NUL at or after its start (names may share tails).
-    nidx = np.searchsorted(nul, off)
-    keep &= nidx < len(nul)
-    end = nul[np.minimum(nidx, len(nul) - 1)]
-    hit = np.zeros(len(syms), dtype=bool)
+    matches = 0
+    for at in range(0, len(data), _CHUNK * dt.itemsize):
+        elfsafe.check(elf)
+        syms = np.frombuffer(data, dtype=dt, offset=at, count=min(_CHUNK, (len(data) - at) // dt.itemsize))
+        typ = syms["st_info"] & 0xF
+        off = syms["st_name"].astype(np.int64)
+        # The first occurrence at or after the name's start, in the same string (no NUL between).
+        j = np.minimum(np.searchsorted(pos, off), len(pos) - 1)
+        keep = (((typ == _STT_FUNC) | (typ == _STT_GNU_IFUNC)) & (syms["st_shndx"] != 0)
+                & (syms["st_value"] != 0) & (off < len(strtab)) & (pos[j] >= off) & (first[j] <= off)
+                & (end[j] >= 0) & (end[j] - off <= elfsafe.MAX_NAME))
+        hits = np.flatnonzero(keep)
+        matches += len(hits)
+        if matches > MAX_MATCHES:
+            raise BadObject(f"more than {MAX_MATCHES} functions named like a probe point")
+        for k in hits:
+            raw = strtab[off[k]:end[j[k]]].decode("utf-8", "replace")
+            yield (raw, int(syms["st_value"][k]), _BINDINGS.get(int(syms["st_info"][k]) >> 4, "OTHER"),
+                   int(syms["st_size"][k]))
+
+
+def _needle_strings(elf: ELFFile, strtab: bytes, needles: list[bytes]):
+    """Sorted offsets of every occurrence of a needle in the string table, with the start of the
+    string each lies in and that string's end (its NUL; -1: unterminated). Linear in the table."""
+    found: set[int] = set()
     for needle in needles:
-        pos, i = [], strtab.find(needle)
+        i = strtab.find(needle)
         while i >= 0:
-            pos.append(i)
+            found.add(i)
+            if len(found) > MAX_OCCURRENCES:
+                raise BadObject(f"its string table holds over {MAX_OCCURRENCES} names like a probe point's")
             i = strtab.find(needle, i + 1)
-        if not pos:
-            continue
-        p = np.asarray(pos, dtype=np.int64)
-        j = np.searchsorted(p, off)  # first occurrence at or after the name's start
-        first = p[np.minimum(j, len(p) - 1)]
-        hit |= (j < len(p)) & (first + len(needle) <= end)
-    for k in np.flatnonzero(keep & hit):
-        raw = strtab[off[k]:end[k]].decode("utf-8", "replace")
-        yield (raw, int(syms["st_value"][k]), _BINDINGS.get(int(syms["st_info"][k]) >> 4, "OTHER"),
-               int(syms["st_size"][k]))
+    pos = sorted(found)
+    first, end = [0] * len(pos), [-1] * len(pos)
+    prev, start = 0, 0
+    for n, p in enumerate(pos):  # the last NUL between the previous occurrence and this one
+        if n % 65536 == 0:
+            elfsafe.check(elf)
+        i = strtab.rfind(b"\0", prev, p)
+        start = i + 1 if i >= 0 else start
+        first[n], prev = start, p
+    nxt, stop = len(strtab), -1
+    for n in range(len(pos) - 1, -1, -1):  # the first NUL between this occurrence and the next
+        i = strtab.find(b"\0", pos[n], nxt)
+        stop = i if i >= 0 else stop
+        end[n], nxt = stop, pos[n]
+    return (np.asarray(pos, dtype=np.int64), np.asarray(first, dtype=np.int64),
+            np.asarray(end, dtype=np.int64))
 
 
 def demangle(raw: str) -> str:
@@ -344,52 +420,69 @@ def _file_offset(elf: ELFFile, vaddr: int) -> int | None:
     return None
 
 
-def _read_object(path: str) -> _Object:
-    f, elf = _open_elf(path)
+def _read_object(path: str, follow: bool = True, deadline: float | None = None) -> _Object:
+    """One object's probe points. TargetError/NotPermitted: it can't be opened; _NotCode: an ELF
+    file with no code; BadObject: anything else wrong with it, whatever the parser raised."""
+    f, elf = _open_elf(path, follow, deadline)
     with f:
-        etype = elf["e_type"]
-        if etype not in ("ET_EXEC", "ET_DYN"):
-            raise TargetError(f"{path} is an ELF {etype} file, not a program or shared library")
-        build_id = _build_id(elf)
-        needed, rpath, runpath = _dynamic(elf)
-        symtab = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_SYMTAB"), None)
-        dynsym = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_DYNSYM"), None)
-        section = symtab if symtab is not None else dynsym
-        obj = _Object(path, build_id, etype, elf.elfclass, elf["e_machine"], needed, rpath,
-                      runpath, symtab is not None, dynsym is not None, [], {}, set())
-        if section is None:
-            return obj
-        needles = sorted({p.needle for p in POINTS} | {h.encode() for p in POINTS for h in p.hints}
-                         | {SAVE_CALLER.rsplit("::", 1)[1].encode()})
-        seen: set[tuple[str, int]] = set()
-        for raw, value, binding, size in _defined_functions_matching(elf, section, needles):
-            base, _, suffix = raw.partition(".")
-            if suffix and any(part in _NOT_ENTRY_CLONES for part in suffix.split(".")):
-                continue
-            dem = demangle(raw)
-            qual = qualified_name(dem)
-            matched = False
-            for p in POINTS:
-                if qual != p.qualified or (p.name, value) in seen:
-                    continue
-                if p.params and not dem.split(" [clone ", 1)[0].endswith(p.params):
-                    continue  # another overload (resize(n, value) is not the growth update_tgt calls)
-                offset = _file_offset(elf, value)
-                if offset is None:
-                    continue
-                seen.add((p.name, value))  # aliases at one address: one probe
-                obj.found.append((p.name, ProbePoint(p.name, dem, raw, path, value, offset,
-                                                     build_id, binding)))
-                obj.sizes[value] = max(size, obj.sizes.get(value, 0))
-                matched = True
-            if qual == SAVE_CALLER and (offset := _file_offset(elf, value)) is not None:
-                obj.save_callers.append(ProbePoint("get_available_slot", dem, raw, path, value, offset, build_id,
-                                                   binding))
-                obj.sizes[value] = max(size, obj.sizes.get(value, 0))
-                matched = True
-            if not matched:
-                obj.candidates.add(dem)
+        try:
+            return _object_of(path, elf, follow)
+        except TargetError:
+            raise
+        except Exception as e:  # the file is the target's: what it makes the parser raise stays here
+            raise elfsafe.unreadable(e) from None
+
+
+def _machine_bytes(elf: ELFFile) -> bytes:
+    elf.stream.seek(18)
+    return elf.stream.read(2)
+
+
+def _object_of(path: str, elf: ELFFile, follow: bool) -> _Object:
+    etype = elf["e_type"]
+    if etype not in ("ET_EXEC", "ET_DYN"):
+        raise _NotCode(f"{path} is an ELF {etype} file, not a program or shared library")
+    build_id = _build_id(elf)
+    needed, rpath, runpath = _dynamic(elf)
+    symtab = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_SYMTAB"), None)
+    dynsym = next((s for s in elf.iter_sections() if s["sh_type"] == "SHT_DYNSYM"), None)
+    section = symtab if symtab is not None else dynsym
+    obj = _Object(path, build_id, etype, elf.elfclass, elf["e_machine"], needed, rpath,
+                  runpath, symtab is not None, dynsym is not None, [], {}, set(),
+                  machine_code=_machine_bytes(elf), follow=follow)
+    if section is None:
         return obj
+    needles = sorted({p.needle for p in POINTS} | {h.encode() for p in POINTS for h in p.hints}
+                     | {SAVE_CALLER.rsplit("::", 1)[1].encode()})
+    seen: set[tuple[str, int]] = set()
+    for raw, value, binding, size in _defined_functions_matching(elf, section, needles):
+        base, _, suffix = raw.partition(".")
+        if suffix and any(part in _NOT_ENTRY_CLONES for part in suffix.split(".")):
+            continue
+        dem = demangle(raw)
+        qual = qualified_name(dem)
+        matched = False
+        for p in POINTS:
+            if qual != p.qualified or (p.name, value) in seen:
+                continue
+            if p.params and not dem.split(" [clone ", 1)[0].endswith(p.params):
+                continue  # another overload (resize(n, value) is not the growth update_tgt calls)
+            offset = _file_offset(elf, value)
+            if offset is None:
+                continue
+            seen.add((p.name, value))  # aliases at one address: one probe
+            obj.found.append((p.name, ProbePoint(p.name, dem, raw, path, value, offset,
+                                                 build_id, binding)))
+            obj.sizes[value] = max(size, obj.sizes.get(value, 0))
+            matched = True
+        if qual == SAVE_CALLER and (offset := _file_offset(elf, value)) is not None:
+            obj.save_callers.append(ProbePoint("get_available_slot", dem, raw, path, value, offset, build_id,
+                                               binding))
+            obj.sizes[value] = max(size, obj.sizes.get(value, 0))
+            matched = True
+        if not matched:
+            obj.candidates.add(dem)
+    return obj
 
 
 def _fill_call_points(obj: _Object) -> list[ProbePoint]:
@@ -410,9 +503,14 @@ def _call_points(obj: _Object, owners: list[ProbePoint], callees: tuple[str, ...
                  names: tuple[str, str]) -> list[ProbePoint]:
     if not owners:
         return []
-    f, elf = _open_elf(obj.path)
+    f, elf = _open_elf(obj.path, obj.follow)
     with f:
-        return _call_points_in(elf, obj, owners, callees, names) if callsites.supported(elf) else []
+        try:
+            return _call_points_in(elf, obj, owners, callees, names) if callsites.supported(elf) else []
+        except (TargetError, ModuleNotFoundError):  # no capstone: said by the caller
+            raise
+        except Exception as e:  # changed since it was read, or code capstone can't take: contained
+            raise elfsafe.unreadable(e) from None
 
 
 def _call_points_in(elf: ELFFile, obj: _Object, owners: list[ProbePoint], callees: tuple[str, ...],
@@ -440,10 +538,13 @@ def _call_points_in(elf: ELFFile, obj: _Object, owners: list[ProbePoint], callee
 
 
 def _elf_header_ok(path: str, klass: int, machine_code: bytes) -> bool:
+    """Whether `path` is a regular ELF file of this class and machine (a FIFO or a device in the
+    library path is passed over unopened, as a library of another machine is)."""
     try:
-        with open(path, "rb") as f:
+        f, _ = elfsafe.open_regular(path)
+        with f:
             head = f.read(20)
-    except OSError:
+    except (OSError, BadObject):
         return False
     return (len(head) == 20 and head[:4] == b"\x7fELF" and head[4] == (2 if klass == 64 else 1)
             and head[18:20] == machine_code)
@@ -511,11 +612,6 @@ def _find_library(name: str, loader: _Object, exe: _Object, loader_is_exe: bool,
     return None
 
 
-def _machine_code(path: str) -> bytes:
-    with open(path, "rb") as f:
-        return f.read(20)[18:20]
-
-
 def _locate(path: str) -> str:
     if not os.path.exists(path) and "/" not in path:
         found = shutil.which(path)
@@ -524,9 +620,12 @@ def _locate(path: str) -> str:
     return os.path.abspath(path)
 
 
-def _objects_of_binary(path: str) -> list[_Object]:
-    exe = _read_object(path)
-    code = _machine_code(path)
+def _objects_of_binary(path: str, notes: _Notes) -> list[_Object]:
+    try:
+        exe = _read_object(path, deadline=notes.deadline)
+    except BadObject as e:
+        raise _main_object_error(path, e) from None
+    code = exe.machine_code
     objects = [exe]
     seen = {os.path.realpath(path)}
     queue = deque([(exe, True)])
@@ -536,13 +635,20 @@ def _objects_of_binary(path: str) -> list[_Object]:
             lib = _find_library(name, loader, exe, is_exe, code)
             if lib is None:
                 raise TargetError(
-                    f"cannot find {name} (needed by {loader.path}): set LD_LIBRARY_PATH as the "
+                    f"cannot find {printable(name)} (needed by {loader.path}): set LD_LIBRARY_PATH as the "
                     "program runs with, or start it and use --pid")
             real = os.path.realpath(lib)
             if real in seen:
                 continue
             seen.add(real)
-            obj = _read_object(real)
+            if notes.late():
+                notes.add(real, f"its program's objects were not all read in {RESOLVE_S:g} s")
+                continue
+            try:
+                obj = _read_object(real, follow=False, deadline=notes.deadline)  # realpath: no link left
+            except (TargetError, NotPermitted) as e:  # unreadable, no code, or gone since: that one only
+                notes.add(real, e)
+                continue
             objects.append(obj)
             queue.append((obj, False))
     return objects
@@ -552,7 +658,20 @@ def _objects_of_binary(path: str) -> list[_Object]:
 # Plans
 
 
-def _plan(target: str, pid: int | None, objects: list[_Object]) -> ProbePlan:
+def _contained(notes: _Notes, objects: list[_Object], read) -> list[ProbePoint]:
+    """read(obj) for each object; one that fails (BadObject: it changed since, or its code is
+    hostile) adds none and a note. ModuleNotFoundError (no capstone) passes to the caller."""
+    out = []
+    for o in objects:
+        try:
+            out += read(o)
+        except (TargetError, NotPermitted) as e:  # BadObject, or gone since
+            notes.add(o.path, e)
+    return out
+
+
+def _plan(target: str, pid: int | None, objects: list[_Object], notes: _Notes | None = None) -> ProbePlan:
+    notes = notes or _Notes(None, time.monotonic() + RESOLVE_S)
     plan = ProbePlan(target=target, pid=pid, objects=[ObjectInfo(o.path, o.build_id) for o in objects])
     for p in POINTS:
         for o in objects:
@@ -564,17 +683,19 @@ def _plan(target: str, pid: int | None, objects: list[_Object]) -> ProbePlan:
     no_disassembler = False
     if not plan.fill_probed:  # the growth is inlined: time its memset calls instead
         try:
-            plan.points += [pp for o in objects for pp in _fill_call_points(o)]
+            plan.points += _contained(notes, objects, _fill_call_points)
         except ModuleNotFoundError:  # a declared dependency; without it the fill is derived, as said
             no_disassembler = True
     try:
-        plan.points += [pp for o in objects for pp in _save_call_points(o)]
+        plan.points += _contained(notes, objects, _save_call_points)
     except ModuleNotFoundError:
         no_disassembler = True
+    plan.not_searched = list(notes.items)
+    notes.close()
     found = {pp.point for pp in plan.points + plan.markers}
     missing_required = [p for p in POINTS if p.required and p.name not in found]
     if missing_required:
-        raise SymbolError(_missing_message(missing_required, objects, pid))
+        raise SymbolError(_missing_message(missing_required, objects, pid, len(notes.items)))
     plan.profile = match_profile(found)
     plan.stdlib = "libc++" if (any(p.point in ("resize_grow_libcxx", "resize_libcxx") for p in plan.points)
                                or any(os.path.basename(o.path).startswith("libc++.so") for o in objects)) \
@@ -629,7 +750,7 @@ def match_profile(found: set[str]) -> ProfileInfo:
                        matched, missing, origin)
 
 
-def _missing_message(missing: list[Point], objects: list[_Object], pid: int | None) -> str:
+def _missing_message(missing: list[Point], objects: list[_Object], pid: int | None, unread: int = 0) -> str:
     p = missing[0]
     pool = {c for o in objects for c in o.candidates if any(h in c for h in p.hints)}
     pool |= {pp.symbol for o in objects for _, pp in o.found}
@@ -645,19 +766,23 @@ def _missing_message(missing: list[Point], objects: list[_Object], pid: int | No
     if stripped:
         more = f" and {len(stripped) - 3} more" if len(stripped) > 3 else ""
         msg += f"; stripped? no .symtab in {', '.join(stripped[:3])}{more}"
+    if unread:
+        msg += f"; {unread} object{'s' if unread > 1 else ''} not searched (unreadable, noted above)"
     target = f"PID {pid}" if pid is not None else "the binary"
     msg += f"; check that {target} is a llama-server build and the function is not inlined"
     return msg
 
 
-def resolve_binary(path: str) -> ProbePlan:
-    """Resolve every probe point in an executable and the libraries it needs (DT_NEEDED)."""
+def resolve_binary(path: str, note=None) -> ProbePlan:
+    """Resolve every probe point in an executable and the libraries it needs (DT_NEEDED). A
+    library that can't be read is left out, said through note(text) (a line to print)."""
     target = _locate(path)
-    objects = _objects_of_binary(target)
-    return _plan(target, None, objects)
+    notes = _Notes(note, time.monotonic() + RESOLVE_S)
+    objects = _objects_of_binary(target, notes)
+    return _plan(target, None, objects, notes)
 
 
-def _maps_objects(pid: int) -> list[str]:
+def _maps_objects(pid: int, notes: _Notes) -> list[str]:
     maps = f"/proc/{pid}/maps"
     try:
         with open(maps) as f:
@@ -681,51 +806,91 @@ def _maps_objects(pid: int) -> list[str]:
             real = name[: -len(" (deleted)")]
             if "x" in perms and not real.startswith(("/memfd:", "/dev/")):
                 raise TargetError(
-                    f"{real} was deleted or replaced after PID {pid} loaded it: restart the "
+                    f"{printable(real)} was deleted or replaced after PID {pid} loaded it: restart the "
                     "process so its code matches the file on disk")
             continue  # deleted data files hold no code to probe
-        path = _reachable(name, pid, inode)
+        try:
+            path = _reachable(name, pid, inode)
+        except BadObject as e:
+            notes.add(name, e)
+            continue
         if path is not None:
             paths.append(path)
     return paths
 
 
 def _reachable(name: str, pid: int, inode: int) -> str | None:
-    """The mapped file's path from this mount namespace, or None if it is not an ELF file."""
+    """The mapped file's path from this mount namespace, or None if it is not an ELF file (a
+    device a GPU driver maps is not opened). BadObject: it can't be reached, or its path is now a
+    FIFO, socket or symbolic link (it was a regular file when mapped: something swapped it since)."""
     options = [name, f"/proc/{pid}/root{name}"]
-    existing = [p for p in options if os.path.exists(p)]
-    same = [p for p in existing if os.stat(p).st_ino == inode]
-    chosen = (same or existing or [None])[0]
+
+    def inode_of(p: str) -> int | None:
+        try:
+            return os.stat(p).st_ino
+        except OSError:
+            return None
+
+    existing = [(p, i) for p in options if (i := inode_of(p)) is not None]
+    same = [p for p, i in existing if i == inode]
+    chosen = (same or [p for p, _ in existing] or [None])[0]
     if chosen is None:
-        raise TargetError(f"{name}, mapped by PID {pid}, cannot be reached from here")
+        raise BadObject(f"mapped by PID {pid}, it cannot be reached from here")
     try:
-        with open(chosen, "rb") as f:
-            if f.read(4) != b"\x7fELF":
-                return None
+        f, _ = elfsafe.open_regular(chosen, follow=False)
+    except elfsafe.NotRegular as e:
+        if e.device:
+            return None  # /dev/nvidia0, /dev/dri/renderD128...: mapped, never an ELF file
+        raise
     except OSError:
         return None
+    with f:
+        if f.read(4) != b"\x7fELF":
+            return None
     return chosen
 
 
-def resolve_pid(pid: int) -> ProbePlan:
-    """Resolve every probe point in the ELF objects a live process (or a thread's) has mapped."""
+def resolve_pid(pid: int, note=None) -> ProbePlan:
+    """Resolve every probe point in the ELF objects a live process (or a thread's) has mapped.
+    An object that can't be read is left out, said through note(text) (a line to print); the
+    executable's own is the error."""
     pid, _ = process_of(pid)  # a kernel thread, a zombie, no such PID: one true line
-    paths = _maps_objects(pid)
+    notes = _Notes(note, time.monotonic() + RESOLVE_S)
+    paths = _maps_objects(pid, notes)
     try:
         exe = os.readlink(f"/proc/{pid}/exe").removesuffix(" (deleted)")
+        exe_st = os.stat(f"/proc/{pid}/exe")
     except FileNotFoundError:
         raise TargetError(f"no process with PID {pid}") from None
     except PermissionError:
         raise unreadable(pid, f"/proc/{pid}/exe") from None
     objects = []
     for path in paths:
+        if notes.late():
+            notes.add(path, f"PID {pid}'s objects were not all read in {RESOLVE_S:g} s")
+            continue
         try:
-            objects.append(_read_object(path))
-        except TargetError:
+            objects.append(_read_object(path, follow=False, deadline=notes.deadline))
+        except _NotCode:
             continue  # ELF files mapped as data (ET_REL, core...) hold no code to probe
+        except BadObject as e:
+            if _same_file(path, exe_st):
+                raise TargetError(f"PID {pid}'s executable {printable(path)} can't be read: {e}") from None
+            notes.add(path, e)
+        except (TargetError, NotPermitted) as e:  # gone since it was listed, or a mount root can't read
+            notes.add(path, e)
     if not objects:
+        notes.close()
         raise TargetError(f"PID {pid} maps no ELF objects (a kernel thread?)")
-    return _plan(exe, pid, objects)
+    return _plan(exe, pid, objects, notes)
+
+
+def _same_file(path: str, st: os.stat_result) -> bool:
+    try:
+        now = os.stat(path)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino)
 
 
 def verify_with_bcc(plan: ProbePlan, pid: int = -1) -> None:

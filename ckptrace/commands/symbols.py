@@ -5,7 +5,7 @@ import json
 
 import click
 
-from ckptrace.terminal import echo
+from ckptrace.terminal import echo, printable
 
 
 @click.command("symbols", epilog="""\b
@@ -33,7 +33,10 @@ def command(binary, pid, as_json):
         pid, note = process_of(pid)
         if note:
             click.echo(f"ckptrace: note: {note}", err=True)
-    plan = resolve_pid(pid) if pid is not None else resolve_binary(binary)
+    def note(text: str) -> None:  # an object left out (unreadable), as it is found
+        click.echo(f"ckptrace: note: {printable(text)}", err=True)
+
+    plan = resolve_pid(pid, note) if pid is not None else resolve_binary(binary, note)
     if as_json:
         click.echo(json.dumps(plan.to_dict(), indent=2))
     else:
