@@ -21,7 +21,7 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.trace import empty_frame
-from ckptrace.validate import increasing
+from ckptrace.validate import in_order, increasing
 
 from .events import KindRows, kind_rows
 
@@ -54,14 +54,6 @@ def select(events: pd.DataFrame, mask: np.ndarray, cols: list[str]) -> pd.DataFr
             out[c] = out[c].astype(NA_INT) if c in out.columns else \
                 pd.arrays.IntegerArray(np.zeros(len(out), "int64"), np.ones(len(out), bool))
     return out
-
-
-def in_order(major: np.ndarray, minor: np.ndarray) -> bool:
-    """Whether rows are sorted by `major`, then `minor` (a check is far cheaper than a sort)."""
-    if not increasing(major, strict=False):
-        return False
-    tie = np.flatnonzero(major[1:] == major[:-1])
-    return bool((minor[tie + 1] >= minor[tie]).all())
 
 
 def sorted_by(frame: pd.DataFrame, major: str, minor: str) -> pd.DataFrame:
