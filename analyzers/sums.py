@@ -107,7 +107,7 @@ def bound(what: str, *columns) -> None:
     if rows * top <= SUM_MAX:  # Python ints: exact
         return
     arrays = [ints(c) for c in columns]
-    if sum(float(np.abs(a).sum(dtype="float64")) for a in arrays) < FLOAT_SAFE:
+    if sum(float(np.abs(a).view("uint64").sum(dtype="float64")) for a in arrays) < FLOAT_SAFE:  # |-2^63| too
         return
     total = sum(exact_abs_sum(a) for a in arrays)
     if total <= SUM_MAX:
