@@ -273,3 +273,27 @@ def test_more_rows_than_rows_max_are_refused_before_decoding(tmp_path, monkeypat
     monkeypatch.setattr(validate, "ROWS_MAX", 3)
     with pytest.raises(TraceFormatError, match=r"4 events, more than the 3 a trace may hold"):
         read_trace(path)
+
+
+def test_bound_decides_exactly_at_2_62_whatever_the_float_rounding():
+    """sums.bound: a column's magnitudes adding up to 2^62 pass, one more refuses, exactly (a
+    float64 sum can't tell 2^62 from 2^62 + 1); exact_sum and exact_abs_sum are Python-int exact."""
+    from ckptrace.analyzers.sums import SUM_MAX, SumOutOfRange, bound, checked_sum, exact_abs_sum, exact_sum
+
+    at = np.full(4, 1 << 60, dtype="int64")
+    assert checked_sum(at, "x") == SUM_MAX
+    with pytest.raises(SumOutOfRange, match=r"^x add up to 4611686018427387905 over 5 rows, past 2\^62"):
+        bound("x", np.append(at, 1))
+    with pytest.raises(SumOutOfRange, match=r"^y add up to a magnitude of 9223372036854775808 over 1 rows"):
+        bound("y", np.array([-(1 << 63)], dtype="int64"))  # |INT64_MIN|, as a wrapped sum would leave it
+    assert checked_sum(pd.array([3, None, 4], dtype="Int64"), "z") == 7  # NA counts 0
+    rng = np.random.default_rng(22)
+    for _ in range(100):
+        v = rng.integers(-(1 << 62), 1 << 62, size=int(rng.integers(1, 40)), dtype="int64")
+        assert exact_sum(v) == sum(int(x) for x in v) and exact_abs_sum(v) == sum(abs(int(x)) for x in v)
+        fits = exact_abs_sum(v) <= SUM_MAX
+        try:
+            bound("v", v)
+            assert fits
+        except SumOutOfRange:
+            assert not fits
