@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from ckptrace.meta import ProcessInfo
+from ckptrace.terminal import printable
 from ckptrace import stream
 from ckptrace.trace import BATCH_ROWS, Trace, read_between, read_meta, read_trace
 
@@ -23,6 +24,7 @@ from .processes import process_info, process_label, process_trace, process_trace
 from .spans import iteration_spans
 from .state_path import eviction_table, prompt_save_table, restore_table
 from .summary import summarize
+from .sums import SumOutOfRange
 
 __all__ = ["Analysis", "KindRows", "analyze_file", "analyze_processes", "analyze_rows", "analyze_trace", "checkpoint_table",
            "iteration_spans", "iteration_table", "summarize", "CHECKPOINT_COLUMNS", "ITERATION_COLUMNS"]
@@ -90,7 +92,14 @@ def analyze_rows(trace: Trace, rows: KindRows, per_process: bool = True) -> Anal
     """The analysis of `rows` (the kept rows of `trace`); with `per_process`, each process's too.
     It consumes `rows`: afterwards they hold the memory group only (what dashboards still draw);
     each other group goes as soon as its last reader is done, unless the processes' analyses
-    read them again."""
+    read them again. A sum that would not fit in 64 bits is refused (sums.py), naming the trace."""
+    try:
+        return _analyze_rows(trace, rows, per_process)
+    except SumOutOfRange as e:
+        raise e.at(printable(trace.path) if trace.path else None) from None
+
+
+def _analyze_rows(trace: Trace, rows: KindRows, per_process: bool) -> Analysis:
     infos = process_info(trace, rows.per_pid.index) if per_process else []
     several = len(infos) > 1
     memory = memory_summary(rows.of_group("memory"))  # first: its peak then adds to the kept rows alone
@@ -106,7 +115,7 @@ def analyze_rows(trace: Trace, rows: KindRows, per_process: bool = True) -> Anal
     iterations = iteration_table(rows, spans, checkpoints)
     del spans  # the iteration table shares its columns
     summary = summarize(checkpoints, iterations, trace.meta)
-    subs = [(info, analyze_rows(process_trace(trace, info, rows.rows_of(info.pid)), rows.for_pid(info.pid),
+    subs = [(info, _analyze_rows(process_trace(trace, info, rows.rows_of(info.pid)), rows.for_pid(info.pid),
                                 per_process=False)) for info in infos] if several else []
     rows.release(keep="memory")
     a = Analysis(trace, checkpoints, iterations, summary, memory, rows, restores=restores, evictions=evictions,

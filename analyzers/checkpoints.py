@@ -41,6 +41,7 @@ from ckptrace.validate import increasing
 
 from .events import KindRows, kind_rows
 from .spans import CLOCK_COLUMNS, NA_INT, Groups, Ids, assign_iterations, by_start, kind_mask
+from .sums import SUM_MAX, bound, bound_table, checked_product
 
 FAULT_SOURCES = ["none", "measured", "estimated", "not recorded"]  # a checkpoint takes the last of its spans'
 FILL_SOURCES = ["measured", "derived", "not recorded"]
@@ -73,8 +74,10 @@ CHECKPOINT_COLUMNS: dict[str, object] = {
 }
 
 
-def _spans(rows: pd.DataFrame) -> dict[str, object]:
-    """A kind's rows with their fault time resolved: measured, estimated or none (see docstring)."""
+def _spans(rows: pd.DataFrame, kind: str) -> dict[str, object]:
+    """A kind's rows with their fault time resolved: measured, estimated or none (see docstring).
+    An estimate (faults x ns per fault, a float) past 2^62 ns is refused, never converted (a
+    float past 2^63 would read as INT64_MIN)."""
     faults = rows["faults"].to_numpy("int64")
     fault = pd.array(rows["fault_ns"], dtype=NA_INT, copy=False)
     fault_na = np.asarray(fault.isna())
@@ -84,7 +87,9 @@ def _spans(rows: pd.DataFrame) -> dict[str, object]:
     missing = fault_na & some
     rate = float(np.median(fault_ns[measured] / faults[measured])) if measured.any() else None
     if rate is not None and missing.any():
-        fault_ns[missing] = np.rint(faults[missing] * rate)
+        fault_ns[missing] = checked_product(faults[missing] * rate, f"the estimated fault time of a {kind} "
+                                            f"({int(faults[missing].max())} faults x {rate:.6g} ns per fault)",
+                                            SUM_MAX)
     fault_ns[~some] = 0
     source = np.select([measured, faults == 0, missing & (rate is not None)], [1, 0, 2], default=3)
     return {"ckpt": rows["ckpt"].to_numpy(), "ns": rows["end_ns"].to_numpy() - rows["start_ns"].to_numpy(),
@@ -106,7 +111,11 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
                 f"checkpoint id {int(ck['ckpt'][dup].iloc[0])} appears on {int(dup.sum()) + 1} checkpoint rows: "
                 "ids must be unique within a trace; analyze each recording separately")
 
-    fills, copies = _spans(rows.of("fill")), _spans(rows.of("copy"))
+    fills, copies = _spans(rows.of("fill"), "fill"), _spans(rows.of("copy"), "copy")
+    # A checkpoint's figures add its fill's and its copy's (fault_ns = fill's + copy's, other_ns =
+    # total - fill - copy): bounded together, so every sum below, and each of those, is exact.
+    for c in ("ns", "faults", "fault_ns", "cpu_ns", "wait_ns"):
+        bound(f"the fill and copy rows' {'times (end_ns - start_ns)' if c == 'ns' else c}", fills[c], copies[c])
     ids = Ids(ck["ckpt"].to_numpy())
     # An update that copied no state saved nothing: llama-server calls update_dft on every
     # checkpoint, and without a draft model it returns at once. Not a checkpoint.
@@ -135,11 +144,11 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
         g = Groups(at, n)
         if name == "fill":
             t["pool_hit"] = ~g.has
-        t[f"{name}_ns"] = g.sum(parts["ns"])
-        t[f"{name}_faults"] = g.sum(parts["faults"])
+        t[f"{name}_ns"] = g.sum(parts["ns"], None)  # None: bounded above
+        t[f"{name}_faults"] = g.sum(parts["faults"], None)
         source[name] = g.max(parts["source"])
         for c in ("fault_ns", "cpu_ns", "wait_ns"):  # a sum is NA when a part is (not recorded)
-            t[f"{name}_{c}"] = g.sum_na(parts[c], zero_if_recorded[c])
+            t[f"{name}_{c}"] = g.sum_na(parts[c], zero_if_recorded[c], None)
     t["other_ns"] = t["total_ns"] - t["fill_ns"] - t["copy_ns"]
     t["fault_ns"] = t["fill_fault_ns"] + t["copy_fault_ns"]  # NA + x is NA
     t["fault_source"] = pd.Categorical.from_codes(np.maximum(source["fill"], source["copy"]),
@@ -156,7 +165,18 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
     t = pd.DataFrame({c: t[c] for c in CHECKPOINT_COLUMNS}, copy=False)
     if not fill_probed:
         _derive_fill(t)
+        bound_table(t, DERIVED, "checkpoints")
+    bound_table(t, SUMMED, "checkpoints")
     return by_start(t)
+
+
+# The columns of the table that later sums read (summary.py, iterations.py, the renderers and
+# dashboards), bounded once built (sums.py), so a sum over any of its rows is exact. Several in one
+# tuple are bounded together. The fill's and copy's figures are sums of parts bounded together
+# above; a derived fill's are not (DERIVED). Counts (faults, mmaps) need no check: the
+# validator's ranges bound their sums (ckptrace/validate.py).
+SUMMED = [("total_ns",), ("bytes",), ("other_ns",), ("cpu_ns",), ("wait_ns",)]
+DERIVED = [("fill_ns", "copy_ns"), ("fill_cpu_ns", "copy_cpu_ns"), ("fill_wait_ns", "copy_wait_ns")]
 
 
 def _derive_fill(t: pd.DataFrame) -> None:

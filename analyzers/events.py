@@ -134,9 +134,11 @@ class KindRows:
         pa.default_memory_pool().release_unused()  # the batches' memory: Arrow's allocator keeps it otherwise
         rows = acc.result()
         ck, it = rows.of("checkpoint"), rows.of("iteration")
-        parts = pd.concat([rows.of(k)[["ckpt", "start_ns", "end_ns"]].assign(kind=k) for k in ("fill", "copy")],
-                          ignore_index=True)
-        check_ids(ck[["ckpt", "start_ns", "end_ns"]], it["iter"], parts, str(path))
+        at = acc.row_numbers  # each kept row's row number in the trace: errors name it
+        parts = pd.concat([rows.of(k)[["ckpt", "tid", "start_ns", "end_ns"]].assign(kind=k).set_axis(at.get(k, []))
+                           for k in ("fill", "copy")])
+        check_ids(ck[["ckpt", "tid", "start_ns", "end_ns"]].set_axis(at.get("checkpoint", [])), it["iter"],
+                  parts[["kind", "ckpt", "tid", "start_ns", "end_ns"]], str(path))
         return rows
 
 
@@ -173,6 +175,8 @@ class _Accumulator:
         self.arrays = {g: {c: _column_arrays(c, sizes[g]) for c in cols} for g, (_, cols) in GROUPS.items()
                        if sizes[g]}
         self.filled = dict.fromkeys(self.arrays, 0)
+        # The row numbers of the rows validate.check_ids reads, so an error names the trace's row.
+        self.row_numbers = {g: np.empty(sizes[g], "int64") for g in ("checkpoint", "fill", "copy") if sizes[g]}
         self.codes = {g: [KINDS.index(k) for k in kinds] for g, (kinds, _) in GROUPS.items()}
         self.first: list[pa.Table] = []  # per batch: [tid, start_ns_min] of the decode threads
         self.per_pid: list[pa.Table] = []  # per batch: [pid, iter_count, iter_max]
@@ -215,6 +219,8 @@ class _Accumulator:
             at, k = self.filled[group], len(picked)
             if at + k > self.sizes[group]:
                 raise TraceFormatError(f"{self.source}: the trace changed while it was read")
+            if group in self.row_numbers:
+                np.add(picked, self.rows - batch.num_rows, out=self.row_numbers[group][at:at + k])
             for c, dst in arrays.items():
                 if c not in columns:
                     columns[c] = _numpy_column(batch.column(c))

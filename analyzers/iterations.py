@@ -23,6 +23,7 @@ from ckptrace.trace import empty_frame
 
 from .events import KindRows, kind_rows
 from .spans import BOUNDARIES, CLOCK_COLUMNS, NA_INT, Groups, Ids, assign_iterations, kind_mask
+from .sums import bound_table
 
 ITERATION_KINDS = ["prefill", "decode"]
 
@@ -67,13 +68,14 @@ def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoi
     out: dict[str, object] = {c: spans[c] for c in ("iter", "tid", "start_ns", "end_ns")}
     start, end = spans["start_ns"].to_numpy(), spans["end_ns"].to_numpy()
     out["span_ns"] = end - start
-    sums = {c: g.sum(checkpoints[c].to_numpy("int64")) for c in ("fill_ns", "copy_ns", "bytes", "faults")}
+    sums = {c: g.sum(checkpoints[c].to_numpy("int64"), f"the checkpoints' {c}")
+            for c in ("fill_ns", "copy_ns", "bytes", "faults")}
     saved = g.any(~checkpoints["spec"].to_numpy())  # made a checkpoint not for a speculative round
     recorded, everywhere = spans["cpu_ns"].notna().to_numpy(), np.ones(n, bool)
     for c in ("fault_ns", "fill_fault_ns", "copy_fault_ns", "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns",
               "copy_wait_ns"):
         # no checkpoint: no fault time; no fill or copy time on or off CPU where the span's was recorded
-        out[c] = g.sum_na(checkpoints[c].array, everywhere if "fault" in c else recorded)
+        out[c] = g.sum_na(checkpoints[c].array, everywhere if "fault" in c else recorded, f"the checkpoints' {c}")
     out["fill_ns"], out["copy_ns"] = sums["fill_ns"], sums["copy_ns"]
     out["other_ns"] = out["span_ns"] - sums["fill_ns"]
     out["other_ns"] -= sums["copy_ns"]  # in place: one fewer array of every iteration
@@ -94,4 +96,12 @@ def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoi
         out[c] = spans[c]
     decode = ~(saved | (spans["prompt_tokens"].to_numpy() > 0))
     out["kind"] = pd.Categorical.from_codes(decode.view("int8"), dtype=ITERATION_COLUMNS["kind"])  # prefill 0, decode 1
-    return pd.DataFrame({c: out[c] for c in ITERATION_COLUMNS}, copy=False)
+    t = pd.DataFrame({c: out[c] for c in ITERATION_COLUMNS}, copy=False)
+    bound_table(t, SUMMED, "iterations")
+    return t
+
+
+# The columns later sums read that are not sums of the checkpoints' (bounded above): sums.py.
+# (other_ns = span_ns - fill_ns - copy_ns: span_ns <= 2^62 and those two sums <= 2^62 each, so it
+# fits before it is bounded.) tokens need no check: INT32_MAX x ROWS_MAX < 2^63 (validate.py).
+SUMMED = [("span_ns",), ("other_ns",), ("cpu_ns",), ("wait_ns",)]

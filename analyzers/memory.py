@@ -22,6 +22,7 @@ import pandas as pd
 from ckptrace.trace import empty_frame
 
 from .spans import in_order, sorted_by
+from .sums import bound, checked_sum
 
 BUFFER_PHASES = ("fill", "checkpoint", "create")
 HELD_COLUMNS: dict[str, object] = {"t_ns": np.dtype("int64"), "pid": np.dtype("int32"),
@@ -77,6 +78,8 @@ def memory_summary(events: pd.DataFrame) -> dict:
     held, rel = _walk(events, kind, is_buffer)
     rss = rss_series(events)
     total = _summed(held, "held_bytes")
+    if len(rss) and rss["pid"].nunique() > 1:  # the sum over processes is at most that of their peaks
+        bound("the processes' peak RSS bytes", rss.groupby("pid")["rss_bytes"].max().to_numpy())
     rss_total = _summed(rss, "rss_bytes")
     peak = int(total["value"].max()) if len(total) else 0
     return {
@@ -84,8 +87,9 @@ def memory_summary(events: pd.DataFrame) -> dict:
         "peak_held_ns": int(total["t_ns"].iat[int(total["value"].to_numpy().argmax())]) if len(total) else None,
         "end_held_bytes": int(total["value"].iat[-1]) if len(total) else 0,
         "buffers_mapped": int(is_buffer.sum()),
-        "buffer_bytes_mapped": int(events["bytes"].to_numpy("int64")[is_buffer].sum()),
-        "released_bytes": int(rel["bytes"].sum()),
+        "buffer_bytes_mapped": checked_sum(events["bytes"].to_numpy("int64")[is_buffer],
+                                           "the checkpoint buffers' bytes"),
+        "released_bytes": int(rel["bytes"].sum()),  # at most what was mapped (_walk's bound)
         "peak_rss_bytes": int(rss_total["value"].max()) if len(rss_total) else None,
         "rss_samples": int(len(rss)),
         "releases": rel,
@@ -130,6 +134,9 @@ def _walk(events: pd.DataFrame, kind: np.ndarray, is_buffer: np.ndarray) -> tupl
     if pid.min() != pid.max():  # several processes: only those that mapped a buffer
         mine &= np.isin(pid, np.unique(pid[is_buffer]))
     addr, nbytes = events["addr"].to_numpy("uint64"), events["bytes"].to_numpy("int64")
+    # Held bytes only grow by a buffer's mmap or an mremap, each by at most its length: bounded by
+    # their sum, so is every held figure, per process or summed over them, and every release.
+    bound("the checkpoint buffers' mmap and mremap bytes", nbytes[is_buffer | (kind == MREMAP)])
     end = addr + nbytes.view("uint64")  # the bits of nbytes.astype("uint64"), without a copy
     lo, hi = addr[is_buffer].min(), end[is_buffer].max()
     remap = (kind == MREMAP) & mine

@@ -38,11 +38,13 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.errors import AnalysisError
+from ckptrace.terminal import printable
 from ckptrace.trace import Trace, time_origin
 
 from .spans import NA_INT, kind_mask, select
 from .state_path import _enclosing as enclosing
 from .summary import describe
+from .sums import bound
 
 REQUEST_COLUMNS: dict[str, object] = {
     "request": np.dtype("int64"),
@@ -246,6 +248,10 @@ def request_table(requests: pd.DataFrame, analysis, source: str = "request file"
     # A copy outside any restore span (a build whose load_tgt was not probed) is restore time of its
     # own; inside one it is part of it (a span row's phase is its own kind: enclosure tells).
     alone = restore_copy[enclosing(restore_copy, restore) < 0]
+    # A window's figures add and subtract overlaps with these spans, each at most a span's length:
+    # their lengths bounded together (sums.py), every such figure is exact.
+    bound(f"{printable(trace.path or trace.label)}: the span lengths a request's breakdown adds",
+          *((f["end_ns"] - f["start_ns"]).to_numpy() for f in (creates, ck, fills, copies, restore, restore_copy)))
     rs_total, _, rs_cut, _ = _overlap(ws, we, pd.concat([restore, alone]), {})
     rc_total, _, _, _ = _overlap(ws, we, restore_copy, {})
 

@@ -21,9 +21,10 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.trace import empty_frame
-from ckptrace.validate import increasing
+from ckptrace.validate import in_order, increasing
 
 from .events import KindRows, kind_rows
+from .sums import bound
 
 BOUNDARIES = ["update_slots", "decode"]
 
@@ -54,14 +55,6 @@ def select(events: pd.DataFrame, mask: np.ndarray, cols: list[str]) -> pd.DataFr
             out[c] = out[c].astype(NA_INT) if c in out.columns else \
                 pd.arrays.IntegerArray(np.zeros(len(out), "int64"), np.ones(len(out), bool))
     return out
-
-
-def in_order(major: np.ndarray, minor: np.ndarray) -> bool:
-    """Whether rows are sorted by `major`, then `minor` (a check is far cheaper than a sort)."""
-    if not increasing(major, strict=False):
-        return False
-    tie = np.flatnonzero(major[1:] == major[:-1])
-    return bool((minor[tie + 1] >= minor[tie]).all())
 
 
 def sorted_by(frame: pd.DataFrame, major: str, minor: str) -> pd.DataFrame:
@@ -109,7 +102,8 @@ class Groups:
     """Rows grouped by a position `at` in 0..n-1 (-1: in no group), e.g. each fill's checkpoint, for
     several exact int64 reductions per group: the rows are put in group order once (no sort when
     they already are, the usual case) and each reduction is one ufunc.reduceat, none when each
-    group has one row (a checkpoint's copy, an iteration's checkpoint: the usual case too)."""
+    group has one row (a checkpoint's copy, an iteration's checkpoint: the usual case too). A sum
+    is exact: its values are bounded first (sums.py), by the caller or here."""
 
     def __init__(self, at: np.ndarray, n: int):
         self.n = n
@@ -143,8 +137,11 @@ class Groups:
             return out
         return v.copy() if v is values and not fresh else v  # a new array, never the caller's
 
-    def sum(self, values: np.ndarray) -> np.ndarray:
-        """Each group's sum (0 for a group without rows)."""
+    def sum(self, values: np.ndarray, what: str | None = None) -> np.ndarray:
+        """Each group's sum (0 for a group without rows), `values` bounded first (sums.bound,
+        `what` naming them); None: the caller has bounded them (with others a row adds to them)."""
+        if what is not None:
+            bound(what, values)
         return self._reduce(np.add, values)
 
     def max(self, values: np.ndarray) -> np.ndarray:
@@ -155,10 +152,12 @@ class Groups:
         """Whether any of each group's (boolean) values is true (False for a group without rows)."""
         return self._reduce(np.logical_or, values)
 
-    def sum_na(self, values, zero: np.ndarray) -> pd.arrays.IntegerArray:
+    def sum_na(self, values, zero: np.ndarray, what: str | None = None) -> pd.arrays.IntegerArray:
         """Each group's sum of a nullable column, NA when any part is (not recorded); a group
-        without rows is 0 where `zero`, NA elsewhere."""
+        without rows is 0 where `zero`, NA elsewhere. `what`: as sum's."""
         values = pd.array(values, dtype=NA_INT, copy=False)
+        if what is not None:
+            bound(what, values)
         # A copy only where it is the result itself (otherwise the array may be the column's own).
         total = self._reduce(np.add, values.to_numpy("int64", na_value=0, copy=self.full), fresh=self.full)
         na = self._reduce(np.logical_or, np.asarray(values.isna()), empty=~zero)

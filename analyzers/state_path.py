@@ -23,6 +23,7 @@ import pandas as pd
 from ckptrace.trace import empty_frame
 
 from .spans import NA_INT, assign_iterations, kind_mask, select
+from .sums import bound, bound_table
 
 RESTORE_SOURCES = ["checkpoint", "other"]
 RESTORE_COLUMNS: dict[str, object] = {
@@ -102,6 +103,8 @@ def _with_copies(outer: pd.DataFrame, copies: pd.DataFrame) -> tuple[pd.DataFram
     copy_faults, copy_cpu_ns and copy_fault_ns (NA when a part was not measured); and `copies`
     with `parent` (its outer span's position, -1 for none) and `ns`."""
     copies = copies.assign(parent=_enclosing(copies, outer), ns=copies["end_ns"] - copies["start_ns"])
+    for c in ("ns", "faults", "cpu_ns", "fault_ns"):  # summed per span below: exact (sums.py)
+        bound(f"the state copies' {'times (end_ns - start_ns)' if c == 'ns' else c}", copies[c].array)
     g = copies[copies["parent"] >= 0].groupby("parent")
     per = pd.DataFrame({"copy_ns": g["ns"].sum(), "copy_faults": g["faults"].sum()})
     for c, src in (("copy_cpu_ns", "cpu_ns"), ("copy_fault_ns", "fault_ns")):
@@ -124,6 +127,9 @@ def _finish(t: pd.DataFrame, spans: pd.DataFrame, columns: dict[str, object]) ->
         t[c] = t[c].astype(NA_INT)
     t["iter"] = assign_iterations(t, spans)
     t = t[list(columns)].astype(columns)
+    # Summed later (the report, compare): exact (sums.py).
+    bound_table(t, [("bytes",), ("total_ns",), ("cpu_ns",), ("wait_ns",)],
+                "restores" if columns is RESTORE_COLUMNS else "prompt saves")
     return t.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)
 
 
@@ -143,5 +149,6 @@ def eviction_table(events: pd.DataFrame) -> pd.DataFrame:
     before = np.array([p >= 0 and s < first_ck.get(p, np.iinfo("int64").max)
                        for p, s in zip(parent, mu["start_ns"].to_numpy())], dtype=bool)
     t = mu[before].assign(create_start_ns=cr["start_ns"].to_numpy()[parent[before]])
+    bound("the evictions' bytes", t["bytes"].to_numpy())  # summed by the report: exact (sums.py)
     return t[list(EVICTION_COLUMNS)].astype(EVICTION_COLUMNS).sort_values("start_ns", kind="stable") \
         .reset_index(drop=True)

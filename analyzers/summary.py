@@ -23,6 +23,7 @@ from ckptrace.meta import TraceMeta
 from ckptrace.units import MIB
 
 from .spans import Ids
+from .sums import checked_sum
 
 STAT_METRICS = {
     "checkpoint_fill_ns": ("checkpoints", "fill_ns"),
@@ -56,13 +57,17 @@ def describe(values) -> dict:
 
 
 def _ratio(num: float, den: float) -> float | None:
+    """num / den; None when den is 0. Both are exact sums (Python ints) or counts: finite."""
     return float(num) / float(den) if den else None
 
 
-def wait_share(frame: pd.DataFrame, wall: str) -> float | None:
+def wait_share(frame: pd.DataFrame, wall: str, what: str) -> float | None:
     """Run-queue wait over wall time, over the rows whose wait was recorded; None when none was."""
     ok = frame["wait_ns"].notna().to_numpy()
-    return _ratio(frame.loc[ok, "wait_ns"].sum(), frame.loc[ok, wall].sum()) if ok.any() else None
+    if not ok.any():
+        return None
+    return _ratio(checked_sum(frame.loc[ok, "wait_ns"], f"the {what}' wait_ns"),
+                  checked_sum(frame.loc[ok, wall], f"the {what}' {wall}"))
 
 
 def _meta_field(meta: TraceMeta, name: str):
@@ -83,7 +88,10 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
 
     n = len(checkpoints)
     hits = int(checkpoints["pool_hit"].sum())
-    mib = checkpoints["bytes"].sum() / MIB
+    # Every sum of times or bytes is exact or refused (sums.py): never a wrapped int64 printed.
+    total = {c: checked_sum(checkpoints[c], f"the checkpoints' {c}")
+             for c in ("bytes", "faults", "total_ns", "fill_ns", "copy_ns")}
+    mib = total["bytes"] / MIB
     # Each checkpoint's iteration is prefill (position -1, no iteration: the False appended).
     at = Ids(iterations["iter"].to_numpy()).find(checkpoints["iter"].to_numpy())
     in_prefill = np.append(is_prefill, False)[at]
@@ -125,7 +133,8 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
         why = sched.get("note") if isinstance(sched, dict) and sched.get("note") else \
             "trace format 1, or a recorder without scheduler counters"
         notes.append(f"on-CPU time and run-queue wait not recorded ({why}): wall times include waiting for a CPU")
-    shares = {"checkpoints": wait_share(checkpoints, "total_ns"), "prefill iterations": wait_share(prefill, "span_ns")}
+    shares = {"checkpoints": wait_share(checkpoints, "total_ns", "checkpoints"),
+              "prefill iterations": wait_share(prefill, "span_ns", "prefill iterations")}
     for what, share in shares.items():
         if share is not None and share > WAIT_WARN_SHARE:
             notes.append(f"{what} spent {share * 100:.0f}% of their wall time waiting for a CPU: the machine "
@@ -141,17 +150,18 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
         "pool_hit_rate": _ratio(hits, n),
         "draft_checkpoints": int(checkpoints["draft"].sum()),
         "unassigned_checkpoints": unassigned,
-        "checkpoint_bytes": int(checkpoints["bytes"].sum()),
+        "checkpoint_bytes": total["bytes"],
         "iterations": int(len(iterations)),
         "prefill_iterations": int(len(prefill)),
         "decode_iterations": int(len(iterations) - len(prefill)),
         "stats": stats,
-        "checkpoint_share_of_prefill": _ratio(checkpoints.loc[in_prefill, "total_ns"].sum(),
-                                              prefill["span_ns"].sum()),
-        "faults_per_mib": _ratio(checkpoints["faults"].sum(), mib),
-        "ns_per_mib": _ratio(checkpoints["total_ns"].sum(), mib),
-        "fill_ns_per_mib": _ratio(checkpoints["fill_ns"].sum(), mib),
-        "copy_ns_per_mib": _ratio(checkpoints["copy_ns"].sum(), mib),
+        "checkpoint_share_of_prefill": _ratio(
+            checked_sum(checkpoints.loc[in_prefill, "total_ns"], "the prefill checkpoints' total_ns"),
+            checked_sum(prefill["span_ns"], "the prefill iterations' span_ns")),
+        "faults_per_mib": _ratio(total["faults"], mib),
+        "ns_per_mib": _ratio(total["total_ns"], mib),
+        "fill_ns_per_mib": _ratio(total["fill_ns"], mib),
+        "copy_ns_per_mib": _ratio(total["copy_ns"], mib),
         "fault_sources": fault_sources,
         "fault_time": _meta_field(meta, "fault_time"),
         "sched_counters": sched,

@@ -314,10 +314,11 @@ def iter_record_batches(path: str | os.PathLike, columns=None, batch_rows: int =
             yield pa.RecordBatch.from_pandas(events.iloc[i:i + batch_rows][wanted], preserve_index=False)
         return
     whole_checks = whole_checks and between is None
-    checked = {"kind", "phase", "start_ns", "end_ns"} | ({"ckpt", "iter"} if whole_checks else set())
+    checked = {"kind", "phase", "start_ns", "end_ns"} | ({"ckpt", "iter", "tid"} if whole_checks else set())
     types = [c for c in COLUMNS if c in checked or c in wanted]
     shown = printable(path)
     kept: dict[str, list] = {"checkpoint": [], "iteration": [], "parts": []}
+    kept_rows: dict[str, list] = {"checkpoint": [], "iteration": [], "parts": []}  # their row numbers
     row = 0
     bad, first = 0, None
     try:
@@ -357,11 +358,12 @@ def iter_record_batches(path: str | os.PathLike, columns=None, batch_rows: int =
                 first = first or (pd.DataFrame({"kind": [KINDS[codes[i]]], "start_ns": [start[i]],
                                                 "end_ns": [end[i]]}), row + i)
             if whole_checks and not bad:
-                for what, kinds, names_ in (("checkpoint", (0,), ["ckpt", "start_ns", "end_ns"]),
+                for what, kinds, names_ in (("checkpoint", (0,), ["ckpt", "tid", "start_ns", "end_ns"]),
                                             ("iteration", (3,), ["iter"]),
-                                            ("parts", (1, 2), ["kind", "ckpt", "start_ns", "end_ns"])):
+                                            ("parts", (1, 2), ["kind", "ckpt", "tid", "start_ns", "end_ns"])):
                     pick = np.flatnonzero(np.isin(codes, kinds))
                     kept[what].append(pa.record_batch([cols[c] for c in names_], names=names_).take(pick))
+                    kept_rows[what].append(pick + row)
             row += n
             if not bad:
                 yield pa.record_batch([cols[c] for c in wanted], names=wanted)
@@ -372,7 +374,8 @@ def iter_record_batches(path: str | os.PathLike, columns=None, batch_rows: int =
     if bad:
         raise reversed_error(first[0], 0, bad, shown, row=first[1])
     if whole_checks and kept["checkpoint"]:
-        ck, it, parts = (arrow_frame(pa.Table.from_batches(kept[k])) for k in ("checkpoint", "iteration", "parts"))
+        ck, it, parts = (arrow_frame(pa.Table.from_batches(kept[k])).set_axis(np.concatenate(kept_rows[k]))
+                         for k in ("checkpoint", "iteration", "parts"))
         check_ids(ck, it["iter"], parts, shown)
 
 

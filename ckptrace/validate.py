@@ -21,9 +21,23 @@ import pyarrow.parquet as pq
 from ckptrace.errors import TraceFormatError
 from ckptrace.terminal import printable
 
-NS_MAX = 1 << 62  # 146 years of nanoseconds: any sum of a trace's times stays in int64
-COUNT_MAX = 1 << 40
+# Bounds, so the analysis' int64 arithmetic (analyzers/sums.py) is exact or refused, never wrapped
+# (docs/trace-format.md, "Bounds"). A trace holds at most ROWS_MAX rows (4.3 billion: the memory
+# bound below refuses far fewer on any machine with less than 1.4 TiB to spare). Then:
+# - counts: ROWS_MAX x COUNT_MAX = 2^32 x 2^30 = 2^62 < 2^63, so any sum of counts over any rows
+#   fits (2^30 faults in one span is 4 TiB of 4 KiB pages);
+# - tokens: ROWS_MAX x INT32_MAX = 2^63 - 2^32 < 2^63: any sum of tokens fits;
+# - times and ids: each in 0..NS_MAX (146 years of ns), so a span's length end - start, and the
+#   difference of any two times, lies in -2^62..2^62. Ids are not summed; ids made above a
+#   trace's largest (spans.py) stay under NS_MAX + 1 + ROWS_MAX < 2^63;
+# - bytes: 0..2^48 each, but ROWS_MAX x 2^48 = 2^80: a sum of bytes can wrap, and so can a sum of
+#   span lengths (2^62 each: their rows on one thread don't overlap, check_ids, but threads can
+#   hold 2^62 ns each). Those sums are checked where they are made (analyzers/sums.py: refused
+#   once the magnitudes add up past SUM_MAX = 2^62), not bounded here.
+NS_MAX = 1 << 62
+COUNT_MAX = 1 << 30
 INT32_MAX = (1 << 31) - 1
+ROWS_MAX = 1 << 32
 # Column -> inclusive value range. addr is an address: any uint64.
 RANGES = {
     "tid": (0, INT32_MAX), "start_ns": (0, NS_MAX), "end_ns": (0, NS_MAX), "ckpt": (0, NS_MAX),
@@ -72,6 +86,9 @@ def check_table(pf: pq.ParquetFile, columns: dict, size: int, shown: str) -> Non
     check_types(pf.schema_arrow, columns, shown)
     md = pf.metadata
     rows = md.num_rows
+    if rows > ROWS_MAX:
+        raise TraceFormatError(f"{shown}: {rows} events, more than the {ROWS_MAX} a trace may hold (their "
+                               "sums would not stay in 64 bits): a damaged or hostile trace?")
     row_bytes = sum(_itemsize(d) for d in columns.values())
     stored = sum(md.row_group(i).column(j).total_uncompressed_size
                  for i in range(md.num_row_groups) for j in range(md.num_columns))
@@ -91,7 +108,7 @@ def memory_budget(size: int, expansion: int = EXPANSION) -> int:
 
 def budget_rows(size: int, columns: dict) -> int:
     """Rows a file of `size` bytes may hold (a stream, whose row count is known only as it is read)."""
-    return memory_budget(size, STREAM_EXPANSION) // (3 * sum(_itemsize(d) for d in columns.values()))
+    return min(memory_budget(size, STREAM_EXPANSION) // (3 * sum(_itemsize(d) for d in columns.values())), ROWS_MAX)
 
 
 def check_types(schema: pa.Schema, columns: dict, shown: str) -> None:
@@ -126,14 +143,15 @@ def check_column(name: str, values: pa.ChunkedArray, dtype, shown: str) -> None:
 
 
 def check_events(df: pd.DataFrame, shown: str) -> None:
-    """After typing: spans in order, one row per checkpoint and iteration id, fill/copy inside."""
+    """After typing: spans in order, one row per checkpoint and iteration id, checkpoints apart on
+    their thread, fill/copy inside their checkpoint and apart. `df`'s index is the row number."""
     check_phases(df, shown)
     reversed_ = np.flatnonzero(df["end_ns"].to_numpy() < df["start_ns"].to_numpy())
     if len(reversed_):
         raise reversed_error(df, int(reversed_[0]), len(reversed_), shown)
     kind = df["kind"]
-    check_ids(df.loc[kind == "checkpoint", ["ckpt", "start_ns", "end_ns"]], df.loc[kind == "iteration", "iter"],
-              df.loc[kind.isin(["fill", "copy"]), ["kind", "ckpt", "start_ns", "end_ns"]], shown)
+    check_ids(df.loc[kind == "checkpoint", ["ckpt", "tid", "start_ns", "end_ns"]], df.loc[kind == "iteration", "iter"],
+              df.loc[kind.isin(["fill", "copy"]), ["kind", "ckpt", "tid", "start_ns", "end_ns"]], shown)
 
 
 def check_phases(df: pd.DataFrame, shown: str) -> None:
@@ -149,9 +167,13 @@ def reversed_error(df: pd.DataFrame, i: int, count: int, shown: str, row: int | 
 
 
 def check_ids(ck: pd.DataFrame, iters: pd.Series, parts: pd.DataFrame, shown: str) -> None:
-    """Across the whole trace: one checkpoint row per checkpoint id (`ck`: ckpt, start_ns, end_ns
-    of the checkpoint rows), one iteration row per iteration id (`iters`), and each fill and copy
-    row (`parts`: kind, ckpt, start_ns, end_ns) inside its checkpoint."""
+    """Across the whole trace: one checkpoint row per checkpoint id (`ck`: ckpt, tid, start_ns,
+    end_ns of the checkpoint rows), one iteration row per iteration id (`iters`), no two
+    checkpoints overlapping on one thread, and each fill and copy row (`parts`: kind, ckpt, tid,
+    start_ns, end_ns) inside its checkpoint and overlapping no other fill or copy of it. Each
+    frame's index is its rows' row numbers in the trace: an error names the first bad row (the
+    lowest row number) with its kind, thread and times. Spans ending at or after they start
+    (checked before) are assumed. Sorting is by numpy on a few columns, no row-by-row step."""
     for kind, ids in (("checkpoint", ck["ckpt"]), ("iteration", iters)):
         if increasing(ids.to_numpy()):  # the recorder's order: no id twice, nothing to hash
             continue
@@ -160,23 +182,104 @@ def check_ids(ck: pd.DataFrame, iters: pd.Series, parts: pd.DataFrame, shown: st
         if len(dup):
             raise TraceFormatError(f"{shown}: {kind} id {int(dup.iat[0])} appears {int((ids == dup.iat[0]).sum())} "
                                    "times")
-    ck_ids = ck["ckpt"].to_numpy()
-    if increasing(ck_ids):  # found by binary search, not through a hashed index
-        at = np.minimum(np.searchsorted(ck_ids, parts["ckpt"].to_numpy()), max(len(ck_ids) - 1, 0))
-        found = ck_ids[at] == parts["ckpt"].to_numpy() if len(ck_ids) else np.zeros(len(parts), bool)
-        parts, at = parts.loc[found], at[found]
-        outer = {c: ck[c].to_numpy()[at] for c in ("start_ns", "end_ns")}
+    c_tid, c_start, c_end = (ck[c].to_numpy() for c in ("tid", "start_ns", "end_ns"))
+    c_row = ck.index.to_numpy()
+    bad = _overlapping(c_tid, c_start, c_end, c_row)
+    if bad is not None:
+        i, j, count = bad
+        raise TraceFormatError(
+            f"{shown}: {count} checkpoints overlap an earlier one on their thread (first: row {c_row[i]}, checkpoint "
+            f"{int(ck['ckpt'].iat[i])} tid {c_tid[i]} {c_start[i]}..{c_end[i]} ns, overlapping row {c_row[j]}, "
+            f"checkpoint {int(ck['ckpt'].iat[j])} {c_start[j]}..{c_end[j]} ns)")
+    if not len(parts) or not len(ck):
+        return
+    # Each part's checkpoint, by position in `ck` (-1: none, e.g. a prompt save's copy, ckpt 0):
+    # the recorder's ids count up one by one (a subtraction), else rise (a binary search), else
+    # through a sort.
+    ck_ids, p_ids = ck["ckpt"].to_numpy(), parts["ckpt"].to_numpy()
+    n = len(ck_ids)
+    if increasing(ck_ids) and ck_ids[-1] - ck_ids[0] == n - 1:
+        at = p_ids - ck_ids[0]
+        at[(at < 0) | (at >= n)] = -1
     else:
-        ck = ck.set_index("ckpt")
-        parts = parts.loc[parts["ckpt"].isin(ck.index)]
-        outer = ck.loc[parts["ckpt"].to_numpy()] if len(parts) else None
-    if len(parts):
-        out = (parts["start_ns"].to_numpy() < np.asarray(outer["start_ns"])) | \
-              (parts["end_ns"].to_numpy() > np.asarray(outer["end_ns"]))
-        if out.any():
-            row = parts.iloc[int(np.flatnonzero(out)[0])]
-            raise TraceFormatError(f"{shown}: a {row['kind']} of checkpoint {int(row['ckpt'])} lies outside "
-                                   f"its checkpoint ({int(out.sum())} such rows)")
+        sorter = None if increasing(ck_ids) else np.argsort(ck_ids, kind="stable")
+        at = np.minimum(np.searchsorted(ck_ids, p_ids, sorter=sorter), n - 1)
+        if sorter is not None:
+            at = sorter[at]
+        at[ck_ids[at] != p_ids] = -1
+    mine = None if (at >= 0).all() else np.flatnonzero(at >= 0)  # usually every part is a checkpoint's
+    pick = (lambda v: v) if mine is None else (lambda v: v[mine])
+    at = pick(at)
+    p_start, p_end, p_row = pick(parts["start_ns"].to_numpy()), pick(parts["end_ns"].to_numpy()), \
+        pick(parts.index.to_numpy())
+
+    def part(i: int) -> str:  # the part at `i` (of those with a checkpoint) as an error names it
+        k = i if mine is None else int(mine[i])
+        return f"{parts['kind'].iat[k]} tid {parts['tid'].iat[k]} {p_start[i]}..{p_end[i]} ns"
+
+    out = (p_start < c_start[at]) | (p_end > c_end[at])
+    if out.any():
+        k = np.flatnonzero(out)
+        i = int(k[np.argmin(p_row[k])])
+        what = part(i)
+        raise TraceFormatError(
+            f"{shown}: a {what.split()[0]} of checkpoint {int(ck_ids[at[i]])} lies outside its checkpoint ({len(k)} "
+            f"such rows), first at row {p_row[i]}: {what}, its checkpoint row {c_row[at[i]]} "
+            f"{c_start[at[i]]}..{c_end[at[i]]} ns")
+    bad = _overlapping(at, p_start, p_end, p_row)
+    if bad is not None:
+        i, j, count = bad
+        kind_i, _, rest = part(i).partition(" ")
+        raise TraceFormatError(
+            f"{shown}: {count} fills and copies overlap another of their checkpoint (first: row {p_row[i]}, "
+            f"{kind_i} of checkpoint {int(ck_ids[at[i]])} {rest}, overlapping row {p_row[j]}, "
+            f"{part(j).split()[0]} {p_start[j]}..{p_end[j]} ns)")
+
+
+def _overlapping(group: np.ndarray, start: np.ndarray, end: np.ndarray, row: np.ndarray):
+    """Spans (start <= end) overlapping an earlier-starting span of their group (a thread, a
+    checkpoint): None when none does, else (i, j, count): the one with the lowest row number, the
+    span of its group it overlaps (the one reaching furthest among those starting before it), and
+    how many overlap. Touching (one ending where the next starts) is not overlapping.
+
+    In start order, a span overlaps an earlier one iff it overlaps the one just before it, or an
+    overlap comes before it (the first overlap in a group is with its predecessor): so one
+    comparison of neighbours says whether any overlap, and only then the exact rule runs. Rows
+    usually come in order already (one thread in time order; a checkpoint's fill then its copy):
+    then nothing is sorted, or one stable sort by group of presorted runs."""
+    if len(start) < 2:
+        return None
+    order = None
+    if not in_order(group, start):
+        order = np.argsort(group, kind="stable")
+        if not in_order(group[order], start[order]):
+            order = np.lexsort((start, group))
+    g, s, e = (group, start, end) if order is None else (group[order], start[order], end[order])
+    same = g[1:] == g[:-1]
+    if not (same & (s[1:] < e[:-1])).any():
+        return None
+    order = np.lexsort((row, start, group))  # an overlap: the exact rule, ties in row order
+    g, s, e = group[order], start[order], end[order]
+    same = g[1:] == g[:-1]
+    reach = pd.Series(e).groupby(g).cummax().to_numpy()  # furthest end so far in the group
+    over = np.zeros(len(s), bool)
+    over[1:] = same & (s[1:] < reach[:-1])
+    k = np.flatnonzero(over)
+    first = int(k[np.argmin(row[order][k])])
+    lo = int(np.searchsorted(g, g[first]))  # its group's first span, in this order
+    j = lo + int(np.argmax(e[lo:first]))
+    return int(order[first]), int(order[j]), len(k)
+
+
+def in_order(major: np.ndarray, minor: np.ndarray) -> bool:
+    """Whether rows are sorted by `major`, then `minor` (a check is far cheaper than a sort)."""
+    if len(major) < 2:
+        return True
+    if major[0] == major[-1]:  # one group (e.g. one thread): sorted iff the minor never decreases
+        return bool((major == major[0]).all()) and increasing(minor, strict=False)
+    if not increasing(major, strict=False):
+        return False
+    return bool(((major[1:] != major[:-1]) | (minor[1:] >= minor[:-1])).all())
 
 
 def increasing(values: np.ndarray, strict: bool = True) -> bool:
