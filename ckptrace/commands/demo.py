@@ -81,7 +81,8 @@ def llama_server_legs(out_dir: Path, say, version: str = "0.3.36", model: str = 
 
     with sigterm_raises():
         say(f"model: make_model.py --arch {model} (its default shape)")
-        paths = run_legs(out_dir, say=say, version=version, libcxx=libcxx, model=cached_model(arch=model))
+        model_path = cached_model(arch=model, progress=lambda line: say(f"  {line}"))
+        paths = run_legs(out_dir, say=say, version=version, libcxx=libcxx, model=model_path)
     analyses, checks, requests = [], [], []
     for i, path in enumerate(paths, 1):
         analyses.append(analyze_trace(read_trace(path)))
