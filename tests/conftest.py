@@ -55,6 +55,15 @@ def ebpf_unavailable_reason() -> str | None:
     return None
 
 
+@pytest.fixture(autouse=True)
+def _steal_at_start():
+    """Each test's start on the VM's steal counter: helpers.clock_tolerance allows for the steal the
+    kernel had not yet accounted, never more than the VM saw while the test ran."""
+    from helpers import mark_test_start
+
+    mark_test_start()
+
+
 @pytest.fixture(scope="session")
 def require_root_ebpf() -> None:
     reason = ebpf_unavailable_reason()

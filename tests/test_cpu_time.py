@@ -15,7 +15,7 @@ import pytest
 from ckptrace.meta import TraceMeta
 from ckptrace.trace import META_KEY, OPTIONAL, read_trace, write_trace
 from helpers import clock_tolerance as TIME_TOL
-from helpers import record_with_truth
+from helpers import record_with_truth, steal_ns
 
 ebpf = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
 
@@ -57,12 +57,6 @@ def span_table(trace, truth, kind: str) -> pd.DataFrame:
         "wall_ns": rows["end_ns"] - rows["start_ns"],
         "nvcsw": rows["nvcsw"].astype("int64"), "nivcsw": rows["nivcsw"].astype("int64"),
     })
-
-
-def steal_ns() -> int:
-    """Time the hypervisor took from this VM's CPUs, all CPUs together (/proc/stat, in ticks)."""
-    fields = Path("/proc/stat").read_text().splitlines()[0].split()
-    return int(fields[8]) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def assert_cpu_and_wait_match(trace, truth, steal: int) -> None:
