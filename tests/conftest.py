@@ -100,6 +100,78 @@ def nobody_dir():
     shutil.rmtree(d, ignore_errors=True)
 
 
+# --- llama-server builds: made in the background while the other tests run -----------------------
+#
+# A cold llama-server build costs about 11 minutes of CPU, and the llama tests need several. Each
+# llama test module lists the builds it needs (LLAMA_BUILDS: run_legs/build_argv keywords); when
+# the session has llama tests, they run last and one background process (nice 10, so the tests
+# around it keep the CPU they ask for) builds what they need, in the order they need it. A test's
+# own build_server call then finds the build done, or waits on build.sh's per-build lock for the
+# one in progress, or (when a background build failed) builds it itself: each test still gets
+# everything it needs on its own. CKPTRACE_PREBUILD=0 turns the background builds off.
+
+_prebuild: dict = {}
+
+
+def pytest_collection_modifyitems(config, items) -> None:
+    """llama tests last (stable): the background builds get the rest of the suite's time."""
+    items.sort(key=lambda item: "llama" in item.keywords)
+
+
+def _llama_builds(items) -> list[dict]:
+    builds: list[dict] = []
+    for item in items:
+        if "llama" not in item.keywords:
+            continue
+        for spec in getattr(item.module, "LLAMA_BUILDS", ()):
+            if spec not in builds:
+                builds.append(spec)
+    return builds
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    import shlex
+    import subprocess
+    import sys
+    import tempfile
+    import threading
+    import time
+
+    builds = _llama_builds(session.items)
+    if (not builds or session.config.option.collectonly or os.environ.get("CKPTRACE_PREBUILD") == "0"
+            or os.geteuid() != 0):
+        return
+    from ckptrace.samples.llama_server import build_argv
+
+    script = "rc=0; " + "".join(f"{shlex.join(build_argv(**spec))} || rc=1; " for spec in builds) + "exit $rc"
+    fd, log = tempfile.mkstemp(prefix="ckptrace-prebuild-", suffix=".log")
+    proc = subprocess.Popen(["nice", "-n", "10", "bash", "-c", script], stdin=subprocess.DEVNULL,
+                            stdout=fd, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, "CKPTRACE_PYTHON": sys.executable})
+    os.close(fd)
+    _prebuild.update(proc=proc, log=log, start=time.monotonic(), builds=len(builds))
+    threading.Thread(target=lambda: (proc.wait(), _prebuild.update(end=time.monotonic())), daemon=True,
+                     name="prebuild-wait").start()
+
+
+def _stop_prebuild() -> str | None:
+    """Stops the background builds if still running (build.sh resumes a partial build); how it went."""
+    import time
+
+    proc = _prebuild.get("proc")
+    if proc is None:
+        return None
+    took = time.monotonic() - _prebuild["start"]
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait()
+        return f"stopped after {took:.0f} s, still building (log: {_prebuild['log']})"
+    if proc.returncode != 0:
+        return f"failed with status {proc.returncode} (the tests built for themselves; log: {_prebuild['log']})"
+    took = _prebuild.get("end", time.monotonic()) - _prebuild["start"]
+    return f"{_prebuild['builds']} built or reused in the first {took:.0f} s of the session (log: {_prebuild['log']})"
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if "ebpf" not in report.keywords:
         return
@@ -111,11 +183,14 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _prebuild["outcome"] = _stop_prebuild()
     if REQUIRE_EBPF and exitstatus == pytest.ExitCode.OK and (_ebpf_skipped or not _ebpf_ran):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
+    if _prebuild.get("outcome"):
+        terminalreporter.line(f"llama-server background builds: {_prebuild['outcome']}")
     if not REQUIRE_EBPF:
         return
     if _ebpf_skipped:

@@ -14,6 +14,12 @@ BUILDS = {"0.3.36": {"version": "0.3.36", "libcxx": False},
           "11434-libcxx": {"version": "11434", "libcxx": True}}
 
 
+def builds(*names: str, pools=(False, True)) -> list[dict]:
+    """A test module's LLAMA_BUILDS (conftest.py builds them in the background): build_argv's
+    keywords for each of BUILDS' `names`, pool-off and pool-on by default."""
+    return [{"pool": pool, **BUILDS[name]} for name in names for pool in pools]
+
+
 def e2e(test):
     """Marks of the tests that build and trace a real server (the driver tests need neither)."""
     return pytest.mark.llama(pytest.mark.ebpf(pytest.mark.usefixtures("require_root_ebpf")(test)))

@@ -12,8 +12,10 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ckptrace.trace import read_trace
 from helpers import CKPTRACE, assert_pool_faster, ckptrace, load_truth, proc_status, wait_until, within_clock
+from llama_checks import builds
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
+LLAMA_BUILDS = builds("0.3.36")  # demo --llama-server's pool-off and pool-on servers
 
 
 def test_demo_records_checks_compares_and_writes_the_report(tmp_path):

@@ -18,10 +18,12 @@ from ckptrace.loadgen import run_load
 from ckptrace.samples.llama_server import build_server, cached_model, llama_server, logged_checkpoints
 from ckptrace.trace import read_trace
 from helpers import CKPTRACE, ckptrace, started
+from llama_checks import builds
 
 pytestmark = [pytest.mark.llama, pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
 
 OTHER_SHAPE = {"d_model": 448, "layers": 9, "d_state": 1381}  # test_llama_server.py's: 42.570 MiB
+LLAMA_BUILDS = builds("0.3.36")  # build_server's default version, pool-off and pool-on
 LOADS = {"off": 3, "on": 4}  # requests per server: different counts, so a mix-up shows
 # A bound for a hung test, not a speed: with eight jobs on 2 cores, one 64-token prompt took 88 s.
 LOAD_TIMEOUT_S = 900.0

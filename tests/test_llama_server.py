@@ -30,12 +30,13 @@ from ckptrace.samples.llama_server import (build_server, cached_model, free_port
 from ckptrace.requests_file import read_requests
 from ckptrace.trace import read_trace, write_trace
 from helpers import assert_one_line_error, assert_pool_faster, ckptrace
-from llama_checks import BUILDS, assert_pool_mechanism, checkpoint_rows, e2e
+from llama_checks import BUILDS, assert_pool_mechanism, builds, checkpoint_rows, e2e
 
 
 # A shape no other test or sample default uses: 42.570 MiB checkpoints (above the 32 MiB floor).
 MODEL_SHAPE = {"d_model": 448, "layers": 9, "d_state": 1381}
 CLIENTS, REQUESTS = 3, 12
+LLAMA_BUILDS = builds(*BUILDS)  # each build's pool-off and pool-on server
 
 
 

@@ -20,7 +20,7 @@ import pytest
 from ckptrace.samples.llama_server import (SPEC_ARGS, cached_model, log_path, logged_checkpoints, logged_restores,
                                            logged_spec_checkpoints, run_legs)
 from ckptrace.trace import read_trace
-from llama_checks import BUILDS, checkpoint_rows, e2e
+from llama_checks import BUILDS, builds, checkpoint_rows, e2e
 
 # Shapes no default uses. hybrid: 6 of 8 layers recurrent, 32.813 MiB checkpoints (the
 # recurrent part only); swa: 4 of 8 layers sliding, 8 KiB a cached token (0.157 MiB at 20).
@@ -30,6 +30,7 @@ MODELS = {"hybrid": {"arch": "hybrid", "d_model": 448, "layers": 8, "d_state": 1
 # kinds and restores, not the pool
 CLIENTS, REQUESTS = 3, 6
 BUILD = "11434-libcxx"  # llama_checks.BUILDS: the pool-off server of the upstream A/B/A
+LLAMA_BUILDS = builds(BUILD, pools=(False,))
 
 
 @pytest.fixture(scope="module", params=list(MODELS))
