@@ -19,11 +19,13 @@ from ckptrace.errors import CkptraceError
 SAMPLE_DIR = pathlib.Path(__file__).resolve().parent
 WORKLOAD_DIR = SAMPLE_DIR / "workload"
 
-_SOURCE_SUFFIXES = {".cpp", ".h"}
+_SOURCE_SUFFIXES = {".cpp", ".h", ".c", ".cu"}
+CUDA_STUB_DIR = WORKLOAD_DIR / "cuda"  # the stub CUDA libraries' sources (the CUDA build)
 
 
 def _sources() -> list[pathlib.Path]:
-    files = [p for p in WORKLOAD_DIR.iterdir() if p.suffix in _SOURCE_SUFFIXES or p.name == "Makefile"]
+    files = [p for d in (WORKLOAD_DIR, CUDA_STUB_DIR) if d.is_dir() for p in d.iterdir()
+             if p.suffix in _SOURCE_SUFFIXES or p.name == "Makefile"]
     if not any(p.name == "Makefile" for p in files):
         raise CkptraceError(f"the sample workload's sources are missing from {WORKLOAD_DIR}: reinstall ckptrace")
     return sorted(files)
@@ -39,7 +41,7 @@ def _cache_root() -> pathlib.Path:
 def _source_hash() -> str:
     h = hashlib.sha256()
     for p in _sources():
-        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+        h.update(str(p.relative_to(WORKLOAD_DIR)).encode() + b"\0" + p.read_bytes() + b"\0")
     return h.hexdigest()[:16]
 
 
@@ -48,7 +50,7 @@ def build_dir() -> pathlib.Path:
     return _cache_root() / f"workload-{_source_hash()}"
 
 
-VARIANTS = ("static", "upstream", "inlined", "inlined-memset", "libcxx")  # see the Makefile
+VARIANTS = ("static", "upstream", "inlined", "inlined-memset", "libcxx", "cuda")  # see the Makefile
 
 
 def workload_binary(static: bool = False, variant: str | None = None) -> pathlib.Path:
@@ -65,6 +67,12 @@ def workload_binary(static: bool = False, variant: str | None = None) -> pathlib
             if variant == "libcxx" else ""
         raise CkptraceError(f"the sample build has no {name}{why}")
     return out / name
+
+
+def gpucopy_binary() -> pathlib.Path:
+    """Path of gpucopy (the GPU check's program) built against the stub CUDA libraries."""
+    workload_binary()
+    return build_dir() / "gpucopy"
 
 
 def _build_one(out: pathlib.Path, name: str) -> None:

@@ -13,6 +13,50 @@
 
 #include <algorithm>
 
+#ifdef SAMPLE_CUDA
+#include <cuda_runtime.h>
+#include <sys/mman.h>
+
+#include <atomic>
+
+const char * const SAMPLE_CUDA_DST_NAMES[3] = {"pageable", "fresh", "pinned"};
+static int cuda_dst_mode = SAMPLE_CUDA_PAGEABLE;
+static std::atomic<int> cuda_dst_next{0};
+
+void common_checkpoint_cuda_dst(int mode) { cuda_dst_mode = mode; }
+
+// This checkpoint's destination: the mode, or with SAMPLE_CUDA_CYCLE each mode in turn.
+static int cuda_dst_for_next() {
+    return cuda_dst_mode == SAMPLE_CUDA_CYCLE ? cuda_dst_next++ % 3 : cuda_dst_mode;
+}
+
+static void cuda_check(cudaError_t e, const char * what) {
+    if (e != cudaSuccess) {
+        fprintf(stderr, "sample-common: %s failed: %s\n", what, cudaGetErrorString(e));
+        abort();
+    }
+}
+
+sample_raw_buffer::~sample_raw_buffer() {
+    if (p) {
+        munmap(p, n);
+    }
+}
+
+uint8_t * sample_raw_buffer::fresh(size_t bytes) {
+    if (p) {
+        munmap(p, n);
+    }
+    void * q = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (q == MAP_FAILED) {
+        fprintf(stderr, "sample-common: cannot map %zu bytes\n", bytes);
+        abort();
+    }
+    p = (uint8_t *) q;
+    n = bytes;
+    return p;
+}
+#endif
 
 
 // --pause-in-checkpoint: the first checkpoint stops between its fill and its copy, says so on
@@ -34,10 +78,17 @@ static void pause_here() {
 
 // The body of update_tgt()/update_dft(), inlined into each so that the resize and the copy are
 // calls made from inside the probed function, as in llama.cpp's common.cpp.
+#ifdef SAMPLE_CUDA
+#define RAW_PARAM , sample_raw_buffer & raw
+#define RAW_ARG(r) , r
+#else
+#define RAW_PARAM
+#define RAW_ARG(r)
+#endif
 static inline __attribute__((always_inline)) void update_state(std::vector<uint8_t> & data,
                                                                common_checkpoint_truth & t,
                                                                llama_context * ctx, int seq_id,
-                                                               unsigned int flags) {
+                                                               unsigned int flags RAW_PARAM) {
     t = common_checkpoint_truth();
     t.tid = (int) syscall(SYS_gettid);
     t.start_ns = now_ns();
@@ -52,30 +103,51 @@ static inline __attribute__((always_inline)) void update_state(std::vector<uint8
     t.bytes = size;
 
     // Wall clock outside, thread CPU clock inside, around exactly the call a tracer times.
-    const int64_t f0 = thread_faults();
-    t.fill_start_ns = now_ns();
-    const int64_t c0 = thread_cpu_ns();
-    sample_grow(data, size);  // grows through _M_default_append: zero fill of fresh mmap()ed pages
-    const int64_t c1 = thread_cpu_ns();
-    const int64_t t1 = now_ns();
-    const int64_t f1 = thread_faults();
-    t.fill_ns = t1 - t.fill_start_ns;
-    t.fill_cpu_ns = c1 - c0;
-    t.fill_faults = f1 - f0;
+    uint8_t * dst = nullptr;
+#ifdef SAMPLE_CUDA
+    t.cuda_dst = cuda_dst_for_next();
+    if (t.cuda_dst == SAMPLE_CUDA_FRESH) {
+        t.pool_hit = false;
+        dst = raw.fresh(size);  // no fill: the copy is the first to touch these pages
+    }
+#endif
+    if (dst == nullptr) {
+        const int64_t f0 = thread_faults();
+        t.fill_start_ns = now_ns();
+        const int64_t c0 = thread_cpu_ns();
+        sample_grow(data, size);  // grows through _M_default_append: zero fill of fresh mmap()ed pages
+        const int64_t c1 = thread_cpu_ns();
+        const int64_t t1 = now_ns();
+        const int64_t f1 = thread_faults();
+        t.fill_ns = t1 - t.fill_start_ns;
+        t.fill_cpu_ns = c1 - c0;
+        t.fill_faults = f1 - f0;
+        dst = data.data();
+    }
     if (pause_first_checkpoint) {
         pause_here();
     }
+#ifdef SAMPLE_CUDA
+    if (t.cuda_dst == SAMPLE_CUDA_PINNED) {
+        cuda_check(cudaHostRegister(dst, size, cudaHostRegisterDefault), "cudaHostRegister");
+    }
+#endif
 
     const int64_t f2 = thread_faults();
     t.copy_start_ns = now_ns();
     const int64_t c2 = thread_cpu_ns();
-    const size_t n = llama_state_seq_get_data_ext(ctx, data.data(), size, seq_id, flags);
+    const size_t n = llama_state_seq_get_data_ext(ctx, dst, size, seq_id, flags);
     const int64_t c3 = thread_cpu_ns();
     const int64_t t3 = now_ns();
     const int64_t f3 = thread_faults();
     t.copy_ns = t3 - t.copy_start_ns;
     t.copy_cpu_ns = c3 - c2;
     t.copy_faults = f3 - f2;
+#ifdef SAMPLE_CUDA
+    if (t.cuda_dst == SAMPLE_CUDA_PINNED) {
+        cuda_check(cudaHostUnregister(dst), "cudaHostUnregister");
+    }
+#endif
 
     if (n != size) {
         fprintf(stderr, "sample-common: state copy wrote %zu of %zu bytes\n", n, size);
@@ -87,12 +159,12 @@ static inline __attribute__((always_inline)) void update_state(std::vector<uint8
 
 __attribute__((noinline)) void common_prompt_checkpoint::update_tgt(llama_context * ctx, int seq_id,
                                                                     unsigned int flags) {
-    update_state(data_tgt, truth_tgt, ctx, seq_id, flags);
+    update_state(data_tgt, truth_tgt, ctx, seq_id, flags RAW_ARG(raw_tgt));
 }
 
 __attribute__((noinline)) void common_prompt_checkpoint::update_dft(llama_context * ctx, int seq_id,
                                                                     unsigned int flags) {
-    update_state(data_dft, truth_dft, ctx, seq_id, flags);
+    update_state(data_dft, truth_dft, ctx, seq_id, flags RAW_ARG(raw_dft));
 }
 
 #ifdef SAMPLE_UPSTREAM

@@ -62,7 +62,28 @@ struct common_checkpoint_truth {
     size_t bytes = 0;
     bool pool_hit = false;  // the resize did not have to grow the buffer
     int tid = 0;
+    int cuda_dst = -1;  // the CUDA build: where the copy went (sample_cuda_dst), -1 otherwise
 };
+
+#ifdef SAMPLE_CUDA
+// The CUDA build's checkpoint destinations (--cuda-dst): the buffer as llama.cpp has it (filled,
+// so resident), the fill dropped (memory never touched: the case llama.cpp PR #201 measured ~140x
+// slower), the filled buffer registered as pinned memory around the copy; or each in turn.
+enum sample_cuda_dst { SAMPLE_CUDA_PAGEABLE = 0, SAMPLE_CUDA_FRESH = 1, SAMPLE_CUDA_PINNED = 2, SAMPLE_CUDA_CYCLE = 3 };
+extern const char * const SAMPLE_CUDA_DST_NAMES[3];
+void common_checkpoint_cuda_dst(int mode);
+
+// A fresh destination (SAMPLE_CUDA_FRESH): its own mapping, never touched before the copy.
+struct sample_raw_buffer {
+    uint8_t * p = nullptr;
+    size_t n = 0;
+    sample_raw_buffer() = default;
+    sample_raw_buffer(const sample_raw_buffer &) = delete;
+    sample_raw_buffer & operator=(const sample_raw_buffer &) = delete;
+    ~sample_raw_buffer();
+    uint8_t * fresh(size_t bytes);  // unmaps the last one, maps a new one
+};
+#endif
 
 struct common_prompt_checkpoint {
     std::vector<uint8_t> data_tgt;
@@ -70,6 +91,10 @@ struct common_prompt_checkpoint {
 
     common_checkpoint_truth truth_tgt;
     common_checkpoint_truth truth_dft;
+#ifdef SAMPLE_CUDA
+    sample_raw_buffer raw_tgt;
+    sample_raw_buffer raw_dft;
+#endif
 
     common_prompt_checkpoint() = default;
     common_prompt_checkpoint(const common_prompt_checkpoint &) = delete;

@@ -11,6 +11,19 @@
 
 #include <atomic>
 
+#ifdef SAMPLE_CUDA
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+static void cuda_check(cudaError_t e, const char * what) {
+    if (e != cudaSuccess) {
+        fprintf(stderr, "sample-llama: %s failed: %s\n", what, cudaGetErrorString(e));
+        abort();
+    }
+}
+#endif
+
 struct llama_context {
     int32_t n_seq;
     size_t max_state_bytes;
@@ -19,6 +32,10 @@ struct llama_context {
     uint8_t ** state;  // one buffer per sequence, max_state_bytes each
     std::atomic<int64_t> n_decoded;
     std::atomic<int64_t> n_outputs;
+#ifdef SAMPLE_CUDA
+    uint8_t ** dev_state;  // each sequence's state in device memory, where the copy reads it
+    int32_t cuda_tensors = 4;
+#endif
 };
 
 extern "C" {
@@ -41,6 +58,13 @@ llama_context * sample_llama_init(int32_t n_seq, size_t max_state_bytes, int64_t
         memset(ctx->state[s], 0x5a + s, max_state_bytes);
         mlock(ctx->state[s], max_state_bytes);
     }
+#ifdef SAMPLE_CUDA
+    ctx->dev_state = (uint8_t **) calloc(n_seq, sizeof(uint8_t *));
+    for (int32_t s = 0; s < n_seq; s++) {
+        cuda_check(cudaMalloc((void **) &ctx->dev_state[s], max_state_bytes), "cudaMalloc");
+        cuda_check(cudaMemcpy(ctx->dev_state[s], ctx->state[s], max_state_bytes, cudaMemcpyHostToDevice), "cudaMemcpy");
+    }
+#endif
     return ctx;
 }
 
@@ -58,7 +82,17 @@ const uint8_t * sample_llama_state(const llama_context * ctx, int32_t seq_id) { 
 int64_t sample_llama_n_decoded(const llama_context * ctx) { return ctx->n_decoded; }
 int64_t sample_llama_n_outputs(const llama_context * ctx) { return ctx->n_outputs; }
 
+#ifdef SAMPLE_CUDA
+void sample_llama_set_cuda_tensors(llama_context * ctx, int32_t n_tensors) { ctx->cuda_tensors = n_tensors; }
+#endif
+
 void sample_llama_free(llama_context * ctx) {
+#ifdef SAMPLE_CUDA
+    for (int32_t s = 0; s < ctx->n_seq; s++) {
+        cudaFree(ctx->dev_state[s]);
+    }
+    free(ctx->dev_state);
+#endif
     for (int32_t s = 0; s < ctx->n_seq; s++) {
         free(ctx->state[s]);
     }
@@ -148,7 +182,18 @@ __attribute__((noinline)) size_t llama_state_seq_get_data_ext(llama_context * ct
     if (size < n) {
         return 0;
     }
+#ifdef SAMPLE_CUDA
+    // As ggml-cuda's get_tensor, tensor by tensor: an async copy on the per-thread stream, then wait.
+    const size_t per = (n + (size_t) ctx->cuda_tensors - 1) / (size_t) ctx->cuda_tensors;
+    for (size_t off = 0; off < n; off += per) {
+        const size_t len = std::min(per, n - off);
+        cuda_check(cudaMemcpyAsync(dst + off, ctx->dev_state[seq_id] + off, len, cudaMemcpyDeviceToHost,
+                                   cudaStreamPerThread), "cudaMemcpyAsync");
+        cuda_check(cudaStreamSynchronize(cudaStreamPerThread), "cudaStreamSynchronize");
+    }
+#else
     memcpy(dst, ctx->state[seq_id], n);
+#endif
     return n;
 }
 

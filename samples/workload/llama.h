@@ -56,6 +56,13 @@ void sample_llama_free(struct llama_context * ctx);
 size_t llama_state_seq_set_data_ext(struct llama_context * ctx, const uint8_t * src, size_t size,
                                     llama_seq_id seq_id, llama_state_seq_flags flags);
 
+#ifdef SAMPLE_CUDA
+// The CUDA build (ckpt-workload-cuda): each sequence's state lives in device memory and the state
+// copy is one cudaMemcpyAsync device-to-host plus a cudaStreamSynchronize per "tensor", as ggml-cuda's
+// get_tensor does; this many tensors per copy (4).
+void sample_llama_set_cuda_tensors(struct llama_context * ctx, int32_t n_tensors);
+#endif
+
 #ifdef __cplusplus
 }
 #endif

@@ -89,6 +89,12 @@ static void usage(FILE * f) {
             "  --prompt-save           each prefill: slot 0 saves its prompt state (prompt cache)\n"
             "  --prompt-save-inlined   each prefill: the last slot saves it too, in get_available_slot\n"
             "                          (the save inlined there, as upstream's GCC build has it)\n"
+            "CUDA build (ckpt-workload-cuda, against the stub libcudart) only:\n"
+            "  --cuda-dst MODE         where each checkpoint's state copy goes: pageable (the filled\n"
+            "                          buffer), fresh (no fill: never-touched memory), pinned (the\n"
+            "                          buffer registered with cudaHostRegister around the copy), or\n"
+            "                          cycle (each in turn) (pageable)\n"
+            "  --cuda-tensors N        device-to-host copies (each then synchronized) per state copy (4)\n"
             "  --help                  this text\n",
             prog);
 }
@@ -106,13 +112,15 @@ struct options {
     int exit_code = 0;
     int64_t gap_us = 0;
     int32_t thread_churn = 0;
+    int cuda_dst = -1;  // -1: not given
+    int32_t cuda_tensors = 0;  // 0: not given
 };
 
 static options parse_options(int argc, char ** argv) {
     enum {
         O_SLOTS = 1000, O_ITER, O_DPP, O_CKPT, O_GROW, O_POOL, O_KEEP, O_PROMPT, O_DECODE_US,
         O_NOISE, O_TRUTH, O_WAIT, O_PAUSE, O_MREMAP, O_EXIT, O_DRAFT, O_HELP, O_REQUEST, O_GAP, O_CHURN, O_RESTORE, O_SPEC,
-        O_SPEC_STATE, O_PROMPT_SAVE, O_PROMPT_SAVE_INLINED
+        O_SPEC_STATE, O_PROMPT_SAVE, O_PROMPT_SAVE_INLINED, O_CUDA_DST, O_CUDA_TENSORS
     };
     static const struct option longopts[] = {
         {"slots", required_argument, nullptr, O_SLOTS},
@@ -140,6 +148,8 @@ static options parse_options(int argc, char ** argv) {
         {"spec-state-kib", required_argument, nullptr, O_SPEC_STATE},
         {"prompt-save", no_argument, nullptr, O_PROMPT_SAVE},
         {"prompt-save-inlined", no_argument, nullptr, O_PROMPT_SAVE_INLINED},
+        {"cuda-dst", required_argument, nullptr, O_CUDA_DST},
+        {"cuda-tensors", required_argument, nullptr, O_CUDA_TENSORS},
         {nullptr, 0, nullptr, 0},
     };
     options o;
@@ -187,6 +197,19 @@ static options parse_options(int argc, char ** argv) {
             case O_SPEC_STATE: o.sp.spec_state_bytes = (size_t) parse_int("--spec-state-kib", optarg, 1, 1 << 20) << 10; break;
             case O_PROMPT_SAVE: o.sp.prompt_save = true; break;
             case O_PROMPT_SAVE_INLINED: o.sp.prompt_save_inlined = true; break;
+            case O_CUDA_DST: {
+                static const char * const modes[] = {"pageable", "fresh", "pinned", "cycle"};
+                for (int m = 0; m < 4; m++) {
+                    if (strcmp(optarg, modes[m]) == 0) {
+                        o.cuda_dst = m;
+                    }
+                }
+                if (o.cuda_dst < 0) {
+                    usage_error("--cuda-dst takes pageable, fresh, pinned or cycle, got '%s'", optarg);
+                }
+                break;
+            }
+            case O_CUDA_TENSORS: o.cuda_tensors = (int32_t) parse_int("--cuda-tensors", optarg, 1, 4096); break;
             case ':': usage_error("%s needs a value", argv[optind - 1]);
             default: usage_error("unknown option '%s'", argv[optind - 1]);
         }
@@ -194,6 +217,11 @@ static options parse_options(int argc, char ** argv) {
     if (optind < argc) {
         usage_error("unexpected argument '%s'", argv[optind]);
     }
+#ifndef SAMPLE_CUDA
+    if (o.cuda_dst >= 0 || o.cuda_tensors) {
+        usage_error("--cuda-dst and --cuda-tensors need the CUDA build (ckpt-workload-cuda)");
+    }
+#endif
 #ifndef SAMPLE_UPSTREAM
     if (o.sp.restore_every || o.sp.spec || o.sp.spec_state_bytes || o.sp.prompt_save || o.sp.prompt_save_inlined) {
         usage_error("--restore-every, --spec, --spec-state-kib and --prompt-save(-inlined) need the upstream build "
@@ -280,12 +308,16 @@ static void write_checkpoint(FILE * f, const server_checkpoint_truth & c, const 
             "\"start_ns\":%lld,\"end_ns\":%lld,\"cpu_ns\":%lld,\"fill_start_ns\":%lld,\"fill_ns\":%lld,"
             "\"fill_cpu_ns\":%lld,\"copy_start_ns\":%lld,\"copy_ns\":%lld,\"copy_cpu_ns\":%lld,"
             "\"fill_faults\":%lld,\"copy_faults\":%lld,\"pool_hit\":%s,\"spec\":%s,"
-            "\"resident_fill_cpu_ns\":%lld,\"resident_copy_cpu_ns\":%lld}\n",
+            "\"resident_fill_cpu_ns\":%lld,\"resident_copy_cpu_ns\":%lld",
             (long long) c.iter, c.slot, t.tid, t.bytes, c.draft ? "true" : "false", (long long) t.start_ns,
             (long long) t.end_ns, (long long) t.cpu_ns, (long long) t.fill_start_ns, (long long) t.fill_ns,
             (long long) t.fill_cpu_ns, (long long) t.copy_start_ns, (long long) t.copy_ns, (long long) t.copy_cpu_ns,
             (long long) t.fill_faults, (long long) t.copy_faults, t.pool_hit ? "true" : "false",
             c.spec ? "true" : "false", (long long) r.fill_cpu_ns, (long long) r.copy_cpu_ns);
+#ifdef SAMPLE_CUDA
+    fprintf(f, ",\"cuda_dst\":\"%s\"", SAMPLE_CUDA_DST_NAMES[t.cuda_dst]);  // where the copy went
+#endif
+    fputs("}\n", f);
     fflush(f);
 }
 
@@ -418,6 +450,12 @@ int main(int argc, char ** argv) {
 
     const size_t max_bytes = server_context_impl::max_state_bytes(o.sp, o.iterations);
     llama_context * ctx = sample_llama_init(o.sp.n_slots, max_bytes, o.decode_us);
+#ifdef SAMPLE_CUDA
+    common_checkpoint_cuda_dst(o.cuda_dst >= 0 ? o.cuda_dst : SAMPLE_CUDA_PAGEABLE);
+    if (o.cuda_tensors) {
+        sample_llama_set_cuda_tensors(ctx, o.cuda_tensors);
+    }
+#endif
     // The resident reference's buffer: touched (non-zero, so no shared zero page) and kept in.
     std::vector<uint8_t> scratch;
     if (truth) {
