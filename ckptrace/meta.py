@@ -90,6 +90,18 @@ class ProcessInfo:
 
 
 @dataclass
+class GpuInfo:
+    """The CUDA copy path as recorded (version 4; only for a recording with a CUDA target)."""
+    libraries: list[str] = field(default_factory=list)  # the CUDA runtime/driver libraries probed
+    points: list[str] = field(default_factory=list)  # their probe points (probes/cuda.py)
+    fault_tracepoints: list[str] = field(default_factory=list)  # where destination faults were counted
+    ranges_full: int = 0  # copy spans whose destination range found no free slot: their faults not counted
+    pinned_full: int = 0  # pinned ranges not remembered (too many at once): copies into them count as pageable
+    # attach mode: memory pinned before the probes were attached is not known to be pinned
+    pinned_known_from_start: bool = True
+
+
+@dataclass
 class TraceMeta:
     label: str = ""  # how compare groups legs
     tool_version: str | None = None
@@ -131,6 +143,9 @@ class TraceMeta:
     threads_pruned: int | None = None
     threads_peak: int | None = None  # most threads in the map at once (sampled at each flush)
     profile: ProfileInfo | None = None  # version 3: the generation matched; None: not recorded
+    # Version 4: the CUDA copy path, for a recording with a CUDA target; None (and no key written):
+    # no CUDA library was probed
+    gpu: GpuInfo | None = field(default=None, metadata={"omit_none": True})
     # The file's own format stamp as read; write_trace stamps the writer's.
     format: str | None = None
     version: int | None = None
@@ -142,6 +157,9 @@ class TraceMeta:
         """A JSON-ready dict (unknown keys first, known fields win)."""
         out = dataclasses.asdict(self)
         del out["extra"]
+        for f in dataclasses.fields(self):  # "not recorded", said by the key's absence
+            if f.metadata.get("omit_none") and out[f.name] is None:
+                del out[f.name]
         return {**self.extra, **out}
 
     @classmethod

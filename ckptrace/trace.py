@@ -30,7 +30,7 @@ from ckptrace.validate import (budget_rows, check_column, check_events, check_id
                                open_regular, reversed_error)
 
 FORMAT = "ckptrace-trace"
-VERSION = 3
+VERSION = 4
 # Oldest reader that can read what this version writes. Bump VERSION for additions; bump this
 # only for changes an old reader would misread. Never reuse a removed column name.
 MIN_READER_VERSION = 1
@@ -71,9 +71,21 @@ COLUMNS: dict[str, object] = {
     "spec": np.dtype("bool"),  # checkpoint made for a speculative round
     "old_addr": np.dtype("uint64"),  # mremap: the address it moved or resized from (0: not recorded)
     "old_bytes": np.dtype("int64"),  # mremap: the old length
+    # Version 4: CUDA targets only (a trace without them has none of these columns), on copy and
+    # restore_copy rows, NA on the others: the span's outermost CUDA calls (probes/cuda.py).
+    "gpu_copies": pd.Int64Dtype(),  # copy calls
+    "gpu_bytes": pd.Int64Dtype(),  # their bytes, any direction
+    "gpu_pinned_bytes": pd.Int64Dtype(),  # device-to-host bytes into pinned host memory
+    "gpu_pageable_bytes": pd.Int64Dtype(),  # device-to-host bytes into pageable host memory
+    "gpu_enqueue_ns": pd.Int64Dtype(),  # time inside the copy calls
+    "gpu_syncs": pd.Int64Dtype(),  # synchronize calls (waits for the device)
+    "gpu_sync_ns": pd.Int64Dtype(),  # time inside them
+    "gpu_dst_faults": pd.Int64Dtype(),  # page faults on the pageable destination range, any thread
+    "gpu_driver_faults": pd.Int64Dtype(),  # of those, taken by other threads than the span's
 }
-# Columns a trace may lack (older versions): read as NA, never as zeros.
-OPTIONAL = {"cpu_ns", "wait_ns", "nvcsw", "nivcsw", "fault_ns"}
+GPU_COLUMNS = [c for c in COLUMNS if c.startswith("gpu_")]
+# Columns a trace may lack (older versions; a trace of no CUDA target): read as NA, never as zeros.
+OPTIONAL = {"cpu_ns", "wait_ns", "nvcsw", "nivcsw", "fault_ns", *GPU_COLUMNS}
 # Version 3 columns an older trace lacks: read as their "none" value (pid: the trace's meta.pid).
 ADDED_IN_3 = {"pid", "spec", "old_addr", "old_bytes"}  # old_*: added within version 3, read as 0 (not recorded)
 # Rows per batch iter_batches yields: ~20 MiB of decoded columns, whatever the row groups.
@@ -136,9 +148,14 @@ def write_trace(path: str | os.PathLike, events: pd.DataFrame, meta: TraceMeta) 
     write_output(path, trace_writer(events, meta), what="trace")
 
 
+def trace_columns(meta: TraceMeta) -> dict[str, object]:
+    """The columns a trace with this metadata holds: the GPU columns only where CUDA was probed."""
+    return COLUMNS if meta.gpu is not None else {c: t for c, t in COLUMNS.items() if c not in GPU_COLUMNS}
+
+
 def trace_writer(events: pd.DataFrame, meta: TraceMeta):
     """A function writing the trace of `events` and `meta` into a binary file object."""
-    table = pa.Table.from_pandas(normalize_events(events), preserve_index=False)
+    table = pa.Table.from_pandas(normalize_events(events, trace_columns(meta)), preserve_index=False)
     table = table.replace_schema_metadata(trace_schema(meta, table.schema).metadata)
     rows = ROW_GROUP_ROWS
     return lambda f: pq.write_table(table, f, row_group_size=rows, **PARQUET_OPTIONS)
@@ -147,7 +164,7 @@ def trace_writer(events: pd.DataFrame, meta: TraceMeta):
 def trace_schema(meta: TraceMeta, schema: pa.Schema | None = None, pandas_attrs: bool = True) -> pa.Schema:
     """The events' Arrow schema carrying `meta`, stamped with this writer's format version
     (`pandas_attrs`: a second copy for pandas' read_parquet, which a stream's readers don't use)."""
-    schema = schema or event_schema()
+    schema = schema or event_schema(trace_columns(meta))
     doc = {**meta.to_json(), "format": FORMAT, "version": VERSION, "min_reader_version": MIN_READER_VERSION}
     blob = json.dumps(doc, default=_plain)
     md = dict(schema.metadata or {})
@@ -157,9 +174,9 @@ def trace_schema(meta: TraceMeta, schema: pa.Schema | None = None, pandas_attrs:
     return schema.with_metadata(md)
 
 
-def event_schema() -> pa.Schema:
-    """The Arrow schema of COLUMNS (kind and phase as dictionaries of their names)."""
-    return pa.Schema.from_pandas(empty_events(), preserve_index=False)
+def event_schema(columns: dict[str, object] = COLUMNS) -> pa.Schema:
+    """The Arrow schema of COLUMNS, or of `columns` of them (kind and phase as dictionaries of their names)."""
+    return pa.Schema.from_pandas(empty_frame(columns), preserve_index=False)
 
 
 def to_batch(events: pd.DataFrame, schema: pa.Schema) -> pa.RecordBatch:

@@ -46,6 +46,9 @@ RANGES = {
     "prompt_tokens": (0, INT32_MAX), "cpu_ns": (0, NS_MAX), "wait_ns": (0, NS_MAX),
     "nvcsw": (0, COUNT_MAX), "nivcsw": (0, COUNT_MAX), "fault_ns": (0, NS_MAX),
     "pid": (0, INT32_MAX), "old_addr": (0, (1 << 64) - 1), "old_bytes": (0, 1 << 48),
+    "gpu_copies": (0, COUNT_MAX), "gpu_bytes": (0, 1 << 48), "gpu_pinned_bytes": (0, 1 << 48),
+    "gpu_pageable_bytes": (0, 1 << 48), "gpu_enqueue_ns": (0, NS_MAX), "gpu_syncs": (0, COUNT_MAX),
+    "gpu_sync_ns": (0, NS_MAX), "gpu_dst_faults": (0, COUNT_MAX), "gpu_driver_faults": (0, COUNT_MAX),
 }
 TEXT_COLUMNS = {"kind", "phase"}
 BOOL_COLUMNS = {"draft", "spec"}

@@ -18,6 +18,8 @@
  *   TOKEN_SIZE_STDCXX, TOKEN_SIZE_LIBCXX  sizeof(llama_batch_ext::token) by standard library
  * Per process, the `targets` map's value holds TARGET_* flags (checkpoint.h) the recorder set from
  * its probe plan.
+ * A process that maps libcudart or libcuda also gets the CUDA programs (the "CUDA" section below);
+ * every other process never reaches them.
  */
 #include <uapi/linux/ptrace.h>
 #include "checkpoint.h"
@@ -72,6 +74,23 @@ struct tstate {
     u32 dec_tokens;
     u32 dec_prompt;
     u32 sc_kind;
+    /* CUDA calls inside the open state copy span (copy or restore_copy), see the CUDA section */
+    u64 gpu_t0;        /* entry of the outermost open copy call, and of the open wait */
+    u64 gpu_s0;
+    u64 gpu_bytes;
+    u64 gpu_pinned;
+    u64 gpu_pageable;
+    u64 gpu_enqueue_ns;
+    u64 gpu_sync_ns;
+    u32 gpu_copies;
+    u32 gpu_syncs;
+    u32 gpu_depth;     /* copy calls open (a runtime call's own driver call is the second) */
+    u32 gpu_sync_depth;
+    u32 gpu_slot;      /* 1 + this span's destination range in dst_ranges; 0: none */
+    u32 pin_depth;     /* pin calls open; their pointer (or out-pointer) and size by depth */
+    u64 pin_arg[2];
+    u64 pin_size[2];
+    u32 pin_out[2];
 };
 
 /* A sampled fault waiting for its rss_stat; per CPU so rss_stat needs no hash lookup. */
@@ -116,6 +135,30 @@ BPF_PERCPU_ARRAY(token_scratch, struct tokens_buf, 1);
 /* Submitted without wakeup: the recorder drains on its own clock, so the traced thread never pays
  * for waking it (or gets preempted by it on a small machine). */
 BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
+
+/* CUDA targets. Per process (entries made by the recorder for processes that map libcudart or
+ * libcuda): its pinned host ranges, and the destination ranges of its open state copy spans, which
+ * the page fault programs count faults on. */
+#define MAX_PINNED 64 /* pinned ranges remembered per process */
+#define MAX_DST 8     /* state copy spans with a destination range open at once, per process */
+#define KIND_D2H 2    /* cudaMemcpyDeviceToHost */
+struct pin_set {
+    u64 lo[MAX_PINNED];
+    u64 hi[MAX_PINNED]; /* 0: a free slot */
+};
+BPF_HASH(pinned, u32, struct pin_set, MAX_TARGETS);
+struct dst_range {
+    u64 lo;
+    u64 hi;      /* 0: not open */
+    u64 faults;  /* page faults on [lo, hi) while open, by any thread of the process */
+    u64 others;  /* ... by other threads than tid */
+    u64 tid;     /* the span's thread; 0: a free slot (64 bits: claimed by a 64-bit compare-and-swap) */
+};
+struct dst_set {
+    struct dst_range r[MAX_DST];
+};
+BPF_HASH(dst_ranges, u32, struct dst_set, MAX_TARGETS);
+BPF_ARRAY(gpu_open, u64, 1); /* destination ranges open now, all processes: a fault's first test */
 
 static __always_inline void count(u32 idx)
 {
@@ -254,6 +297,74 @@ static __always_inline u32 phase_of(struct tstate *s)
     return s->iter ? P_ITERATION : P_NONE;
 }
 
+/* ---- CUDA: what a state copy span's CUDA calls add to its row ---- */
+
+static __always_inline struct dst_range *dst_slot(struct tstate *s, u32 tgid)
+{
+    if (!s->gpu_slot || s->gpu_slot > MAX_DST)
+        return 0;
+    u64 i = s->gpu_slot - 1;
+    asm volatile("%0 &= 7" : "+r"(i)); /* MAX_DST - 1: a bound the verifier keeps (clang drops a C one) */
+    struct dst_set *ds = dst_ranges.lookup(&tgid);
+    return ds ? &ds->r[i] : 0;
+}
+
+/* The span's destination range closes: its fault counts go to the row (e: 0 to drop them). */
+static __always_inline void gpu_close_range(struct tstate *s, struct ckpt_event *e)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct dst_range *r = dst_slot(s, tgid);
+    if (r) {
+        if (e) {
+            e->gpu_dst_faults = r->faults;
+            e->gpu_driver_faults = r->others;
+        }
+        r->hi = 0;
+        r->lo = 0;
+        r->tid = 0; /* free: last */
+        u32 zero = 0;
+        u64 *open = gpu_open.lookup(&zero);
+        if (open)
+            __sync_fetch_and_add(open, -1);
+    }
+    s->gpu_slot = 0;
+}
+
+/* A state copy span opens: nothing of its CUDA calls yet. */
+static __always_inline void gpu_reset(struct tstate *s)
+{
+    gpu_close_range(s, 0); /* one left open by a span that never returned */
+    s->gpu_bytes = 0;
+    s->gpu_pinned = 0;
+    s->gpu_pageable = 0;
+    s->gpu_enqueue_ns = 0;
+    s->gpu_sync_ns = 0;
+    s->gpu_copies = 0;
+    s->gpu_syncs = 0;
+    s->gpu_depth = 0;
+    s->gpu_sync_depth = 0;
+}
+
+static __always_inline void gpu_fields(u32 kind, struct tstate *s, struct ckpt_event *e)
+{
+    e->gpu_dst_faults = 0;
+    e->gpu_driver_faults = 0;
+    if (kind != K_COPY && kind != K_RESTORE_COPY) {
+        e->gpu_bytes = e->gpu_pinned_bytes = e->gpu_pageable_bytes = 0;
+        e->gpu_enqueue_ns = e->gpu_sync_ns = 0;
+        e->gpu_copies = e->gpu_syncs = 0;
+        return;
+    }
+    e->gpu_bytes = s->gpu_bytes;
+    e->gpu_pinned_bytes = s->gpu_pinned;
+    e->gpu_pageable_bytes = s->gpu_pageable;
+    e->gpu_enqueue_ns = s->gpu_enqueue_ns;
+    e->gpu_sync_ns = s->gpu_sync_ns;
+    e->gpu_copies = s->gpu_copies;
+    e->gpu_syncs = s->gpu_syncs;
+    gpu_close_range(s, e);
+}
+
 static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struct span *sp, u64 now,
                                       u64 bytes, u64 addr)
 {
@@ -294,6 +405,9 @@ static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struc
         e->tokens = s->it_tokens;
         e->prompt_tokens = s->it_prompt;
     }
+    e->old_addr = 0; /* a reserved record holds whatever an earlier one left: every field is set */
+    e->old_bytes = 0;
+    gpu_fields(kind, s, e);
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
@@ -448,6 +562,7 @@ int copy_enter(struct pt_regs *ctx)
     if (s && !s->ckpt && s->ax_kind == K_PROMPT_SAVE && !s->ax_in_copy) {
         s->ax_in_copy = 1; /* a prompt save's copy: a copy row of its own (ckpt 0, phase prompt_save) */
         s->ph_addr = PT_REGS_PARM2(ctx);
+        gpu_reset(s);
         open_span(&s->ph, s);
         return 0;
     }
@@ -456,6 +571,7 @@ int copy_enter(struct pt_regs *ctx)
     s->phase = P_COPY;
     s->ph_bytes = PT_REGS_PARM3(ctx);
     s->ph_addr = PT_REGS_PARM2(ctx);
+    gpu_reset(s);
     open_span(&s->ph, s);
     return 0;
 }
@@ -496,6 +612,7 @@ int save_call_enter(struct pt_regs *ctx)
         return 0;
     s->ax_in_copy = 2;
     s->ph_addr = PT_REGS_PARM2(ctx);
+    gpu_reset(s);
     open_span(&s->ph, s);
     return 0;
 }
@@ -768,6 +885,7 @@ int restore_copy_enter(struct pt_regs *ctx)
     if (s->rc_open)
         count(C_ABANDONED);
     s->rc_open = 1;
+    gpu_reset(s);
     open_span(&s->rc, s);
     return 0;
 }
@@ -834,6 +952,262 @@ int fault_accounted(struct bpf_raw_tracepoint_args *ctx)
         return 0;
     s->timed += 1;
     s->timed_ns += d;
+    return 0;
+}
+
+/* ---- CUDA (targets that map libcudart or libcuda) ----
+ * Inside a state copy span (a checkpoint's or a prompt save's copy, a restore's copy), each copy
+ * call adds its bytes and its time (enqueue: for pageable memory the driver returns only when the
+ * copy is done, so the whole staged copy), each synchronize call its wait for the device. Only the
+ * outermost call counts: the runtime's cudaMemcpyAsync calls the driver's cuMemcpyDtoHAsync_v2, a
+ * wait inside a copy call is the copy's. A device-to-host copy's destination is pinned when it lies
+ * in a range the process registered or allocated pinned while traced, else pageable: the span's
+ * destination range (lowest to highest byte its pageable copies wrote) is then open to the fault
+ * programs until the span returns. Calls outside a state copy span cost one lookup. */
+
+static __always_inline struct tstate *gpu_span(u32 *tid)
+{
+    if (!target_tid(tid))
+        return 0;
+    struct tstate *s = threads.lookup(tid);
+    if (!s || !((s->ckpt && s->phase == P_COPY) || s->ax_in_copy || s->rc_open))
+        return 0;
+    return s;
+}
+
+static __always_inline int is_pinned(u32 tgid, u64 p, u64 n)
+{
+    struct pin_set *ps = pinned.lookup(&tgid);
+    if (!ps)
+        return 0;
+    for (int i = 0; i < MAX_PINNED; i++) {
+        if (p >= ps->lo[i] && p + n <= ps->hi[i])
+            return 1;
+    }
+    return 0;
+}
+
+/* The span's destination range grows to hold [p, p + n) (opened on its first pageable copy). */
+static __always_inline void dst_extend(struct tstate *s, u32 tid, u32 tgid, u64 p, u64 n)
+{
+    struct dst_range *r = dst_slot(s, tgid);
+    if (r) {
+        if (p < r->lo)
+            r->lo = p;
+        if (p + n > r->hi)
+            r->hi = p + n;
+        return;
+    }
+    struct dst_set *ds = dst_ranges.lookup(&tgid);
+    if (!ds)
+        return;
+    for (u32 i = 0; i < MAX_DST; i++) {
+        /* claimed by a compare-and-swap: another thread of the process may claim at once */
+        if (__sync_val_compare_and_swap(&ds->r[i].tid, 0, (u64)tid) == 0) {
+            r = &ds->r[i];
+            r->faults = 0;
+            r->others = 0;
+            r->lo = p;
+            r->hi = p + n; /* open: last */
+            s->gpu_slot = i + 1;
+            u32 zero = 0;
+            u64 *open = gpu_open.lookup(&zero);
+            if (open)
+                __sync_fetch_and_add(open, 1);
+            return;
+        }
+    }
+    count(C_GPU_RANGES_FULL);
+}
+
+static __always_inline int gpu_copy_enter(u64 dst, u64 n, int d2h)
+{
+    u32 tid;
+    struct tstate *s = gpu_span(&tid);
+    if (!s || s->gpu_depth++ > 0)
+        return 0; /* not in a state copy, or a call inside a copy call: the outer one counts */
+    s->gpu_copies++;
+    s->gpu_bytes += n;
+    if (d2h && n) {
+        u32 tgid = bpf_get_current_pid_tgid() >> 32;
+        if (is_pinned(tgid, dst, n)) {
+            s->gpu_pinned += n;
+        } else {
+            s->gpu_pageable += n;
+            dst_extend(s, tid, tgid, dst, n);
+        }
+    }
+    s->gpu_t0 = bpf_ktime_get_ns(); /* last: the call's time excludes our bookkeeping */
+    return 0;
+}
+
+/* cudaMemcpy(dst, src, n, kind), cudaMemcpyAsync(dst, src, n, kind, stream) */
+int gpu_copy_rt(struct pt_regs *ctx)
+{
+    return gpu_copy_enter(PT_REGS_PARM1(ctx), PT_REGS_PARM3(ctx), PT_REGS_PARM4(ctx) == KIND_D2H);
+}
+
+/* cuMemcpyDtoH_v2(dst, src, n), cuMemcpyDtoHAsync_v2(dst, src, n, stream) */
+int gpu_copy_dtoh(struct pt_regs *ctx) { return gpu_copy_enter(PT_REGS_PARM1(ctx), PT_REGS_PARM3(ctx), 1); }
+
+/* cuMemcpyHtoD_v2, cuMemcpyDtoD_v2, cuMemcpy (unified: no direction known) and their async forms */
+int gpu_copy_other(struct pt_regs *ctx) { return gpu_copy_enter(0, PT_REGS_PARM3(ctx), 0); }
+
+int gpu_copy_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->gpu_depth)
+        return 0;
+    if (--s->gpu_depth == 0)
+        s->gpu_enqueue_ns += now - s->gpu_t0;
+    return 0;
+}
+
+/* cudaStreamSynchronize, cudaDeviceSynchronize, cuStreamSynchronize, cuCtxSynchronize */
+int gpu_sync_enter(struct pt_regs *ctx)
+{
+    u32 tid;
+    struct tstate *s = gpu_span(&tid);
+    if (!s || s->gpu_depth || s->gpu_sync_depth++ > 0)
+        return 0;
+    s->gpu_syncs++;
+    s->gpu_s0 = bpf_ktime_get_ns();
+    return 0;
+}
+
+int gpu_sync_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->gpu_sync_depth)
+        return 0;
+    if (--s->gpu_sync_depth == 0)
+        s->gpu_sync_ns += now - s->gpu_s0;
+    return 0;
+}
+
+/* Pinned host memory, anywhere in the process: a range is remembered when its call returns 0. */
+static __always_inline int pin_open(u64 arg, u64 size, u32 out)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = state_of(tid);
+    if (!s)
+        return 0;
+    u64 d = s->pin_depth++;
+    if (d < 2) {
+        asm volatile("%0 &= 1" : "+r"(d)); /* a bound the verifier keeps */
+        s->pin_arg[d] = arg;
+        s->pin_size[d] = size;
+        s->pin_out[d] = out;
+    }
+    return 0;
+}
+
+/* cudaHostRegister(p, size, flags), cuMemHostRegister_v2(p, size, flags) */
+int gpu_pin_enter(struct pt_regs *ctx) { return pin_open(PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 0); }
+
+/* cudaMallocHost(&p, size), cudaHostAlloc(&p, size, flags), cuMemAllocHost_v2, cuMemHostAlloc */
+int gpu_pin_out_enter(struct pt_regs *ctx) { return pin_open(PT_REGS_PARM1(ctx), PT_REGS_PARM2(ctx), 1); }
+
+int gpu_pin_return(struct pt_regs *ctx)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->pin_depth)
+        return 0;
+    u64 d = --s->pin_depth;
+    if (d >= 2 || (u32)PT_REGS_RC(ctx) != 0)
+        return 0; /* deeper than we keep, or it failed */
+    asm volatile("%0 &= 1" : "+r"(d)); /* a bound the verifier keeps */
+    u64 p = s->pin_arg[d], n = s->pin_size[d];
+    if (s->pin_out[d]) {
+        u64 out = p;
+        p = 0;
+        bpf_probe_read_user(&p, sizeof(p), (void *)out);
+    }
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct pin_set *ps = pinned.lookup(&tgid);
+    if (!ps || !p || !n)
+        return 0;
+    int free_at = -1;
+    for (int i = 0; i < MAX_PINNED; i++) {
+        if (ps->hi[i] && ps->lo[i] == p)
+            return 0; /* the runtime call's own driver call remembered it */
+        if (!ps->hi[i] && free_at < 0)
+            free_at = i;
+    }
+    if (free_at < 0 || free_at >= MAX_PINNED) {
+        count(C_PINNED_FULL);
+        return 0;
+    }
+    ps->lo[free_at] = p;
+    ps->hi[free_at] = p + n;
+    return 0;
+}
+
+/* cudaHostUnregister(p), cuMemHostUnregister(p), cudaFreeHost(p), cuMemFreeHost(p) */
+int gpu_unpin(struct pt_regs *ctx)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    u64 p = PT_REGS_PARM1(ctx);
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    struct pin_set *ps = pinned.lookup(&tgid);
+    if (!ps || !p)
+        return 0;
+    for (int i = 0; i < MAX_PINNED; i++) {
+        if (ps->hi[i] && ps->lo[i] == p) {
+            ps->hi[i] = 0;
+            ps->lo[i] = 0;
+        }
+    }
+    return 0;
+}
+
+/* exceptions:page_fault_user and page_fault_kernel, attached only while a CUDA target is traced:
+ * a fault on an open destination range counts for the span that opened it, whoever takes it (the
+ * driver's threads touch the destination too, and their faults are on their own counters). Every
+ * fault of every process comes here: with no range open it is one array read. */
+struct fault_args {
+    u64 common;
+    u64 address;
+    u64 ip;
+    u64 error_code;
+};
+
+int gpu_fault(struct fault_args *args)
+{
+    u32 zero = 0;
+    u64 *open = gpu_open.lookup(&zero);
+    if (!open || !*open)
+        return 0;
+    u64 id = bpf_get_current_pid_tgid();
+    u32 tgid = id >> 32;
+    struct dst_set *ds = dst_ranges.lookup(&tgid);
+    if (!ds)
+        return 0;
+    u64 a = args->address;
+    for (int i = 0; i < MAX_DST; i++) {
+        struct dst_range *r = &ds->r[i];
+        if (a >= r->lo && a < r->hi) {
+            __sync_fetch_and_add(&r->faults, 1);
+            if ((u32)id != (u32)r->tid)
+                __sync_fetch_and_add(&r->others, 1);
+            return 0;
+        }
+    }
     return 0;
 }
 
@@ -987,6 +1361,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
         return 0;
     if (s->ckpt || s->iter || s->dec_open)
         count(C_ABANDONED); /* exited inside a span: it never returns */
+    gpu_close_range(s, 0);
     if (threads.delete(&tid) == 0)
         count(C_THREADS_PRUNED);
     return 0;

@@ -53,7 +53,10 @@ enum ckpt_counter {
     C_THREADS_PRUNED = 6, /* ... and removed again when they exited */
     C_THREADS_PEAK = 7,   /* most threads in the map at once */
     C_BATCH_UNREAD = 8, /* a llama_batch_ext whose token vector did not look like the layout: tokens 0 */
-    N_COUNTERS = 9,
+    C_GPU_RANGES_FULL = 9, /* a CUDA copy span found no free destination range: its dst faults not counted */
+    C_PINNED_FULL = 10,    /* a pinned host range not remembered (MAX_PINNED at once): copies into it
+                            * count as pageable */
+    N_COUNTERS = 11,
 };
 
 struct ckpt_event {
@@ -80,6 +83,17 @@ struct ckpt_event {
     u32 spec;  /* checkpoint for a speculative round: update_tgt outside create_checkpoint */
     u64 old_addr;   /* mremap: the range it moved or resized from (0 for other kinds) */
     u64 old_bytes;
+    /* CUDA targets (trace version 4): the CUDA calls inside a copy or restore_copy span, 0 for
+     * other rows. Only the outermost call counts (a runtime call's own driver call is inside it). */
+    u64 gpu_bytes;          /* bytes of the copy calls */
+    u64 gpu_pinned_bytes;   /* of those, device-to-host into pinned host memory */
+    u64 gpu_pageable_bytes; /* of those, device-to-host into pageable host memory */
+    u64 gpu_enqueue_ns;     /* time inside the copy calls */
+    u64 gpu_sync_ns;        /* time inside the synchronize calls (waiting for the device) */
+    u64 gpu_dst_faults;     /* page faults on the pageable destination range, by any thread */
+    u64 gpu_driver_faults;  /* of those, taken by other threads than the span's (the driver's) */
+    u32 gpu_copies;
+    u32 gpu_syncs;
 };
 
 #endif

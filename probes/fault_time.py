@@ -109,8 +109,10 @@ def span_fault_ns(events: pd.DataFrame, cal: dict[str, list[list[int]]], carry: 
     out = pd.Series(pd.NA, index=events.index, dtype="Int64")
     spans = ~events["kind"].isin(["mmap", "munmap", "mremap"]) & events["cpu_ns"].notna()
     out[spans & (events["faults"] == 0)] = 0
+    # A copy made by CUDA calls is not a memcpy of its bytes: the calibration does not describe it.
+    cuda = (events["gpu_copies"].fillna(0) > 0).to_numpy() if "gpu_copies" in events else False
     for kind in ("fill", "copy"):
-        rows = events[(events["kind"] == kind) & spans & (events["faults"] > 0)]
+        rows = events[(events["kind"] == kind) & spans & (events["faults"] > 0) & ~cuda]
         if rows.empty or not cal.get(kind):
             continue
         cpu = rows["cpu_ns"].to_numpy(dtype="float64")

@@ -91,7 +91,7 @@ class LiveProbes:
             raise TargetError(f"PID {t.pid}: serve follows at most {recorder.MAX_TARGETS} processes at once")
         recorder.trace_process(self.bpf, t.pid, t.plan)
         try:
-            attached, _ = recorder.attach_probes(self.bpf, t.plan, t.pid, t.start)
+            attached, _ = recorder.attach_probes(self.bpf, t.plan, t.pid, t.start, gpu=False)  # no CUDA series
         except BaseException:
             self._forget(t.pid, t.plan)
             raise

@@ -27,15 +27,15 @@ import pyarrow.parquet as pq
 
 from ckptrace import __version__
 from ckptrace.errors import EbpfUnavailable, SymbolError, TargetError
-from ckptrace.meta import FaultTime, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, SchedCounters, TraceMeta
-from ckptrace.probes import fault_time, kernel
+from ckptrace.meta import FaultTime, GpuInfo, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, SchedCounters, TraceMeta
+from ckptrace.probes import cuda, fault_time, kernel
 from ckptrace.probes.target import alive, comm_of, process_of, processes_named, resident_members, start_time
 from ckptrace.probes.launch import HeldChild
 from ckptrace.output import OutputError, check_output, write_new, write_output
 from ckptrace.terminal import printable
 from ckptrace.stream import CUT_SHORT, Recording, StreamFull, batches
-from ckptrace.trace import (KINDS, OPTIONAL, PARQUET_OPTIONS, PHASES, ROW_GROUP_ROWS, event_schema, normalize_events,
-                            to_batch, trace_schema)
+from ckptrace.trace import (GPU_COLUMNS, KINDS, OPTIONAL, PARQUET_OPTIONS, PHASES, ROW_GROUP_ROWS, event_schema,
+                            normalize_events, to_batch, trace_columns, trace_schema)
 
 BPF_SOURCE = Path(__file__).with_name("checkpoint.bpf.c")
 
@@ -62,6 +62,18 @@ PROGRAMS = {
     "save_call_end": ("save_call_return", None),
     "save_call": ("save_call_enter", None),
 }
+# The CUDA copy path (probes/cuda.py): each point's role -> its programs
+GPU_PROGRAMS = {
+    "copy_rt": ("gpu_copy_rt", "gpu_copy_return"),
+    "copy_dtoh": ("gpu_copy_dtoh", "gpu_copy_return"),
+    "copy_other": ("gpu_copy_other", "gpu_copy_return"),
+    "sync": ("gpu_sync_enter", "gpu_sync_return"),
+    "pin": ("gpu_pin_enter", "gpu_pin_return"),
+    "pin_out": ("gpu_pin_out_enter", "gpu_pin_return"),
+    "unpin": ("gpu_unpin", None),
+}
+PROGRAMS.update({point: GPU_PROGRAMS[role] for point, role in cuda.POINTS.items()})
+GPU_FAULT_PROGRAM = "gpu_fault"  # on cuda.FAULT_TRACEPOINTS, while a CUDA target is traced
 # spans other probed calls nest in: attached last (see attach_probes)
 OUTER_POINTS = ("update_tgt", "update_dft", "update_slots", "create_checkpoint", "load_tgt", "load_dft",
                 "prompt_save")
@@ -80,22 +92,29 @@ def target_flags(plan) -> int:
 
 
 def trace_process(bpf, pid: int, plan) -> None:
-    """Public API: the kernel side traces this process's threads from now (its `targets` entry)."""
+    """Public API: the kernel side traces this process's threads from now (its `targets` entry;
+    a CUDA target also its empty pinned ranges and copy destinations)."""
+    if plan.gpu_points:
+        for table in (b"pinned", b"dst_ranges"):
+            bpf[table][ctypes.c_uint32(pid)] = bpf[table].Leaf()
     bpf[b"targets"][ctypes.c_uint32(pid)] = ctypes.c_uint32(target_flags(plan))
 
 
 def untrace_process(bpf, pid: int) -> None:
     """Public API: stop matching this pid (it exited, and may be given to another process)."""
-    try:
-        del bpf[b"targets"][ctypes.c_uint32(pid)]
-    except KeyError:
-        pass
+    for table in (b"targets", b"pinned", b"dst_ranges"):
+        try:
+            del bpf[table][ctypes.c_uint32(pid)]
+        except KeyError:
+            pass
 SCHED_COLUMNS = ("cpu_ns", "wait_ns", "nvcsw", "nivcsw")
 # Indices of the kernel's `counters` array (checkpoint.h enum ckpt_counter; C_NEXT_ID is the
 # kernel's id allocator, never read here). tests/test_enums.py holds these to the header.
 C_LOST, C_PARTIAL, C_ABANDONED, C_MAP_FULL, C_THREADS_SEEN, C_THREADS_PRUNED, C_THREADS_PEAK = 0, 1, 3, 4, 5, 6, 7
+C_GPU_RANGES_FULL, C_PINNED_FULL = 9, 10
 K_CHECKPOINT, K_ITERATION = KINDS.index("checkpoint"), KINDS.index("iteration")
 K_FILL, K_COPY = KINDS.index("fill"), KINDS.index("copy")
+GPU_KINDS = [KINDS.index(k) for k in ("copy", "restore_copy")]  # rows the GPU columns belong to
 SYSCALL_KINDS = [KINDS.index(k) for k in ("mmap", "munmap", "mremap", "rss")]  # instants: no span counters
 
 FAULT_SAMPLE_CHOICES = (0, 1, 2, 4, 8, 16, 64)
@@ -211,6 +230,8 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
                 untrace_process(bpf, t.pid)
                 continue
             attached, attach_retries = attached + n, attach_retries + r
+        if any(t.plan.gpu_points for t in targets):
+            attach_gpu_faults(bpf)
     except BaseException:
         if child:
             child.abandon()
@@ -220,13 +241,13 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
     meta.sched_counters = SchedCounters(sched is not None, sched_note)
     meta.processes = [t.info() for t in targets]  # in the stream's header too
     try:
-        out = Recording(opts.output, trace_schema(meta, pandas_attrs=False))
+        out = Recording(opts.output, trace_schema(meta, pandas_attrs=False))  # its columns: trace_columns(meta)
     except BaseException:
         bpf.cleanup()
         if child:
             child.abandon()
         raise
-    session = _Session(bpf, opts, sched_recorded=sched is not None, out=out)
+    session = _Session(bpf, opts, sched_recorded=sched is not None, out=out, gpu=meta.gpu is not None)
     _say(_start_line(opts, targets, child, command, attached, meta.sched_counters))
 
     stop_reason = "interrupted"
@@ -421,7 +442,18 @@ def _trace_meta(opts: RecordOptions, targets: Targets, command: list[str] | None
         complete=False,  # what the stream says until the finished trace replaces it
         cut_short=CUT_SHORT,
         max_threads=opts.max_threads,
+        gpu=_gpu_info(plans, attached=command is None),
     )
+
+
+def _gpu_info(plans, attached: bool) -> GpuInfo | None:
+    """The CUDA copy path as it will be recorded; None for a recording of no CUDA target."""
+    points = [p for pl in plans for p in pl.gpu_points]
+    if not points:
+        return None
+    return GpuInfo(libraries=list(dict.fromkeys(p.object for p in points)),
+                   points=list(dict.fromkeys(p.point for p in points)),
+                   fault_tracepoints=list(cuda.FAULT_TRACEPOINTS), pinned_known_from_start=not attached)
 
 
 def _note_stop(meta: TraceMeta, session: _Session, stop_reason: str) -> None:
@@ -435,6 +467,9 @@ def _note_stop(meta: TraceMeta, session: _Session, stop_reason: str) -> None:
     meta.open_at_stop = OpenSpans(open_ckpt, open_iter)
     meta.fault_slices_timed = session.fault_slices
     meta.events = session.rows
+    if meta.gpu is not None:
+        c = session.counters()
+        meta.gpu.ranges_full, meta.gpu.pinned_full = c[C_GPU_RANGES_FULL], c[C_PINNED_FULL]
 
 
 def _start_line(opts: RecordOptions, targets: Targets, child, command, attached: int,
@@ -448,6 +483,9 @@ def _start_line(opts: RecordOptions, targets: Targets, child, command, attached:
               if opts.fault_sample else "page faults")
     faults += ", on-CPU time and run-queue wait" if sched.recorded else f" ({sched.note.split(':')[0]})"
     rss = f", RSS (a row per {opts.rss_step_mib} MiB moved)" if opts.rss_step_mib else ""
+    gpu = [t.plan.gpu_line() for t in targets if t.plan.gpu_points]
+    if gpu:
+        rss += f", CUDA copies ({gpu[0]}; faults on their destinations)"
     profiles = ", ".join(dict.fromkeys(t.plan.profile.name for t in targets))
     line = (f"ckptrace: tracing {what}: {attached} uprobes in {objects} "
             f"objects (profile {profiles}), {faults}, mmap/munmap/mremap{rss}. "
@@ -472,6 +510,12 @@ def _end_line(r: RecordResult) -> str:
         notes.append(f"{meta.partial_spans} partial spans dropped (entered before recording)")
     if meta.open_at_stop.total:
         notes.append(f"{meta.open_at_stop.total} spans still open at stop, dropped")
+    if meta.gpu is not None and meta.gpu.ranges_full:
+        notes.append(f"{meta.gpu.ranges_full} CUDA copy spans without their destination's faults (more than "
+                     "8 copy spans open at once in a process)")
+    if meta.gpu is not None and meta.gpu.pinned_full:
+        notes.append(f"{meta.gpu.pinned_full} pinned ranges not remembered (more than 64 at once): copies into "
+                     "them count as pageable")
     if meta.map_full:
         notes.append(f"{meta.map_full} thread events not seen: the per-thread map was full "
                      f"({meta.max_threads} threads; raise --max-threads)")
@@ -650,9 +694,10 @@ def load_program(bcc, targets: Targets, offsets: dict, sched: dict | None, opts:
     cflags += [f"-D{name.upper()}_OFF={int(off)}" for name, off in (sched or {}).items()]
     bpf = kernel.load_bpf(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
     # Load every uprobe program now, so a verifier rejection is reported here, in one line.
-    for enter, ret in PROGRAMS.values():
-        for fn in (enter, ret) if ret else (enter,):
-            _quietly(f"the kernel rejected the BPF program {fn}", bpf.load_func, fn.encode(), bcc.BPF.KPROBE)
+    for fn in dict.fromkeys(fn for enter, ret in PROGRAMS.values() for fn in (enter, ret) if fn):
+        _quietly(f"the kernel rejected the BPF program {fn}", bpf.load_func, fn.encode(), bcc.BPF.KPROBE)
+    _quietly(f"the kernel rejected the BPF program {GPU_FAULT_PROGRAM}", bpf.load_func, GPU_FAULT_PROGRAM.encode(),
+             bcc.BPF.TRACEPOINT)  # loaded always, attached only for a CUDA target (attach_gpu_faults)
     if not opts.rss_step_mib:
         for tp in (b"kmem:rss_stat", b"sched:sched_process_exec"):  # bcc attached them: their cost goes too
             bpf.detach_tracepoint(tp=tp)
@@ -686,11 +731,12 @@ def _quietly(what: str, call, *args, **kwargs):
     raise EbpfUnavailable(f"{what}: {reason or failure}")
 
 
-def attach_probes(bpf, plan, target: int, start: int | None = None) -> tuple[int, int]:
+def attach_probes(bpf, plan, target: int, start: int | None = None, gpu: bool = True) -> tuple[int, int]:
     """Public API (record and serve): attach every probe point of `plan` into process `target`
-    (start: its start time, so a pid reused meanwhile is not taken for it); returns (uprobes
-    attached, retries). TargetError when the process exits meanwhile (the caller detaches what
-    was attached), EbpfUnavailable/SymbolError when the kernel or bcc refuses a probe."""
+    (start: its start time, so a pid reused meanwhile is not taken for it; gpu False: not the
+    CUDA points); returns (uprobes attached, retries). TargetError when the process exits
+    meanwhile (the caller detaches what was attached), EbpfUnavailable/SymbolError when the kernel
+    or bcc refuses a probe."""
     from ckptrace.probes.symbols import verify_with_bcc
 
     gone = TargetError(f"PID {target} exited while its probes were being attached")
@@ -705,8 +751,9 @@ def attach_probes(bpf, plan, target: int, start: int | None = None) -> tuple[int
     # return probe first, then the entries, the outer ones (checkpoint, iteration) last. So a
     # call whose entry is seen has its return and its inner calls seen too; one already running
     # is at worst a return without its entry, dropped and counted (partial_spans).
-    order = [(p, False) for p in plan.points if PROGRAMS[p.point][1]] + sorted(
-        ((p, True) for p in plan.points), key=lambda pe: pe[0].point in OUTER_POINTS)
+    points = [p for p in plan.points if gpu or p.point not in cuda.POINTS]
+    order = [(p, False) for p in points if PROGRAMS[p.point][1]] + sorted(
+        ((p, True) for p in points), key=lambda pe: pe[0].point in OUTER_POINTS)
     for p, entry in order:
         enter, ret = PROGRAMS[p.point]
         what = f"could not attach a uprobe to {p.symbol} in {p.object}"
@@ -731,16 +778,25 @@ def attach_probes(bpf, plan, target: int, start: int | None = None) -> tuple[int
     return n, retries
 
 
+def attach_gpu_faults(bpf) -> None:
+    """The page fault programs that count faults on CUDA copies' destinations (every process's
+    faults reach them: attached only while a CUDA target is traced)."""
+    for tp in cuda.FAULT_TRACEPOINTS:
+        _quietly(f"could not attach the BPF program {GPU_FAULT_PROGRAM} to {tp}", bpf.attach_tracepoint,
+                 tp=tp.encode(), fn_name=GPU_FAULT_PROGRAM.encode())
+
+
 class _Session:
     """Ring buffer consumer: raw events until the next flush, running counts and aggregates for
     the status line and the stop, knows when to stop. Holds no more than one flush of events."""
 
-    def __init__(self, bpf, opts: RecordOptions, sched_recorded: bool, out: Recording | None = None):
+    def __init__(self, bpf, opts: RecordOptions, sched_recorded: bool, out: Recording | None = None,
+                 gpu: bool = False):
         self.bpf = bpf
         self.sched_recorded = sched_recorded
         self.opts = opts
         self.out = out
-        self.schema = event_schema()
+        self.schema = event_schema(trace_columns(TraceMeta(gpu=GpuInfo() if gpu else None)))
         self.layout = bpf[b"event_layout"].Leaf
         self.dtype = np.dtype(self.layout)
         self.kind_off = self.layout.kind.offset
@@ -871,6 +927,8 @@ class _Session:
                                                                            t.value_type)))
             elif name in SCHED_COLUMNS:
                 cols.append(pa.array(arr[name].astype("int64"), type=t, mask=not_span))
+            elif name in GPU_COLUMNS:  # the event's field of the same name; NA but on state copy rows
+                cols.append(pa.array(arr[name].astype("int64"), type=t, mask=~np.isin(kind, GPU_KINDS)))
             elif name in arr.dtype.names:
                 cols.append(pa.array(arr[name].astype(t.to_pandas_dtype()), type=t))
             elif name in OPTIONAL:

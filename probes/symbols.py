@@ -17,7 +17,7 @@ import numpy as np
 from elftools.elf.elffile import ELFFile
 
 from ckptrace.errors import NotPermitted, SymbolError, TargetError
-from ckptrace.probes import callsites, elfsafe
+from ckptrace.probes import callsites, cuda, elfsafe
 from ckptrace.probes.elfsafe import BadObject
 from ckptrace.probes.target import process_of, unreadable
 from ckptrace.terminal import printable
@@ -175,11 +175,17 @@ class ProbePlan:
             "fill": self.fill,
             "costs": self.costs(),
             "not_searched": list(self.not_searched),
+            **({"gpu": self.gpu_line()} if self.gpu_points else {}),  # a CPU-only target's is as it was
         }
 
     @property
     def fill_probed(self) -> bool:
         return any(p.point in FILL_POINTS for p in self.points)
+
+    @property
+    def gpu_points(self) -> list[ProbePoint]:
+        """The CUDA copy path's points (probes/cuda.py): none unless libcudart or libcuda is mapped."""
+        return [p for p in self.points if p.point in cuda.POINTS]
 
     def costs(self) -> dict[str, str]:
         """Each missing point of the matched profile -> what the analysis loses without it."""
@@ -192,6 +198,17 @@ class ProbePlan:
 
     def by_point(self, name: str) -> list[ProbePoint]:
         return [p for p in self.points if p.point == name]
+
+    def gpu_line(self) -> str | None:
+        """What of the CUDA copy path is probed, in words (None: no CUDA library mapped)."""
+        points = self.gpu_points
+        if not points:
+            return None
+        libraries = ", ".join(dict.fromkeys(os.path.basename(p.object) for p in points))
+        roles = {cuda.POINTS[p.point] for p in points}
+        what = [w for w, r in (("copies", {"copy_rt", "copy_dtoh", "copy_other"}), ("waits", {"sync"}),
+                               ("pinned memory", {"pin", "pin_out", "unpin"})) if roles & r]
+        return f"{len(points)} points in {libraries} ({', '.join(what)})"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -454,6 +471,9 @@ def _object_of(path: str, elf: ELFFile, follow: bool) -> _Object:
         return obj
     needles = sorted({p.needle for p in POINTS} | {h.encode() for p in POINTS for h in p.hints}
                      | {SAVE_CALLER.rsplit("::", 1)[1].encode()})
+    gpu = cuda.is_library(path)  # the CUDA points are looked for in the CUDA libraries only
+    if gpu:
+        needles = sorted(set(needles) | {b"cuMem", b"cudaMem", b"cudaMalloc", b"Synchronize", b"cudaHost", b"cudaFreeHost"})
     seen: set[tuple[str, int]] = set()
     for raw, value, binding, size in _defined_functions_matching(elf, section, needles):
         base, _, suffix = raw.partition(".")
@@ -474,6 +494,12 @@ def _object_of(path: str, elf: ELFFile, follow: bool) -> _Object:
             obj.found.append((p.name, ProbePoint(p.name, dem, raw, path, value, offset,
                                                  build_id, binding)))
             obj.sizes[value] = max(size, obj.sizes.get(value, 0))
+            matched = True
+        name = raw.split("@", 1)[0]
+        if gpu and name in cuda.POINTS and (name, value) not in seen \
+                and (offset := _file_offset(elf, value)) is not None:
+            seen.add((name, value))
+            obj.found.append((name, ProbePoint(name, name, raw, path, value, offset, build_id, binding)))
             matched = True
         if qual == SAVE_CALLER and (offset := _file_offset(elf, value)) is not None:
             obj.save_callers.append(ProbePoint("get_available_slot", dem, raw, path, value, offset, build_id,
@@ -680,6 +706,9 @@ def _plan(target: str, pid: int | None, objects: list[_Object], notes: _Notes | 
                 plan.points += found_here
             else:
                 plan.markers += found_here
+    order = list(cuda.POINTS)
+    plan.points += [pp for o in objects for pp in sorted((pp for name, pp in o.found if name in cuda.POINTS),
+                                                         key=lambda pp: order.index(pp.point))]
     no_disassembler = False
     if not plan.fill_probed:  # the growth is inlined: time its memset calls instead
         try:
@@ -692,7 +721,7 @@ def _plan(target: str, pid: int | None, objects: list[_Object], notes: _Notes | 
         no_disassembler = True
     plan.not_searched = list(notes.items)
     notes.close()
-    found = {pp.point for pp in plan.points + plan.markers}
+    found = {pp.point for pp in plan.points + plan.markers if pp.point not in cuda.POINTS}
     missing_required = [p for p in POINTS if p.required and p.name not in found]
     if missing_required:
         raise SymbolError(_missing_message(missing_required, objects, pid, len(notes.items)))
@@ -937,6 +966,8 @@ def format_plan(plan: ProbePlan) -> str:
     fmt = "{:<18} {:<20} {:>10} {:>12} {:<6} {:<8}"
     lines.append(fmt.format("point", "object", "offset", "vaddr", "bind", "build-id").rstrip())
     for p in plan.points:
+        if p.point in cuda.POINTS:
+            continue  # listed by name below: their names are longer than the column
         lines.append(fmt.format(p.point, _fit(os.path.basename(p.object), 20), f"{p.offset:#x}",
                                 f"{p.vaddr:#x}", p.binding.lower()[:6], p.build_id[:8] or "-"))
     lines.append("")
@@ -949,6 +980,11 @@ def format_plan(plan: ProbePlan) -> str:
         lines += _wrap("found: " + (", ".join(prof.matched) or "none"))
     lines.append(f"stdlib: {plan.stdlib}")
     lines += _wrap(f"fill: {plan.fill}")
+    if plan.gpu_points:
+        lines += _wrap(f"cuda: {plan.gpu_line()}")
+        for lib in dict.fromkeys(p.object for p in plan.gpu_points):
+            names = [p.point for p in plan.gpu_points if p.object == lib]
+            lines += _wrap(f"- {os.path.basename(lib)}: {', '.join(names)}", indent="    ")
     if plan.missing_optional:
         lines += _wrap("missing optional: " + ", ".join(plan.missing_optional))
         for name, cost in plan.costs().items():
