@@ -18,6 +18,7 @@ from ckptrace.trace import BATCH_ROWS, Trace, read_between, read_meta, read_trac
 
 from .checkpoints import CHECKPOINT_COLUMNS, checkpoint_table
 from .events import KindRows
+from .gpu import GPU_COPY_COLUMNS, gpu_copy_table, gpu_summary
 from .iterations import ITERATION_COLUMNS, iteration_table
 from .memory import memory_summary
 from .processes import process_info, process_label, process_trace, process_traces
@@ -27,7 +28,8 @@ from .summary import summarize
 from .sums import SumOutOfRange
 
 __all__ = ["Analysis", "KindRows", "analyze_file", "analyze_processes", "analyze_rows", "analyze_trace", "checkpoint_table",
-           "iteration_spans", "iteration_table", "summarize", "CHECKPOINT_COLUMNS", "ITERATION_COLUMNS"]
+           "iteration_spans", "iteration_table", "summarize", "gpu_copy_table", "gpu_summary", "CHECKPOINT_COLUMNS",
+           "ITERATION_COLUMNS", "GPU_COPY_COLUMNS"]
 
 
 @dataclass
@@ -42,6 +44,7 @@ class Analysis:
     restores: pd.DataFrame | None = None  # state_path.py (trace format 3)
     evictions: pd.DataFrame | None = None
     prompt_saves: pd.DataFrame | None = None  # state_path.py: prompt-cache saves and their copies
+    gpu: pd.DataFrame | None = None  # gpu.py: the CUDA copies (None: no CUDA target was recorded)
 
     def events_between(self, t0: int, t1: int) -> pd.DataFrame:
         """Every event lying within [t0, t1] ns: from memory, or read from the trace file."""
@@ -108,6 +111,7 @@ def _analyze_rows(trace: Trace, rows: KindRows, per_process: bool) -> Analysis:
     done("iteration", "decode")
     checkpoints = checkpoint_table(rows, spans, fill_probed(trace))
     prompt_saves = prompt_save_table(rows.of_group("memory"), rows.of("copy"), spans)
+    gpu = gpu_copy_table(rows.of("copy")) if trace.meta.gpu is not None else None
     done("fill", "copy")
     restores = restore_table(rows.of_group("memory"), spans)
     evictions = eviction_table(rows.state_events())
@@ -119,7 +123,7 @@ def _analyze_rows(trace: Trace, rows: KindRows, per_process: bool) -> Analysis:
                                 per_process=False)) for info in infos] if several else []
     rows.release(keep="memory")
     a = Analysis(trace, checkpoints, iterations, summary, memory, rows, restores=restores, evictions=evictions,
-                 prompt_saves=prompt_saves)
+                 prompt_saves=prompt_saves, gpu=gpu)
     if per_process:
         subs = subs or [(infos[0] if infos else ProcessInfo(pid=0, label=trace.label), a)]
         a.processes = [{**asdict(info), "label": process_label(info), "summary": sub.summary, "memory": sub.memory}

@@ -29,6 +29,7 @@ from ckptrace.validate import check_ids
 SPAN = ["tid", "start_ns", "end_ns"]
 CLOCKS = ["cpu_ns", "wait_ns"]
 PART = ["ckpt", *SPAN, "faults", *CLOCKS, "fault_ns", "pid", "iter", "bytes"]  # iter, bytes: prompt saves' copies
+GPU = [c for c in COLUMNS if c.startswith("gpu_")]  # gpu.py's (NA in a trace of no CUDA target)
 # Group -> (its kinds, the columns read from their rows). A group of several kinds keeps `kind`
 # and their order in the trace (memory.py replays syscalls in that order).
 GROUPS: dict[str, tuple[tuple[str, ...], list[str]]] = {
@@ -36,7 +37,7 @@ GROUPS: dict[str, tuple[tuple[str, ...], list[str]]] = {
     "decode": (("decode",), [*SPAN, "tokens", "prompt_tokens", "faults", "pid"]),
     "checkpoint": (("checkpoint",), ["ckpt", "iter", *SPAN, "bytes", "draft", "faults", *CLOCKS, "pid", "spec"]),
     "fill": (("fill",), PART),
-    "copy": (("copy",), PART),
+    "copy": (("copy",), [*PART, *GPU]),
     # memory.py's syscalls and RSS, and state_path.py's restores, creates and prompt saves
     "memory": (("mmap", "munmap", "mremap", "rss", "create", "restore", "restore_copy", "prompt_save"),
                ["kind", "pid", *SPAN, "ckpt", "iter", "addr", "bytes", "phase", "draft", "faults", *CLOCKS,

@@ -46,7 +46,17 @@ def analysis_doc(analysis) -> dict:
     return {"trace": analysis.trace.meta.to_json(), "checkpoints": analysis.checkpoints,
             "iterations": analysis.iterations, "summary": analysis.summary, "memory": analysis.memory,
             "processes": [{**p, "memory": memory_json(p["memory"])} for p in analysis.processes],
-            "restores": analysis.restores, "evictions": analysis.evictions, "prompt_saves": analysis.prompt_saves}
+            "restores": analysis.restores, "evictions": analysis.evictions, "prompt_saves": analysis.prompt_saves,
+            **_gpu_doc(analysis)}
+
+
+def _gpu_doc(analysis) -> dict:
+    """The CUDA copy path: a key only for a trace recorded with a CUDA target."""
+    if analysis.gpu is None:
+        return {}
+    from ckptrace.analyzers.gpu import gpu_summary
+
+    return {"gpu": {"summary": gpu_summary(analysis.gpu), "copies": analysis.gpu}}
 
 
 def analysis_json(analysis) -> dict:

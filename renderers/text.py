@@ -119,6 +119,38 @@ def state_path_lines(analysis) -> list[str]:
     return lines
 
 
+def gpu_lines(analysis) -> list[str]:
+    """The CUDA copy path (a trace recorded with a CUDA target): the state copies by destination."""
+    from ckptrace.analyzers.gpu import gpu_summary
+
+    table = analysis.gpu
+    if table is None:
+        return []
+    if not len(table):
+        return [wrap("CUDA copy path: no state copy made a CUDA call (the CUDA libraries were probed)")]
+    s = gpu_summary(table)
+    lines = [wrap("CUDA copy path (state copies by where their device-to-host copies went; medians in ms; "
+                  "enqueue: in the copy calls, wait: in the synchronize calls, host: the rest of the copy; "
+                  "faults on the destination, by any thread and by the driver's)"),
+             f"{'dst':17} {'copies':>6} {'MiB':>7} {'copy':>8} {'enqueue':>8} {'wait':>8} {'host':>7} "
+             f"{'faults':>7} {'driver':>7}"]
+    for d in s["by_dst"]:
+        lines.append(f"{d['dst']:17} {d['copies']:>6} {d['bytes'] / d['copies'] / MIB:>7.1f} "
+                     f"{fmt_ms(d['median_copy_ns']):>8} {fmt_ms(d['median_enqueue_ns']):>8} "
+                     f"{fmt_ms(d['median_sync_ns']):>8} {fmt_ms(d['median_host_ns']):>7} "
+                     f"{d['dst_faults']:>7} {d['driver_faults']:>7}")
+    if s["fresh_over_resident"] is not None:
+        lines.append(f"pageable fresh / resident copy time: {s['fresh_over_resident']:.1f}x (medians)")
+    gpu = analysis.trace.meta.gpu
+    if gpu is not None and not gpu.pinned_known_from_start:
+        lines.append(wrap("note: attached to a running process: memory it pinned before the probes were in "
+                          "counts as pageable"))
+    if gpu is not None and (gpu.ranges_full or gpu.pinned_full):
+        lines.append(wrap(f"note: {gpu.ranges_full} copies without their destination's faults, "
+                          f"{gpu.pinned_full} pinned ranges not remembered (the kernel side's tables were full)"))
+    return lines
+
+
 def iteration_lines(analysis) -> list[str]:
     it = analysis.iterations
     if not len(it):
@@ -265,6 +297,9 @@ def analysis_report(analysis, limit: int | None = 20, requests: pd.DataFrame | N
     state = state_path_lines(analysis)
     if state:
         blocks.insert(-2, state)
+    gpu = gpu_lines(analysis)
+    if gpu:
+        blocks.insert(-2, gpu)
     if requests is not None:
         blocks.append(request_lines(requests, analysis.summary["requests"], limit))
     return "\n\n".join("\n".join(b) for b in blocks)
