@@ -107,12 +107,13 @@ def span_fault_ns(events: pd.DataFrame, cal: dict[str, list[list[int]]], carry: 
     0 for any span without faults, NA where not measured. Batch by batch, in recording order,
     `carry` (a dict kept between calls) holds the parts of checkpoints whose row is yet to come."""
     out = pd.Series(pd.NA, index=events.index, dtype="Int64")
-    spans = ~events["kind"].isin(["mmap", "munmap", "mremap"]) & events["cpu_ns"].notna()
-    out[spans & (events["faults"] == 0)] = 0
-    # A copy made by CUDA calls is not a memcpy of its bytes: the calibration does not describe it.
+    # A copy made by CUDA calls is not a memcpy of its bytes, nor are its faults all its thread's
+    # (the driver's threads write the destination too): not measured, whatever its own count.
     cuda = (events["gpu_copies"].fillna(0) > 0).to_numpy() if "gpu_copies" in events else False
+    spans = ~events["kind"].isin(["mmap", "munmap", "mremap"]) & events["cpu_ns"].notna() & ~cuda
+    out[spans & (events["faults"] == 0)] = 0
     for kind in ("fill", "copy"):
-        rows = events[(events["kind"] == kind) & spans & (events["faults"] > 0) & ~cuda]
+        rows = events[(events["kind"] == kind) & spans & (events["faults"] > 0)]
         if rows.empty or not cal.get(kind):
             continue
         cpu = rows["cpu_ns"].to_numpy(dtype="float64")

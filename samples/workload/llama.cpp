@@ -12,6 +12,7 @@
 #include <atomic>
 
 #ifdef SAMPLE_CUDA
+#include <cuda.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,6 +20,15 @@
 static void cuda_check(cudaError_t e, const char * what) {
     if (e != cudaSuccess) {
         fprintf(stderr, "sample-llama: %s failed: %s\n", what, cudaGetErrorString(e));
+        abort();
+    }
+}
+
+static void cu_check(CUresult r, const char * what) {
+    if (r != CUDA_SUCCESS) {
+        const char * s = "unknown error";
+        cuGetErrorString(r, &s);
+        fprintf(stderr, "sample-llama: %s failed: %s\n", what, s);
         abort();
     }
 }
@@ -35,6 +45,7 @@ struct llama_context {
 #ifdef SAMPLE_CUDA
     uint8_t ** dev_state;  // each sequence's state in device memory, where the copy reads it
     int32_t cuda_tensors = 4;
+    int cuda_driver_api = 0;
 #endif
 };
 
@@ -84,6 +95,7 @@ int64_t sample_llama_n_outputs(const llama_context * ctx) { return ctx->n_output
 
 #ifdef SAMPLE_CUDA
 void sample_llama_set_cuda_tensors(llama_context * ctx, int32_t n_tensors) { ctx->cuda_tensors = n_tensors; }
+void sample_llama_set_cuda_driver_api(llama_context * ctx, int driver) { ctx->cuda_driver_api = driver; }
 #endif
 
 void sample_llama_free(llama_context * ctx) {
@@ -187,6 +199,12 @@ __attribute__((noinline)) size_t llama_state_seq_get_data_ext(llama_context * ct
     const size_t per = (n + (size_t) ctx->cuda_tensors - 1) / (size_t) ctx->cuda_tensors;
     for (size_t off = 0; off < n; off += per) {
         const size_t len = std::min(per, n - off);
+        if (ctx->cuda_driver_api) {
+            cu_check(cuMemcpyDtoHAsync_v2(dst + off, (CUdeviceptr) (uintptr_t) (ctx->dev_state[seq_id] + off), len,
+                                          (CUstream) cudaStreamPerThread), "cuMemcpyDtoHAsync_v2");
+            cu_check(cuStreamSynchronize((CUstream) cudaStreamPerThread), "cuStreamSynchronize");
+            continue;
+        }
         cuda_check(cudaMemcpyAsync(dst + off, ctx->dev_state[seq_id] + off, len, cudaMemcpyDeviceToHost,
                                    cudaStreamPerThread), "cudaMemcpyAsync");
         cuda_check(cudaStreamSynchronize(cudaStreamPerThread), "cudaStreamSynchronize");

@@ -61,6 +61,9 @@ size_t llama_state_seq_set_data_ext(struct llama_context * ctx, const uint8_t * 
 // copy is one cudaMemcpyAsync device-to-host plus a cudaStreamSynchronize per "tensor", as ggml-cuda's
 // get_tensor does; this many tensors per copy (4).
 void sample_llama_set_cuda_tensors(struct llama_context * ctx, int32_t n_tensors);
+// driver != 0: the same copies through the driver API (cuMemcpyDtoHAsync_v2, cuStreamSynchronize), as a
+// build with the runtime linked statically makes them: only libcuda is a library to probe there.
+void sample_llama_set_cuda_driver_api(struct llama_context * ctx, int driver);
 #endif
 
 #ifdef __cplusplus

@@ -95,6 +95,7 @@ static void usage(FILE * f) {
             "                          buffer registered with cudaHostRegister around the copy), or\n"
             "                          cycle (each in turn) (pageable)\n"
             "  --cuda-tensors N        device-to-host copies (each then synchronized) per state copy (4)\n"
+            "  --cuda-api API          runtime (cudaMemcpyAsync) or driver (cuMemcpyDtoHAsync_v2) (runtime)\n"
             "  --help                  this text\n",
             prog);
 }
@@ -114,13 +115,14 @@ struct options {
     int32_t thread_churn = 0;
     int cuda_dst = -1;  // -1: not given
     int32_t cuda_tensors = 0;  // 0: not given
+    int cuda_driver_api = -1;  // -1: not given
 };
 
 static options parse_options(int argc, char ** argv) {
     enum {
         O_SLOTS = 1000, O_ITER, O_DPP, O_CKPT, O_GROW, O_POOL, O_KEEP, O_PROMPT, O_DECODE_US,
         O_NOISE, O_TRUTH, O_WAIT, O_PAUSE, O_MREMAP, O_EXIT, O_DRAFT, O_HELP, O_REQUEST, O_GAP, O_CHURN, O_RESTORE, O_SPEC,
-        O_SPEC_STATE, O_PROMPT_SAVE, O_PROMPT_SAVE_INLINED, O_CUDA_DST, O_CUDA_TENSORS
+        O_SPEC_STATE, O_PROMPT_SAVE, O_PROMPT_SAVE_INLINED, O_CUDA_DST, O_CUDA_TENSORS, O_CUDA_API
     };
     static const struct option longopts[] = {
         {"slots", required_argument, nullptr, O_SLOTS},
@@ -150,6 +152,7 @@ static options parse_options(int argc, char ** argv) {
         {"prompt-save-inlined", no_argument, nullptr, O_PROMPT_SAVE_INLINED},
         {"cuda-dst", required_argument, nullptr, O_CUDA_DST},
         {"cuda-tensors", required_argument, nullptr, O_CUDA_TENSORS},
+        {"cuda-api", required_argument, nullptr, O_CUDA_API},
         {nullptr, 0, nullptr, 0},
     };
     options o;
@@ -210,6 +213,13 @@ static options parse_options(int argc, char ** argv) {
                 break;
             }
             case O_CUDA_TENSORS: o.cuda_tensors = (int32_t) parse_int("--cuda-tensors", optarg, 1, 4096); break;
+            case O_CUDA_API:
+                if (strcmp(optarg, "runtime") == 0 || strcmp(optarg, "driver") == 0) {
+                    o.cuda_driver_api = strcmp(optarg, "driver") == 0;
+                } else {
+                    usage_error("--cuda-api takes runtime or driver, got '%s'", optarg);
+                }
+                break;
             case ':': usage_error("%s needs a value", argv[optind - 1]);
             default: usage_error("unknown option '%s'", argv[optind - 1]);
         }
@@ -218,8 +228,8 @@ static options parse_options(int argc, char ** argv) {
         usage_error("unexpected argument '%s'", argv[optind]);
     }
 #ifndef SAMPLE_CUDA
-    if (o.cuda_dst >= 0 || o.cuda_tensors) {
-        usage_error("--cuda-dst and --cuda-tensors need the CUDA build (ckpt-workload-cuda)");
+    if (o.cuda_dst >= 0 || o.cuda_tensors || o.cuda_driver_api >= 0) {
+        usage_error("--cuda-dst, --cuda-tensors and --cuda-api need the CUDA build (ckpt-workload-cuda)");
     }
 #endif
 #ifndef SAMPLE_UPSTREAM
@@ -455,6 +465,7 @@ int main(int argc, char ** argv) {
     if (o.cuda_tensors) {
         sample_llama_set_cuda_tensors(ctx, o.cuda_tensors);
     }
+    sample_llama_set_cuda_driver_api(ctx, o.cuda_driver_api == 1);
 #endif
     // The resident reference's buffer: touched (non-zero, so no shared zero page) and kept in.
     std::vector<uint8_t> scratch;
