@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from ckptrace.errors import TraceFormatError
-from ckptrace.meta import (FaultTime, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, ProfileInfo, SchedCounters,
+from ckptrace.meta import (FaultTime, GpuInfo, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, ProfileInfo, SchedCounters,
                            TraceMeta)
 from ckptrace.trace import read_meta, read_trace, write_trace
 from helpers import assert_one_line_error, ckptrace
@@ -34,6 +34,7 @@ def full_meta() -> TraceMeta:
         complete=False, cut_short="c", map_full=12, max_threads=13, threads_seen=14, threads_pruned=15,
         threads_peak=16,
         profile=ProfileInfo("11434", "g", ["update_tgt", "fill"], ["prompt_save"], {"update_tgt": "11434"}),
+        gpu=GpuInfo(["/lib/libcudart.so.12"], ["cudaMemcpyAsync"], ["exceptions:page_fault_user"], 1, 2, False),
         extra={"from_a_newer_writer": {"x": [1]}})
 
 

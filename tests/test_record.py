@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from ckptrace.analyzers import analyze_trace
-from ckptrace.trace import read_trace
+from ckptrace.trace import VERSION, read_trace
 from helpers import (CKPTRACE, NO_BCC, assert_one_line_error, ckptrace, clock_tolerance, go, launched_pid, load_truth,
                      proc_status, record_with_truth, recorder, signal_pending, started, truth_count, wait_for_truth,
                      wait_until, waiting_workload)
@@ -283,7 +283,7 @@ def test_stop_by_signal_keeps_what_was_recorded(tmp_path, workload, sig, reason)
         assert rec.returncode == 0 and "Traceback" not in err, err
     trace = read_trace(trace_path)
     assert trace.meta.stop_reason == reason
-    assert trace.meta.complete and trace.meta.version == 3 and trace_path.read_bytes()[:4] == b"PAR1"
+    assert trace.meta.complete and trace.meta.version == VERSION and trace_path.read_bytes()[:4] == b"PAR1"
     assert (trace.events["kind"] == "checkpoint").sum() >= 2
     # the command we started was stopped by our SIGTERM, not left behind (nor SIGKILLed)
     assert trace.meta.exit_code == -signal.SIGTERM
@@ -595,7 +595,7 @@ def test_the_trace_is_written_atomically(tmp_path, workload):
         child = launched_pid(rec.start_line)
         wait_until(lambda: "paused in checkpoint" in rec.stderr.readline(), "the workload's pause", watch=rec)
         live = read_trace(out)
-        assert live.meta.complete is False and live.meta.cut_short and live.meta.version == 3
+        assert live.meta.complete is False and live.meta.cut_short and live.meta.version == VERSION
         rec.kill()
         rec.wait(30)
     wait_until(lambda: not proc_status(child), "the launched command to die with its recorder")

@@ -12,7 +12,7 @@ import pytest
 
 from ckptrace.meta import TraceMeta
 from ckptrace.stream import StreamWriter
-from ckptrace.trace import event_schema, read_trace, to_batch, trace_schema
+from ckptrace.trace import VERSION, event_schema, read_trace, to_batch, trace_columns, trace_schema
 from helpers import (assert_one_line_error, ckptrace, launched_pid, load_truth, proc_status, record_with_truth,
                      recorder, wait_for_truth, wait_until, within_clock)
 from test_analyzers import make_events, slots_rows
@@ -24,11 +24,12 @@ def stream_file(path, frames: list[pd.DataFrame]) -> list[int]:
 
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
-        w = StreamWriter(trace_schema(TraceMeta(label="s", complete=False, cut_short="killed"), pandas_attrs=False))
+        meta = TraceMeta(label="s", complete=False, cut_short="killed")
+        w = StreamWriter(trace_schema(meta, pandas_attrs=False))
         w.start(fd, 0)
         sizes = [w.size]
         for i, df in enumerate(frames):
-            w.append(to_batch(df, event_schema()), {"lost_events": i, "events": 0})
+            w.append(to_batch(df, event_schema(trace_columns(meta))), {"lost_events": i, "events": 0})
             sizes.append(w.size)
     finally:
         os.close(fd)
@@ -80,7 +81,7 @@ def test_kill_9_leaves_a_cut_short_trace_with_every_flushed_event(tmp_path, work
     assert not summary["complete"] and summary["reliability"].startswith("cut short: ")
     assert "cut short" in ckptrace("analyze", out).stdout
     t = read_trace(out)
-    assert t.meta.complete is False and t.meta.stop_reason == "cut short" and t.meta.version == 3
+    assert t.meta.complete is False and t.meta.stop_reason == "cut short" and t.meta.version == VERSION
     ck = t.events[t.events["kind"] == "checkpoint"].sort_values("start_ns")
     tr = load_truth(truth)["checkpoint"].sort_values("start_ns")
     before = tr[tr["end_ns"] < killed_ns - 1_000_000_000]
