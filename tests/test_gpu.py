@@ -224,3 +224,21 @@ def test_destination_classes_and_phases():
     assert s["by_dst"][[d["dst"] for d in s["by_dst"]].index("pageable_fresh")]["driver_faults"] == 22
     assert gpu_copy_table(copies.iloc[:0]).dtypes.to_dict() == pd.DataFrame(
         {c: pd.Series(dtype=d) for c, d in GPU_COPY_COLUMNS.items()}).dtypes.to_dict()
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_gpu_check_script_runs_against_the_stub(tmp_path):
+    # The GPU check's own steps on the CPU (samples/gpu_check.py --stub): gpucopy recorded, each
+    # timed copy matched to the span inside it, every destination's class the expected one. Its
+    # ratio verdict is a wall-clock figure: printed, not asserted here.
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "ckptrace.samples.gpu_check", "--stub", "--json", "--mib", "16",
+                        "--rounds", "2", "--out", str(tmp_path)], capture_output=True, text=True, timeout=600)
+    assert p.returncode in (0, 1), p.stderr
+    r = json.loads(p.stdout)
+    assert r["classes_ok"] and r["device"] == "ckptrace CUDA stub (CPU)"
+    assert {m: v["copies"] for m, v in r["modes"].items()} == {"fresh": 2, "resident": 2, "pinned": 2}
+    assert r["modes"]["fresh"]["dst_faults"] >= 2 * (16 << 20) // (2 << 20)
+    assert all(c["copy_ns"] <= c["program_ns"] for c in r["copies"])  # each span inside its timer
