@@ -648,25 +648,22 @@ EXPORT CUresult cuMemHostRegister_v2(void * p, size_t n, unsigned int flags) {
 
 EXPORT CUresult cuMemHostUnregister(void * p) { DRIVER_CALL("cuMemHostUnregister", "unpin", host_unregister(p), p, 0); }
 
-EXPORT CUresult cuMemAllocHost_v2(void ** pp, size_t n) {
+// An allocation's truth line names the pointer it returned.
+static CUresult host_alloc_call(const char * call, void ** pp, size_t n) {
     const int outer = nest == 0;
     const int64_t t0 = cudastub_now();
     CUresult r = host_alloc(pp, n);
     if (outer) {
-        call_line("cuMemAllocHost_v2", "driver", "pin", t0, cudastub_now(), r == CUDA_SUCCESS ? *pp : NULL, n);
+        call_line(call, "driver", "pin", t0, cudastub_now(), r == CUDA_SUCCESS ? *pp : NULL, n);
     }
     return r;
 }
 
+EXPORT CUresult cuMemAllocHost_v2(void ** pp, size_t n) { return host_alloc_call("cuMemAllocHost_v2", pp, n); }
+
 EXPORT CUresult cuMemHostAlloc(void ** pp, size_t n, unsigned int flags) {
     (void) flags;
-    const int outer = nest == 0;
-    const int64_t t0 = cudastub_now();
-    CUresult r = host_alloc(pp, n);
-    if (outer) {
-        call_line("cuMemHostAlloc", "driver", "pin", t0, cudastub_now(), r == CUDA_SUCCESS ? *pp : NULL, n);
-    }
-    return r;
+    return host_alloc_call("cuMemHostAlloc", pp, n);
 }
 
 EXPORT CUresult cuMemFreeHost(void * p) { DRIVER_CALL("cuMemFreeHost", "unpin", host_free(p), p, 0); }
