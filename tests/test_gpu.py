@@ -21,7 +21,7 @@ from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.gpu import DST_CLASSES, GPU_COPY_COLUMNS, gpu_copy_table, gpu_summary
 from ckptrace.meta import GpuInfo, TraceMeta
 from ckptrace.trace import GPU_COLUMNS, read_trace, write_trace
-from helpers import ckptrace, load_truth, recorder, started
+from helpers import ckptrace, go, load_truth, recorder, started
 
 ebpf = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
 CLASS_OF_MODE = {"pageable": "pageable_resident", "fresh": "pageable_fresh", "pinned": "pinned"}
@@ -162,10 +162,14 @@ def test_cpu_only_target_has_no_cuda(tmp_path, workload, cuda_workload):
                                                    capture_output=True, text=True, timeout=60).stdout)["name"]
                          for i in programs}
                 assert ("gpu_fault" in names) == cuda, names
-                proc.send_signal(2)  # the workload ends; the recorder stops with it
+                go(proc)  # the workload runs its 3 iterations and ends; the recorder stops with it
+                proc.wait(120)
                 rec.wait(120)
         t = read_trace(out)
         assert (t.meta.gpu is not None) == cuda
+        if cuda:  # attached to a running process: what it pinned before is not known, and said
+            assert t.meta.gpu.pinned_known_from_start is False
+            assert "pinned before the probes were in" in ckptrace("analyze", out).stdout.replace("\n  ", " ")
         import pyarrow.parquet as pq
 
         names = set(pq.read_schema(out).names)
