@@ -24,11 +24,12 @@ COMMANDS = {
     "drive": "Send a bounded load of distinct prompts to a llama-server and report TTFT.",
     "export": "Write traces as a timeline for Perfetto (protobuf) or Chrome (Trace Event JSON).",
     "serve": "Serve Prometheus metrics of running servers' checkpoints at /metrics.",
+    "whatif": "Predict what a checkpoint-buffer pool would do from a pool-off recording.",
 }
 
 
 # Commands that read traces and exit: glibc keeps their freed memory for reuse (ckptrace/heap.py).
-READERS = {"analyze", "compare", "dashboard", "export"}
+READERS = {"analyze", "compare", "dashboard", "export", "whatif"}
 
 
 class LazyGroup(click.Group):

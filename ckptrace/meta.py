@@ -75,6 +75,21 @@ class ProfileInfo:
 
 
 @dataclass
+class ProcessMemory:
+    """A process's memory and its cgroup's limit, as the recorder last read them while it ran
+    (probes/process_memory.py). Each None: not read (e.g. the process had gone)."""
+    rss_bytes: int | None = None  # /proc/PID/status VmRSS
+    rss_peak_bytes: int | None = None  # VmHWM: the most it has held resident since it started
+    cgroup: str | None = None  # its memory cgroup, as /proc/PID/cgroup names it
+    cgroup_version: int | None = None  # 2 (memory.max) or 1 (memory.limit_in_bytes)
+    # The smallest memory limit on the way from its cgroup up to the root (a parent's binds a
+    # child's too); None: no limit is set.
+    limit_bytes: int | None = None
+    limit_from: str | None = None  # the file that set it: "memory.max of /path" (cgroup paths)
+    read_ns: int | None = None  # CLOCK_MONOTONIC of this reading
+
+
+@dataclass
 class ProcessInfo:
     """One recorded process (version 3; a trace of several processes has one per process)."""
     pid: int
@@ -87,6 +102,7 @@ class ProcessInfo:
     # /proc/PID/stat starttime (clock ticks after boot): with `pid`, names this process and not a
     # later one the kernel gave the same pid (None: not recorded)
     start_ticks: int | None = None
+    memory: ProcessMemory | None = None  # None: not recorded (a trace from before it was)
 
 
 @dataclass
@@ -115,6 +131,9 @@ class TraceMeta:
     missing_optional: list[str] = field(default_factory=list)  # optional probe points not found
     kernel: str | None = None  # uname -r
     host: str | None = None
+    # Physical memory, sysconf(_SC_PHYS_PAGES) x page size: what a pool's byte cap of a
+    # fraction of host memory reads (llama.cpp PR #201). None: not recorded.
+    host_memory_bytes: int | None = None
     clock: str = "CLOCK_MONOTONIC"  # of every *_ns figure
     start_time: str | None = None  # UTC, ISO 8601
     attach_ns: int | None = None  # probes in place

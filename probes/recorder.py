@@ -27,8 +27,10 @@ import pyarrow.parquet as pq
 
 from ckptrace import __version__
 from ckptrace.errors import EbpfUnavailable, SymbolError, TargetError
-from ckptrace.meta import FaultTime, GpuInfo, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, SchedCounters, TraceMeta
+from ckptrace.meta import (FaultTime, GpuInfo, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, ProcessMemory,
+                           SchedCounters, TraceMeta)
 from ckptrace.probes import cuda, fault_time, kernel
+from ckptrace.probes.process_memory import host_memory_bytes, read_process_memory
 from ckptrace.probes.target import alive, comm_of, process_of, processes_named, resident_members, start_time
 from ckptrace.probes.launch import HeldChild
 from ckptrace.output import OutputError, check_output, write_new, write_output
@@ -162,6 +164,13 @@ class Target:
     plan: object  # symbols.ProbePlan
     ended_ns: int | None = None  # CLOCK_MONOTONIC when it was seen gone
     start: int | None = None  # target.start_time: with pid, this process and not a later one with its pid
+    memory: ProcessMemory | None = None  # its RSS and cgroup limit as last read while it ran
+
+    def read_memory(self) -> None:
+        """Read its RSS and cgroup memory limit again, if it is still this process."""
+        mem = read_process_memory(self.pid)
+        if mem is not None and self.alive():
+            self.memory = mem
 
     @property
     def build_id(self) -> str | None:
@@ -174,7 +183,7 @@ class Target:
     def info(self) -> ProcessInfo:
         return ProcessInfo(pid=self.pid, label=self.label, comm=self.comm, executable=self.plan.target,
                            build_id=self.build_id, exited_ns=self.ended_ns, profile=self.plan.profile.name,
-                           start_ticks=self.start)
+                           start_ticks=self.start, memory=self.memory)
 
 
 class Targets(list):
@@ -239,6 +248,8 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
 
     meta = _trace_meta(opts, targets, command, attach_retries)
     meta.sched_counters = SchedCounters(sched is not None, sched_note)
+    for t in targets:
+        t.read_memory()
     meta.processes = [t.info() for t in targets]  # in the stream's header too
     try:
         out = Recording(opts.output, trace_schema(meta, pandas_attrs=False))  # its columns: trace_columns(meta)
@@ -277,6 +288,9 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
         session.clear_status()
         _note_stop(meta, session, "disk full" if session.full else stop_reason)
         targets.any_alive()  # who had gone by the end
+        for t in targets:
+            if t.ended_ns is None:
+                t.read_memory()
         meta.processes = [t.info() for t in targets]
         try:
             if session.full and out.in_place:
@@ -434,6 +448,7 @@ def _trace_meta(opts: RecordOptions, targets: Targets, command: list[str] | None
         profile=plans[0].profile if len({pl.profile.name for pl in plans}) == 1 else None,
         kernel=platform.release(),
         host=socket.gethostname(),
+        host_memory_bytes=host_memory_bytes(),
         start_time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
         attach_ns=time.monotonic_ns(),
         attach_retries=attach_retries,
@@ -858,6 +873,9 @@ class _Session:
             now = time.monotonic()
             if now - self.last_flush >= FLUSH_S:
                 self.flush()
+                for t in targets:  # a process may move to another cgroup after it starts (a wrapper)
+                    if t.ended_ns is None:
+                        t.read_memory()
                 if self.full:
                     return "disk full"
             if self.stop_reason:
