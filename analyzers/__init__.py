@@ -25,6 +25,7 @@ from .processes import process_info, process_label, process_trace, process_trace
 from .spans import iteration_spans
 from .state_path import eviction_table, prompt_save_table, restore_table
 from .summary import summarize
+from .whatif import limit_report
 from .sums import SumOutOfRange
 
 __all__ = ["Analysis", "KindRows", "analyze_file", "analyze_processes", "analyze_rows", "analyze_trace", "checkpoint_table",
@@ -124,6 +125,7 @@ def _analyze_rows(trace: Trace, rows: KindRows, per_process: bool) -> Analysis:
     rows.release(keep="memory")
     a = Analysis(trace, checkpoints, iterations, summary, memory, rows, restores=restores, evictions=evictions,
                  prompt_saves=prompt_saves, gpu=gpu)
+    memory["limit"] = limit_report(a)  # None unless the trace recorded a cgroup memory limit
     if per_process:
         subs = subs or [(infos[0] if infos else ProcessInfo(pid=0, label=trace.label), a)]
         a.processes = [{**asdict(info), "label": process_label(info), "summary": sub.summary, "memory": sub.memory}

@@ -59,6 +59,7 @@ from ckptrace.units import MIB
 from . import Analysis, analyze_processes, analyze_trace
 from .processes import process_label
 from .summary import WAIT_WARN_SHARE
+from .whatif import limit_warnings
 
 # metric -> (sample unit, column or columns summed, unit)
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
@@ -308,6 +309,7 @@ def _warnings(analyses: list[Analysis], arms: list[str]) -> list[str]:
                        f"a trustworthy prefill_iteration_ns interval (want >= {MIN_SAMPLES} per leg)")
         if not s["reliable"]:
             out.append(f"{_leg_name(i, a)}: {s['reliability']}")
+        out += [f"{_leg_name(i, a)}: {w}" for w in limit_warnings(a)]
         shares = [x for x in (s.get("wait_share"), s.get("prefill_wait_share")) if x is not None]
         if shares and max(shares) > WAIT_WARN_SHARE:
             out.append(f"{_leg_name(i, a)} spent {max(shares) * 100:.0f}% of its spans' time waiting for a CPU: "

@@ -45,6 +45,7 @@ import pandas as pd
 
 from ckptrace.errors import AnalysisError
 from ckptrace.meta import ProcessInfo, TraceMeta
+from ckptrace.terminal import printable
 from ckptrace.units import MIB
 
 from .memory import BUFFER_PHASES, held_series, rss_series
@@ -126,6 +127,7 @@ class ReplayInput:
     hit_cost: dict  # cpu_ns, ns, faults of a hit (measured, or 0)
     hit_cost_source: str
     no_buffer: int  # checkpoints that mapped no buffer (not gets)
+    reused: int  # of those, not speculative and above the mmap threshold: a pool's hits (a pool-on recording)
     host_memory: int | None
     memory: object | None  # ProcessMemory
     fill_cpu_recorded: bool
@@ -175,7 +177,8 @@ def replay_input(analysis, info: ProcessInfo | None = None) -> ReplayInput:
     others = ck[~ck["ckpt"].isin(gets["ckpt"])]
     # A checkpoint above glibc's largest mmap threshold that mapped nothing reused a buffer it had
     # (or a pool's): a measured hit. Smaller ones may have come from the heap: not hits.
-    hit_cost, source = _hit_cost(others[others["bytes"] > MMAP_THRESHOLD_MAX])
+    large = others[others["bytes"] > MMAP_THRESHOLD_MAX]
+    hit_cost, source = _hit_cost(large)
     iters = analysis.iterations
     slots = iters[iters["boundary"].astype(str) == "update_slots"] if len(iters) else iters
     spans = slots if len(slots) else ck
@@ -195,6 +198,7 @@ def replay_input(analysis, info: ProcessInfo | None = None) -> ReplayInput:
         held_off=held[["t_ns", "held_bytes"]].reset_index(drop=True),
         rss_off=rss[["t_ns", "rss_bytes"]].reset_index(drop=True),
         hit_cost=hit_cost, hit_cost_source=source, no_buffer=int(len(others)),
+        reused=int((~large["spec"].to_numpy(bool)).sum()),
         host_memory=meta.host_memory_bytes, memory=info.memory,
         fill_cpu_recorded=bool(len(gets) == 0 or gets["fill_cpu_ns"].notna().all()))
 
@@ -467,7 +471,7 @@ def _summary(inp: ReplayInput, policy: Policy, cap: int, n: dict, hwm: dict, out
         "fit": policy.fit, "trim_idle_ns": policy.trim_idle_ns,
         "gets": gets, **{k: n[k] for k in ("hits", "misses")},
         "hit_rate": n["hits"] / gets if gets else None,
-        "not_gets": inp.no_buffer,
+        "not_gets": inp.no_buffer, "reused_buffers": inp.reused,
         **{k: v for k, v in n.items() if k not in ("hits", "misses")},
         "pooled_hwm_bytes": hwm["bytes"], "pooled_hwm_ns": hwm["bytes_at_ns"],
         "pooled_hwm_mapped_bytes": hwm["mapped"], "pooled_hwm_buffers": hwm["buffers"],
@@ -613,3 +617,25 @@ def default_caps(inp: ReplayInput, policy: Policy, steps: int = 12) -> list[int]
     top = max(unit, min(top, reach))
     k = max(1, math.ceil(top / unit / steps))
     return sorted({0, *range(unit, top + 1, unit * k), top})
+
+
+def limit_report(analysis, info: ProcessInfo | None = None) -> dict | None:
+    """`analyze`'s and `compare`'s check of one process against its cgroup memory limit: the
+    limit check (memory_limit_check) of a replay against PR #201's policy, with its `warning`
+    (None when not near), or None when the trace recorded no limit for the process."""
+    meta = analysis.trace.meta
+    info = info or (meta.processes[0] if len(meta.processes) == 1 else None)
+    if info is None or info.memory is None or info.memory.limit_bytes is None:
+        return None
+    policy = POLICIES["pr201"]
+    if meta.host_memory_bytes is None:  # the cap is unknown: the limit against RSS alone
+        policy = dataclasses.replace(policy, cap=0)
+    r = simulate(replay_input(analysis, info), policy)
+    label = f"pid {info.pid} ({printable(info.label or analysis.trace.label)})"
+    return {**r.limit, "pooled_hwm_bytes": r.summary["pooled_hwm_bytes"], "warning": limit_warning(label, r)}
+
+
+def limit_warnings(analysis) -> list[str]:
+    """Every warning of an analysis' limit checks (its own, and each process's)."""
+    found = [analysis.memory.get("limit")] + [p["memory"].get("limit") for p in analysis.processes]
+    return list(dict.fromkeys(lim["warning"] for lim in found if lim and lim.get("warning")))

@@ -20,6 +20,7 @@ from ckptrace.terminal import printable
 from . import memory, panels
 from .legs import make_legs, plain
 from .requests import requests_panel
+from .whatif import whatif_panel
 
 # Fixed text only: the <title> is not the user's title on purpose (see module docstring).
 _HEAD = """<!DOCTYPE html>
@@ -60,6 +61,7 @@ def build_panels(analyses: list, comparison=None, title: str = "ckptrace report"
         ("distributions", panels.distributions_panel(legs)),
         ("churn", panels.churn_panel(legs)),
         ("memory", memory.memory_panel(legs)),
+        ("whatif", whatif_panel(legs)),
         ("processes", memory.processes_panel(legs)),
         ("summary", panels.summary_panel(legs)),
         ("metadata", panels.metadata_panel(legs)),

@@ -226,6 +226,13 @@ def memory_lines(m: dict, t0: int, limit: int | None = 20) -> list[str]:
                       f"{mib(m['released_bytes'])} returned in {len(m['releases'])} releases"))
     lines.append(wrap("RSS at peak: " + (mib(m["peak_rss_bytes"]) + f" ({m['rss_samples']} changes recorded)"
                                          if m["peak_rss_bytes"] is not None else "- (not recorded)")))
+    lim = m.get("limit")
+    if lim:
+        lines.append(wrap(f"cgroup memory limit {mib(lim['limit_bytes'])} ({printable(lim['limit_from'])}): with a "
+                          f"PR #201 pool, pooled bytes plus RSS would reach {mib(lim['predicted_peak_bytes'])} "
+                          f"({lim['share'] * 100:.0f}% of it; `ckptrace whatif` says more)"))
+        if lim["warning"]:
+            lines.append(wrap("WARNING: " + lim["warning"]))
     rel = m["releases"] if limit is None else m["releases"].head(limit)
     if len(rel):
         lines.append(f"{'released at s':>13} {'pid':>7} {'tid':>7} {'MiB':>8} {'held after':>10}  phase")

@@ -36,6 +36,9 @@ def process_lines(p: ProcessResult, rows: int | None) -> list[str]:
         return [head, "  no checkpoint mapped a buffer while recording: nothing for a pool to reuse"]
     s = r.summary
     lines = [head, wrap(f"policy {r.policy.name}: {s['policy_text']}", "  ")]
+    if s["reused_buffers"]:
+        lines.append(wrap(f"note: {s['reused_buffers']} checkpoints above 32 MiB mapped no buffer: they reused one "
+                          "(a pool was on while recording?); the replay adds a pool to what was recorded", "  "))
     lines.append(wrap(f"checkpoint buffers: {s['gets']} asked the pool: {s['hits']} hits, {s['misses']} misses"
                       + (f" ({s['hit_rate'] * 100:.0f}% hits)" if s["hit_rate"] is not None else "")
                       + (f"; {s['not_gets']} checkpoints mapped no buffer (their own, or the heap's), not asked"

@@ -22,7 +22,7 @@ HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
 HOSTILE_TITLE = "</script><script>document.title='pwned-title'</script>"
 # Tags plotly.js itself would honour in figure text: a label must show them, not become them.
 MARKUP = "<b>pool-on</b> <a href='https://example.com/x'>link</a>"
-ALL_PANELS = {"header", "comparison", "iterations", "timeline", "distributions", "churn", "memory", "summary",
+ALL_PANELS = {"header", "comparison", "iterations", "timeline", "distributions", "churn", "memory", "whatif", "summary",
               "metadata"}  # "processes" only for legs of several processes (test_memory.py)
 
 

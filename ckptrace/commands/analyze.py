@@ -66,6 +66,10 @@ def command(trace, as_json, csv_dir, requests_file, requests_pid, show_all, rows
         pid = request_process(analysis.trace, requests_pid)
         requests = request_table(read_requests(requests_file), analysis, source=printable(requests_file), pid=pid)
         analysis.summary["requests"] = request_summary(requests, analysis.trace, pid=pid)
+    from ckptrace.analyzers.whatif import limit_warnings
+
+    for w in limit_warnings(analysis):
+        click.echo(f"ckptrace: warning: {printable(w)}", err=True)
     if csv_dir:
         paths = write_csv(analysis, csv_dir, requests)
         if not as_json:

@@ -244,6 +244,12 @@ void common_state_buffer_pool::set_enabled(bool v) {
     on = v;
 }
 
+void common_state_buffer_pool::set_caps(size_t bytes, size_t count) {
+    std::lock_guard<std::mutex> lock(mtx);
+    cap_bytes = bytes;
+    count_cap = count;
+}
+
 bool common_state_buffer_pool::enabled() const {
     std::lock_guard<std::mutex> lock(mtx);
     return on;
@@ -304,6 +310,7 @@ void common_state_buffer_pool::put(std::vector<uint8_t> && src) {
         bufs.push_back(std::move(src));
         st.accepted++;
         st.n_hwm = std::max(st.n_hwm, bufs.size());
+        st.bytes_hwm = std::max(st.bytes_hwm, st.bytes_held);
     }
 }
 
@@ -312,6 +319,10 @@ void common_state_buffer_pool::trim() {
     {
         std::lock_guard<std::mutex> lock(mtx);
         old.swap(bufs);
+        if (!old.empty()) {
+            st.trims++;
+            st.trimmed_bytes += st.bytes_held;
+        }
         st.bytes_held = 0;
     }
 }

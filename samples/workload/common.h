@@ -129,7 +129,10 @@ struct common_state_buffer_pool_stats {
     int64_t declined = 0;
     int64_t evicted = 0;
     size_t n_hwm = 0;
+    size_t bytes_hwm = 0;  // the most bytes (buffer sizes) it held at once
     size_t bytes_held = 0;
+    int64_t trims = 0;  // trim() calls that freed something
+    size_t trimmed_bytes = 0;
     size_t n_held = 0;  // buffers in the pool now
 };
 
@@ -139,13 +142,16 @@ struct common_state_buffer_pool_stats {
 class common_state_buffer_pool {
   public:
     static constexpr size_t size_floor = 32u << 20;  // below glibc's mmap threshold pooling saves nothing
-    static constexpr size_t count_cap = 64;
+    static constexpr size_t default_count_cap = 64;
 
     // Leaky on purpose: checkpoints destroyed during exit may still call put().
     static common_state_buffer_pool & instance();
 
     void set_enabled(bool on);
     bool enabled() const;
+    // Test knobs (--pool-cap-mib, --pool-count): other caps than PR #201's, so a prediction can be
+    // checked where a cap binds without holding gigabytes.
+    void set_caps(size_t bytes, size_t count);
 
     // The smallest pooled buffer whose size() >= size, or an empty vector.
     std::vector<uint8_t> get(size_t size);
@@ -162,6 +168,7 @@ class common_state_buffer_pool {
     mutable std::mutex mtx;
     bool on = false;
     size_t cap_bytes;
+    size_t count_cap = default_count_cap;
     std::vector<std::vector<uint8_t>> bufs;
     common_state_buffer_pool_stats st;
 };

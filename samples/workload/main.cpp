@@ -65,6 +65,10 @@ static void usage(FILE * f) {
             "  --ckpt-mib M            checkpoint size in MiB (48; at most 32 is served from the heap)\n"
             "  --grow-mib G            checkpoint growth per prefill iteration, MiB (0)\n"
             "  --pool on|off           bounded checkpoint buffer pool (off)\n"
+            "  --pool-cap-mib M        the pool's byte cap in MiB (1/16 of physical memory)\n"
+            "  --pool-count N          the pool's count cap (64)\n"
+            "  --pool-trim-idle-ms T   trim the pool once a gap between update_slots() calls has\n"
+            "                          lasted T ms (--gap-us), as llama-server trims when idle (never)\n"
             "  --keep K                checkpoints kept per slot (1)\n"
             "  --request-prefills R    every R prefills each slot starts a new request: its\n"
             "                          checkpoints are freed and --grow-mib starts over (0 = never)\n"
@@ -116,13 +120,17 @@ struct options {
     int cuda_dst = -1;  // -1: not given
     int32_t cuda_tensors = 0;  // 0: not given
     int cuda_driver_api = -1;  // -1: not given
+    int64_t pool_cap_mib = -1;  // -1: PR #201's cap
+    int64_t pool_count = (int64_t) common_state_buffer_pool::default_count_cap;
+    int64_t pool_trim_idle_ms = -1;  // -1: never
 };
 
 static options parse_options(int argc, char ** argv) {
     enum {
         O_SLOTS = 1000, O_ITER, O_DPP, O_CKPT, O_GROW, O_POOL, O_KEEP, O_PROMPT, O_DECODE_US,
         O_NOISE, O_TRUTH, O_WAIT, O_PAUSE, O_MREMAP, O_EXIT, O_DRAFT, O_HELP, O_REQUEST, O_GAP, O_CHURN, O_RESTORE, O_SPEC,
-        O_SPEC_STATE, O_PROMPT_SAVE, O_PROMPT_SAVE_INLINED, O_CUDA_DST, O_CUDA_TENSORS, O_CUDA_API
+        O_SPEC_STATE, O_PROMPT_SAVE, O_PROMPT_SAVE_INLINED, O_CUDA_DST, O_CUDA_TENSORS, O_CUDA_API, O_POOL_CAP,
+        O_POOL_COUNT, O_POOL_TRIM
     };
     static const struct option longopts[] = {
         {"slots", required_argument, nullptr, O_SLOTS},
@@ -153,6 +161,9 @@ static options parse_options(int argc, char ** argv) {
         {"cuda-dst", required_argument, nullptr, O_CUDA_DST},
         {"cuda-tensors", required_argument, nullptr, O_CUDA_TENSORS},
         {"cuda-api", required_argument, nullptr, O_CUDA_API},
+        {"pool-cap-mib", required_argument, nullptr, O_POOL_CAP},
+        {"pool-count", required_argument, nullptr, O_POOL_COUNT},
+        {"pool-trim-idle-ms", required_argument, nullptr, O_POOL_TRIM},
         {nullptr, 0, nullptr, 0},
     };
     options o;
@@ -220,6 +231,9 @@ static options parse_options(int argc, char ** argv) {
                     usage_error("--cuda-api takes runtime or driver, got '%s'", optarg);
                 }
                 break;
+            case O_POOL_CAP: o.pool_cap_mib = parse_int("--pool-cap-mib", optarg, 0, 1 << 20); break;
+            case O_POOL_COUNT: o.pool_count = parse_int("--pool-count", optarg, 0, 1 << 20); break;
+            case O_POOL_TRIM: o.pool_trim_idle_ms = parse_int("--pool-trim-idle-ms", optarg, 0, 1000000); break;
             case ':': usage_error("%s needs a value", argv[optind - 1]);
             default: usage_error("unknown option '%s'", argv[optind - 1]);
         }
@@ -457,6 +471,7 @@ int main(int argc, char ** argv) {
 
     auto & pool = common_state_buffer_pool::instance();
     pool.set_enabled(o.pool);
+    pool.set_caps(o.pool_cap_mib >= 0 ? (size_t) o.pool_cap_mib << 20 : pool.byte_cap(), (size_t) o.pool_count);
 
     const size_t max_bytes = server_context_impl::max_state_bytes(o.sp, o.iterations);
     llama_context * ctx = sample_llama_init(o.sp.n_slots, max_bytes, o.decode_us);
@@ -527,8 +542,14 @@ int main(int argc, char ** argv) {
             write_memory(truth, *srv, it.iter);
         }
         churn_threads(o.thread_churn);
-        if (o.gap_us) {
-            usleep((useconds_t) o.gap_us);
+        int64_t gap = o.gap_us;
+        if (o.pool_trim_idle_ms >= 0 && gap >= o.pool_trim_idle_ms * 1000) {  // idle long enough: trim
+            usleep((useconds_t) (o.pool_trim_idle_ms * 1000));
+            pool.trim();
+            gap -= o.pool_trim_idle_ms * 1000;
+        }
+        if (gap) {
+            usleep((useconds_t) gap);
         }
     }
     const int64_t wall = now_ns() - t0;
@@ -549,12 +570,16 @@ int main(int argc, char ** argv) {
                 "{\"type\":\"summary\",\"checkpoints\":%lld,\"iterations\":%lld,\"prefill_iterations\":%lld,"
                 "\"pool\":%s,\"slots\":%d,\"keep\":%d,\"draft\":%s,\"ckpt_bytes_first\":%zu,\"grow_bytes\":%zu,"
                 "\"wall_ns\":%lld,\"minflt_total\":%lld,\"pool_hits\":%lld,\"pool_hwm\":%zu,"
-                "\"pool_byte_cap\":%zu,\"noise_threads\":%d,\"noise_calls\":%lld,\"pid\":%d,\"exit_code\":%d,"
+                "\"pool_byte_cap\":%zu,\"pool_count_cap\":%lld,\"pool_gets\":%lld,\"pool_get_hits\":%lld,"
+                "\"pool_accepted\":%lld,\"pool_declined\":%lld,\"pool_evicted\":%lld,\"pool_bytes_hwm\":%zu,"
+                "\"pool_trims\":%lld,\"pool_trimmed_bytes\":%zu,\"noise_threads\":%d,\"noise_calls\":%lld,\"pid\":%d,\"exit_code\":%d,"
                 "\"churn_threads\":%lld}\n",
                 (long long) n_ckpt, (long long) o.iterations, (long long) n_prefill, o.pool ? "true" : "false",
                 o.sp.n_slots, o.sp.n_keep, o.sp.draft ? "true" : "false", bytes_first, o.sp.grow_bytes,
                 (long long) wall, (long long) minflt, (long long) n_hits, ps.n_hwm, pool.byte_cap(),
-                o.noise_threads, (long long) nz.calls.load(), (int) getpid(), o.exit_code,
+                (long long) o.pool_count, (long long) (ps.hits + ps.misses), (long long) ps.hits,
+                (long long) ps.accepted, (long long) ps.declined, (long long) ps.evicted, ps.bytes_hwm,
+                (long long) ps.trims, ps.trimmed_bytes, o.noise_threads, (long long) nz.calls.load(), (int) getpid(), o.exit_code,
                 (long long) o.thread_churn * o.iterations);
         fclose(truth);
     }
