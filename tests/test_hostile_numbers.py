@@ -81,7 +81,7 @@ def fill_and_copy(copy_start: int) -> list[dict]:
             dict(kind="copy", tid=100, start_ns=copy_start, end_ns=90, ckpt=1, iter=1, bytes=4096, faults=1)]
 
 
-COMMANDS = ["analyze", "analyze --json", "compare", "dashboard", "export"]
+COMMANDS = ["analyze", "analyze --json", "compare", "dashboard", "export", "whatif"]
 
 
 def run(command: str, trace: Path, tmp_path: Path):
@@ -91,7 +91,8 @@ def run(command: str, trace: Path, tmp_path: Path):
            "export": tmp_path / f"{trace.stem}.perfetto-trace"}.get(command)
     args = {"analyze": ["analyze", trace], "analyze --json": ["analyze", "--json", trace],
             "compare": ["compare", trace, SAMPLES / "2-pool-on.parquet"],
-            "dashboard": ["dashboard", trace, "-o", out], "export": ["export", trace, "-o", out]}[command]
+            "dashboard": ["dashboard", trace, "-o", out], "export": ["export", trace, "-o", out],
+            "whatif": ["whatif", trace, "--cap-bytes", "1GiB"]}[command]
     return ckptrace(*args), out
 
 

@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from ckptrace.errors import TraceFormatError
-from ckptrace.meta import (FaultTime, GpuInfo, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, ProfileInfo, SchedCounters,
-                           TraceMeta)
+from ckptrace.meta import (FaultTime, GpuInfo, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, ProcessMemory,
+                           ProfileInfo, SchedCounters, TraceMeta)
 from ckptrace.trace import read_meta, read_trace, write_trace
 from helpers import assert_one_line_error, ckptrace
 from test_analyzers import make_events, slots_rows
@@ -24,13 +24,14 @@ def full_meta() -> TraceMeta:
         label="pool-off", tool_version="0.1.0", mode="launch", command=["w", "--pool", "off"], pid=7,
         exit_code=3, executable="/bin/w", objects=[ObjectInfo("/bin/w", "ab" * 20)],
         probes=[ProbeInfo("update_tgt", "f()", "/bin/w", 4096, 4096, "ab" * 20)],
-        missing_optional=["update_dft"], kernel="6.18", host="h", clock="CLOCK_MONOTONIC",
+        missing_optional=["update_dft"], kernel="6.18", host="h", host_memory_bytes=1 << 34, clock="CLOCK_MONOTONIC",
         start_time="2026-11-29T00:00:00.000+00:00", attach_ns=10, stop_ns=30, first_event_ns=20,
         stop_reason="duration", lost_events=1, partial_spans=2, abandoned_spans=3,
         open_at_stop=OpenSpans(4, 5), attach_retries=6, fault_sample_every=8, fault_slices_timed=9,
         fault_time_definition="d", events=11, sched_counters=SchedCounters(True, "how"),
         fault_time=FaultTime("m", "d", {"fill": [[4096, 100]]}, 0.5, 1.5),
-        processes=[ProcessInfo(7, "pool-off", "w", "/bin/w", "ab" * 20, "p", 25)],
+        processes=[ProcessInfo(7, "pool-off", "w", "/bin/w", "ab" * 20, "p", 25, 99,
+                               ProcessMemory(1 << 28, 1 << 29, "/pod", 2, 1 << 32, "memory.max of /pod", 24))],
         complete=False, cut_short="c", map_full=12, max_threads=13, threads_seen=14, threads_pruned=15,
         threads_peak=16,
         profile=ProfileInfo("11434", "g", ["update_tgt", "fill"], ["prompt_save"], {"update_tgt": "11434"}),
