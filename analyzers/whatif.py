@@ -300,6 +300,8 @@ class Replay:
     held: pd.DataFrame = field(default_factory=pd.DataFrame)  # [t_ns, recorded_bytes, predicted_bytes]
     limit: dict | None = None  # the cgroup limit check (memory_limit_check)
     requests: pd.DataFrame | None = None  # TTFT saved per request (ttft_saved), when a request file exists
+    input: ReplayInput | None = field(default=None, repr=False)  # what was replayed (for sweeps, ttft_saved)
+    analysis: object | None = field(default=None, repr=False)  # the process's analysis, when predict() made it
 
 
 def simulate(inp: ReplayInput, policy: Policy, where: str = "the trace") -> Replay:
@@ -412,7 +414,7 @@ def simulate(inp: ReplayInput, policy: Policy, where: str = "the trace") -> Repl
     out = _outcomes(gets, outcome, inp)
     pooled_df = pd.DataFrame(rows, columns=list(POOLED_COLUMNS)).astype(POOLED_COLUMNS)
     summary = _summary(inp, policy, cap, n, hwm, out, pooled, len(pool))
-    r = Replay(inp.pid, inp.label, policy, cap, summary, out, pooled_df)
+    r = Replay(inp.pid, inp.label, policy, cap, summary, out, pooled_df, input=inp)
     r.held = _held(inp, pooled_df)
     peak = r.held["predicted_bytes"].max() if len(r.held) else None
     summary["held_hwm_bytes"] = int(peak) if peak is not None and not pd.isna(peak) else None
@@ -538,6 +540,24 @@ def limit_warning(label: str, r: Replay) -> str | None:
             f"{mib_text(lim['predicted_peak_bytes'])}, {lim['share'] * 100:.0f}% of its cgroup memory limit "
             f"({mib_text(lim['limit_bytes'])}, {lim['limit_from']}): the pool could be OOM-killed with it; "
             f"{cap} does not look at that limit")
+
+
+def predict(trace, policy: Policy | None = None) -> list[Replay]:
+    """Every process of a trace (a path, or a ckptrace.trace.Trace) replayed against `policy`
+    (default PR #201's): one Replay each, in the trace's process order, with its `input` and
+    `analysis` (a process that mapped no checkpoint buffer has no gets)."""
+    from . import analyze_processes
+    from ckptrace.trace import Trace, read_trace
+
+    t = trace if isinstance(trace, Trace) else read_trace(trace)
+    where = printable(str(t.path)) if t.path else "the trace"
+    out = []
+    for info, analysis in analyze_processes(t):
+        info = dataclasses.replace(info, label=info.label or t.label)
+        r = simulate(replay_input(analysis, info), policy or POLICIES["pr201"], where)
+        r.analysis = analysis
+        out.append(r)
+    return out
 
 
 # --- requests --------------------------------------------------------------------------------

@@ -354,3 +354,28 @@ def test_floor_cap_and_exact_fit():
     exact = simulate(made_up(events), Policy(cap=1 << 30, fit="exact")).summary
     best = simulate(made_up(events), Policy(cap=1 << 30)).summary
     assert best["hits"] == 2 and exact["hits"] == 1  # 40 MiB takes the 64 MiB buffer only with best fit
+
+
+def test_the_cgroup_v2_limit_is_the_smallest_on_the_way_up(tmp_path):
+    """The file layout of cgroup v2 (this machine's memory controller is on v1, which the
+    recorded test above reads): a child without a limit under a parent with 4 GiB, under a
+    root with none; and a bind mount of a subtree (a container's view) read from its own root."""
+    from ckptrace.probes.process_memory import memory_cgroup, smallest_limit
+
+    (tmp_path / "cgroup.controllers").write_text("cpu io memory pids\n")
+    pod = tmp_path / "kubepods" / "pod1"
+    pod.mkdir(parents=True)
+    (tmp_path / "kubepods" / "memory.max").write_text("max\n")
+    (pod / "memory.max").write_text(f"{4 << 30}\n")
+    (pod / "app").mkdir()
+    (pod / "app" / "memory.max").write_text("max\n")
+    mounts = [("/", str(tmp_path), "cgroup2", "rw")]
+    found = memory_cgroup("0::/kubepods/pod1/app\n", mounts)
+    assert found == (2, "/kubepods/pod1/app", tmp_path, "/")
+    assert smallest_limit(tmp_path, "/", "/kubepods/pod1/app", 2) == (4 << 30, "memory.max of /kubepods/pod1")
+    # seen from inside the pod: the mount's root is the pod's folder
+    assert smallest_limit(pod, "/kubepods/pod1", "/kubepods/pod1/app", 2) == (4 << 30, "memory.max of /kubepods/pod1")
+    assert smallest_limit(tmp_path, "/", "/kubepods", 2) is None  # "max" all the way up
+    # no memory controller offered: no hierarchy to read
+    (tmp_path / "cgroup.controllers").write_text("cpu io\n")
+    assert memory_cgroup("0::/kubepods/pod1/app\n", mounts) is None

@@ -109,7 +109,6 @@ def command(traces, policy_name, cap_bytes, count, floor, evict, trim_idle, fit,
     less what the hits save in its window (an estimate). A warning says when pooled bytes plus
     RSS would come near the process's cgroup memory limit, as the trace recorded it.
     """
-    from ckptrace.analyzers import analyze_processes
     from ckptrace.analyzers.whatif import POLICIES
     from ckptrace.commands.compare import leg_requests, request_pid_choices
     from ckptrace.renderers.json import dumps
@@ -131,8 +130,7 @@ def command(traces, policy_name, cap_bytes, count, floor, evict, trim_idle, fit,
     results = []
     for i, path in enumerate(traces):
         results += _one_trace(path, policy, sweep, None if requests is None else requests[i],
-                              choices[0] if len(choices) == 1 else (choices[i] if choices else None),
-                              analyze_processes)
+                              choices[0] if len(choices) == 1 else (choices[i] if choices else None))
     for p in results:
         for w in p.warnings:
             click.echo(f"ckptrace: warning: {w}", err=True)
@@ -142,9 +140,9 @@ def command(traces, policy_name, cap_bytes, count, floor, evict, trim_idle, fit,
         echo(whatif_report(results, None if show_all else rows))
 
 
-def _one_trace(path, policy, sweep, requests, choice, analyze_processes):
+def _one_trace(path, policy, sweep, requests, choice):
     from ckptrace.analyzers.requests import request_process, request_table
-    from ckptrace.analyzers.whatif import limit_warning, replay_input, simulate, sweep as run_sweep, ttft_saved
+    from ckptrace.analyzers.whatif import limit_warning, predict, sweep as run_sweep, ttft_saved
     from ckptrace.renderers.whatif import ProcessResult
     from ckptrace.trace import read_trace, time_origin
 
@@ -153,21 +151,18 @@ def _one_trace(path, policy, sweep, requests, choice, analyze_processes):
     t0 = time_origin(trace.meta, trace.events)
     pid = request_process(trace, choice, source=shown) if requests is not None else None
     out = []
-    for info, analysis in analyze_processes(trace):
-        label = info.label or trace.label
-        inp = replay_input(analysis, info)
-        if not len(inp.gets):
-            out.append(ProcessResult(shown, t0, None, info.pid, label))
+    for r in predict(trace, policy):
+        if not len(r.input.gets):
+            out.append(ProcessResult(shown, t0, None, r.pid, r.label))
             continue
-        r = simulate(inp, policy, where=shown)
-        if requests is not None and (pid is None or pid == info.pid):
-            r.requests = ttft_saved(r, inp, request_table(requests, analysis, source=shown))
-        p = ProcessResult(shown, t0, r, info.pid, label)
-        w = limit_warning(f"{shown} pid {info.pid} ({printable(label)})", r)
+        if requests is not None and (pid is None or pid == r.pid):
+            r.requests = ttft_saved(r, r.input, request_table(requests, r.analysis, source=shown))
+        p = ProcessResult(shown, t0, r, r.pid, r.label)
+        w = limit_warning(f"{shown} pid {r.pid} ({printable(r.label)})", r)
         if w:
             p.warnings.append(w)
         if sweep is not None:
             p.sweep_param = sweep[0]
-            p.sweep = run_sweep(inp, policy, sweep[0], sweep[1], where=shown)
+            p.sweep = run_sweep(r.input, policy, sweep[0], sweep[1], where=shown)
         out.append(p)
     return out
