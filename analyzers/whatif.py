@@ -587,7 +587,7 @@ def ttft_saved(r: Replay, inp: ReplayInput, request_rows: pd.DataFrame) -> pd.Da
     saved[~ok] = pd.NA
     ttft = pd.array(request_rows["ttft_ns"].array, dtype="Int64")
     return pd.DataFrame({"request": request_rows["request"].to_numpy("int64"), "ttft_ns": ttft,
-                         "hits_in_window": pd.array(np.where(ok, met, 0), dtype="Int64").where(ok, pd.NA),
+                         "hits_in_window": pd.arrays.IntegerArray(np.where(ok, met, 0).astype("int64"), ~ok),
                          "saved_ns": saved, "predicted_ttft_ns": ttft - saved}).astype(REQUEST_SAVED_COLUMNS)
 
 

@@ -379,3 +379,31 @@ def test_the_cgroup_v2_limit_is_the_smallest_on_the_way_up(tmp_path):
     # no memory controller offered: no hierarchy to read
     (tmp_path / "cgroup.controllers").write_text("cpu io\n")
     assert memory_cgroup("0::/kubepods/pod1/app\n", mounts) is None
+
+
+def test_ttft_saved_is_the_hits_fill_inside_each_window(tmp_path):
+    """A request file beside a sample trace (windows made here: the first and second halves of
+    its checkpoints, and one ending inside a fill): each request's saving is the part of the hits'
+    fills inside its window, summed by a plain loop over the trace's own fill rows."""
+    from ckptrace.loadgen import RESULT_COLUMNS
+    from ckptrace.requests_file import write_requests
+
+    trace = read_trace(SAMPLES / "1-pool-off.parquet")
+    ev = trace.events
+    fills = ev[ev["kind"] == "fill"].sort_values("start_ns")
+    lo, hi = int(ev["start_ns"].min()), int(ev["end_ns"].max())
+    mid = int(fills["start_ns"].iloc[10]) + 1_000_000  # 1 ms into the 11th fill
+    windows = [(lo, mid), (mid, hi), (int(fills["start_ns"].iloc[2]), int(fills["end_ns"].iloc[3]))]
+    rows = pd.DataFrame([{"request": i, "client": 0, "prompt_tokens": 64, "start_unix_ns": 1, "start_ns": a,
+                          "ttft_ns": b - a, "total_ns": b - a, "status": "ok", "predicted_tokens": 4}
+                         for i, (a, b) in enumerate(windows)]).astype(RESULT_COLUMNS)
+    write_requests(tmp_path / "off.requests.json", rows)
+    (tmp_path / "off.parquet").write_bytes((SAMPLES / "1-pool-off.parquet").read_bytes())
+    doc = whatif(tmp_path / "off.parquet", "--cap-bytes", "1GiB")
+    hit = {o["ckpt"] for o in doc["outcomes"] if o["outcome"] == "hit"}
+    hit_fills = fills[fills["ckpt"].isin(hit)]
+    for (a, b), r in zip(windows, doc["requests"]["rows"]):
+        inside = sum(max(0, min(int(e), b) - max(int(s), a)) for s, e in zip(hit_fills["start_ns"], hit_fills["end_ns"]))
+        assert abs(r["saved_ns"] - inside) <= 1, (r, inside)  # rounded to the ns
+        assert r["predicted_ttft_ns"] == r["ttft_ns"] - r["saved_ns"]
+    assert doc["requests"]["summary"]["with_breakdown"] == 3
