@@ -2,22 +2,26 @@
 held to the pool-on build's own log and recording of the same load.
 
 Both legs (0.3.36, GCC; samples/llama-server/build.sh with and without --pool) get the same load
-on a fresh server with `ckptrace record --pid` attached: 12 distinct prompts, a pause of 2.5 s
-(the pool-on server trims its pool after a second with no task), 6 more. The truth is the pool-on
-server's log at -lv 4: one `get: hit|miss for X MiB (...)` line per get and one `trim: freeing N
-pooled buffers, X MiB` per trim that freed something (samples/llama-server/pool.patch).
+on a fresh server with `ckptrace record --pid` attached: 12 distinct prompts of 64 words, then one
+tiny prompt per slot (its old checkpoints are erased, into the pool, and it is too short to make
+one: a prompt decoded in one batch from an empty memory has nothing to checkpoint), a pause of
+2.5 s (the pool-on server trims its pool after a second with no task), 6 more prompts of 64
+words. The truth is the pool-on server's log at -lv 4: one `get: hit|miss for X MiB (...)` line
+per get and one `trim: freeing N pooled buffers, X MiB` per trim that freed something
+(samples/llama-server/pool.patch).
 """
 from __future__ import annotations
 
 import json
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pandas as pd
 import pytest
 
 from ckptrace.analyzers import analyze_trace
-from ckptrace.loadgen import run_load
+from ckptrace.loadgen import RESULT_COLUMNS, local_url, one_request, run_load
 from ckptrace.requests_file import write_requests
 from ckptrace.samples.llama_server import build_server, cached_model, llama_server, log_path, recorder, ttft_path
 from ckptrace.trace import read_trace
@@ -27,6 +31,18 @@ from llama_checks import e2e
 CLIENTS, FIRST, SECOND, PAUSE_S = 3, 12, 6, 2.5
 GET_LINE = re.compile(r"get: (hit|miss) for ([0-9.]+) MiB \(hits = \d+, misses = \d+, pooled = (\d+)\)")
 TRIM_LINE = re.compile(r"trim: freeing (\d+) pooled buffers, ([0-9.]+) MiB")
+
+
+def tiny_prompts(url: str) -> pd.DataFrame:
+    """One one-word prompt per slot, all at once (each takes an idle slot): decoded in one batch
+    from an empty memory, it makes no checkpoint, and its slot's old ones go to the pool."""
+    deadline = time.monotonic() + 600
+    body = lambda i: {"prompt": ["Hello", "World", "Again"][i], "n_predict": 4, "stream": True,  # noqa: E731
+                      "temperature": 0.0, "seed": i}
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        rows = list(pool.map(lambda i: {**one_request(local_url(url), body(i), deadline), "request": i, "client": i},
+                             range(CLIENTS)))
+    return pd.DataFrame(rows).astype(RESULT_COLUMNS)
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +55,12 @@ def legs(tmp_path_factory) -> dict:
         trace = tmp / f"{name}.parquet"
         with llama_server(build_server(pool), model, log_path(trace), slots=CLIENTS) as srv:
             with recorder(srv.pid, trace, f"pool-{name}"):
-                first = run_load(srv.url, CLIENTS, FIRST, prompt_tokens=64, n_predict=4, timeout_s=600, seed=7)
+                first = run_load(srv.url, CLIENTS, FIRST, prompt_tokens=64, n_predict=4, timeout_s=1200, seed=7)
+                tiny = tiny_prompts(srv.url)
                 time.sleep(PAUSE_S)
-                second = run_load(srv.url, CLIENTS, SECOND, prompt_tokens=64, n_predict=4, timeout_s=600, seed=8)
-        requests = pd.concat([first, second.assign(request=second["request"] + FIRST)], ignore_index=True)
+                second = run_load(srv.url, CLIENTS, SECOND, prompt_tokens=64, n_predict=4, timeout_s=1200, seed=8)
+        requests = pd.concat([first, tiny.assign(request=tiny["request"] + FIRST),
+                              second.assign(request=second["request"] + FIRST + CLIENTS)], ignore_index=True)
         assert (requests["status"] == "ok").all(), requests
         write_requests(ttft_path(trace), requests)
         out[name] = {"path": trace, "trace": read_trace(trace), "log": log_path(trace).read_text(errors="replace")}
@@ -70,17 +88,20 @@ def test_the_prediction_matches_the_pool_on_servers_log_and_recording(legs):
     assert s["trims"] == len(trims) >= 1, (s["trims"], trims)
     trimmed = [e["bytes"] for e in pred["pooled"] if e["event"] == "trim"]
     assert [f"{b / 1024 / 1024:.3f}" for b in trimmed] == [t[1] for t in trims]
-    # the most the pool held: at least anything the server logged it holding, and within 1% of the most
+    # the most the pool held: the log says how many buffers it held before each get (after it, plus
+    # one for a hit) and at each trim: the prediction's high-water mark is at least the most of
+    # those, and within 1% of it
     size = {g[1] for g in gets}
-    assert len(size) == 1, size  # one checkpoint size: the logged count x that size is the pooled bytes
-    logged = max([float(t[1]) * 1024 * 1024 for t in trims] + [int(g[2]) * float(g[1]) * 1024 * 1024 for g in gets])
-    assert s["pooled_hwm_bytes"] >= logged - 1024 * 1024 / 1000  # the log prints 3 decimals of a MiB
-    assert abs(s["pooled_hwm_bytes"] - logged) <= 0.01 * logged, (s["pooled_hwm_bytes"], logged)
+    assert len(size) == 1, size  # one checkpoint size: a count of buffers x that size is the pooled bytes
+    mib = float(size.pop()) * 1024 * 1024
+    before = max([int(n) + (h == "hit") for h, _, n in gets] + [int(n) for n, _ in trims])
+    assert s["pooled_hwm_buffers"] >= before
+    assert abs(s["pooled_hwm_bytes"] - before * mib) <= 0.01 * before * mib, (s["pooled_hwm_bytes"], before)
     assert abs(s["held_hwm_bytes"] - on.memory["peak_held_bytes"]) <= 0.01 * on.memory["peak_held_bytes"]
     measured = int(off.checkpoints["fill_cpu_ns"].sum() - on.checkpoints["fill_cpu_ns"].sum())
     assert abs(s["fill_cpu_saved_ns"] - measured) <= 0.10 * measured, (s["fill_cpu_saved_ns"], measured)
     # with its request file, each request's predicted TTFT: no more than its own fill time saved
-    assert pred["requests"]["summary"]["with_breakdown"] == FIRST + SECOND
+    assert pred["requests"]["summary"]["with_breakdown"] == FIRST + CLIENTS + SECOND
     assert all(r["saved_ns"] >= 0 and r["predicted_ttft_ns"] <= r["ttft_ns"] for r in pred["requests"]["rows"])
 
 
