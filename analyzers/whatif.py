@@ -227,7 +227,16 @@ def _lifetimes(kind, phase, t, ckpt, addr, nbytes, mem: pd.DataFrame, gets: np.n
     old_bytes = mem["old_bytes"].to_numpy("int64") if "old_bytes" in mem else np.zeros(len(mem), "int64")
     live: dict[int, tuple[int, int]] = {}  # start -> (end, get index)
     out = []
-    for i in np.flatnonzero(np.isin(kind, ["mmap", "munmap", "mremap"])):
+    # Only rows that can touch a buffer's range are walked (a long recording maps much else); a
+    # buffer moved by mremap may land anywhere an mremap put something (as memory.py's walk).
+    end = addr + nbytes.astype("uint64")
+    remap = kind == "mremap"
+    if remap.any() and len(gets):
+        lo, hi = min(lo, int(addr[remap].min())), max(hi, int(end[remap].max()))
+    near = np.isin(kind, ["mmap", "munmap", "mremap"]) & (end > lo) & (addr < hi)
+    near |= (kind == "mremap") & (old_addr + old_bytes.astype("uint64") > lo) & (old_addr < hi)
+    near[gets] = True
+    for i in np.flatnonzero(near):
         a, b = int(addr[i]), int(addr[i]) + int(nbytes[i])
         k = kind[i]
         if k == "mmap" and i in get_of:
