@@ -26,8 +26,9 @@ from ckptrace.requests_file import write_requests
 from ckptrace.samples.llama_server import build_server, cached_model, llama_server, log_path, recorder, ttft_path
 from ckptrace.trace import read_trace
 from helpers import ckptrace
-from llama_checks import e2e
+from llama_checks import builds, e2e
 
+LLAMA_BUILDS = builds("0.3.36")  # build_server's default version, pool-off and pool-on
 CLIENTS, FIRST, SECOND, PAUSE_S = 3, 12, 6, 2.5
 GET_LINE = re.compile(r"get: (hit|miss) for ([0-9.]+) MiB \(hits = \d+, misses = \d+, pooled = (\d+)\)")
 TRIM_LINE = re.compile(r"trim: freeing (\d+) pooled buffers, ([0-9.]+) MiB")
