@@ -13,8 +13,7 @@ import pandas as pd
 
 from ckptrace.meta import ProcessInfo
 from ckptrace.terminal import printable
-from ckptrace import stream
-from ckptrace.trace import BATCH_ROWS, Trace, read_between, read_meta, read_trace
+from ckptrace.trace import BATCH_ROWS, Trace, TraceFile, opened, read_between, read_trace
 
 from .checkpoints import CHECKPOINT_COLUMNS, checkpoint_table
 from .events import KindRows
@@ -66,25 +65,29 @@ def analyze_trace(trace: Trace, per_process: bool = True) -> Analysis:
     return analyze_rows(trace, KindRows.from_frame(trace.events), per_process)
 
 
-def analyze_file(path: str | os.PathLike, batch_rows: int = BATCH_ROWS, per_process: bool = True) -> Analysis:
-    """The analysis of the trace file at `path`, read batch by batch: memory holds the rows the
-    analysis reads (analyzers/events.py) and its tables, never the whole trace. Equal to
-    analyze_trace(read_trace(path)), checks included."""
-    if stream.is_stream(path):  # a cut-short recording: read whole, as read_trace marks it cut short
-        return analyze_trace(read_trace(path), per_process)
-    meta = read_meta(path)
-    rows = KindRows.from_file(path, batch_rows)
-    return analyze_rows(Trace(events=None, meta=meta, path=str(path)), rows, per_process)
+def analyze_file(path: str | os.PathLike | TraceFile, batch_rows: int = BATCH_ROWS,
+                 per_process: bool = True) -> Analysis:
+    """The analysis of the trace file at `path` (or an open TraceFile), read batch by batch:
+    memory holds the rows the analysis reads (analyzers/events.py) and its tables, never the
+    whole trace. Equal to analyze_trace(read_trace(path)), checks included. The file is opened
+    and checked once."""
+    with opened(path) as f:
+        if f.stream:  # a cut-short recording: read whole, as read_trace marks it cut short
+            return analyze_trace(read_trace(f), per_process)
+        rows = KindRows.from_file(f, batch_rows)
+        return analyze_rows(Trace(events=None, meta=f.meta, path=f.path), rows, per_process)
 
 
-def analyze_processes(trace: Trace | str | os.PathLike) -> list[tuple[ProcessInfo, Analysis]]:
+def analyze_processes(trace: Trace | str | os.PathLike | TraceFile) -> list[tuple[ProcessInfo, Analysis]]:
     """(process, its own analysis) for each process of a trace (a one-process trace: its
     analysis); a trace file is read batch by batch, each process's rows analysed in turn."""
-    if isinstance(trace, Trace) or stream.is_stream(trace):
-        trace = trace if isinstance(trace, Trace) else read_trace(trace)
+    if isinstance(trace, Trace):
         return [(info, analyze_trace(sub)) for info, sub in process_traces(trace)]
-    whole = Trace(events=None, meta=read_meta(trace), path=str(trace))
-    rows = KindRows.from_file(trace)
+    with opened(trace) as f:
+        if f.stream:
+            return analyze_processes(read_trace(f))
+        whole = Trace(events=None, meta=f.meta, path=f.path)
+        rows = KindRows.from_file(f)
     infos = process_info(whole, rows.per_pid.index)
     if len(infos) <= 1:
         return [(infos[0] if infos else ProcessInfo(pid=0, label=whole.label), analyze_rows(whole, rows))]

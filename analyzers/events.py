@@ -21,9 +21,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from ckptrace.errors import TraceFormatError
-from ckptrace.terminal import printable
-from ckptrace.trace import (BATCH_ROWS, COLUMNS, KINDS, empty_frame, iter_kinds, iter_record_batches,
-                            normalize_events)
+from ckptrace.trace import (BATCH_ROWS, COLUMNS, KINDS, TraceFile, empty_frame, iter_kinds, iter_record_batches,
+                            normalize_events, opened)
 from ckptrace.validate import check_ids
 
 SPAN = ["tid", "start_ns", "end_ns"]
@@ -112,21 +111,27 @@ class KindRows:
         return acc.result()
 
     @classmethod
-    def from_file(cls, path: str | os.PathLike, batch_rows: int = BATCH_ROWS) -> KindRows:
-        """Batch by batch, checked as read_trace checks (ids across the trace on the rows kept)."""
+    def from_file(cls, path: str | os.PathLike | TraceFile, batch_rows: int = BATCH_ROWS) -> KindRows:
+        """Batch by batch, checked as read_trace checks (ids across the trace on the rows kept);
+        two passes over one open file (`path` opened once when it is not a TraceFile)."""
+        with opened(path) as f:
+            return cls._from_file(f, batch_rows)
+
+    @classmethod
+    def _from_file(cls, f: TraceFile, batch_rows: int) -> KindRows:
         try:
-            plan = _plan(iter_kinds(path, batch_rows))
+            plan = _plan(iter_kinds(f, batch_rows))
         except TraceFormatError:
-            for _ in iter_record_batches(path, READ, batch_rows, whole_checks=False):
+            for _ in iter_record_batches(f, READ, batch_rows, whole_checks=False):
                 pass  # the checked read names the first problem its checks find
             raise
-        acc = _Accumulator(*plan, printable(path))
+        acc = _Accumulator(*plan, f.shown)
         # Kept rows are copied in a second thread while this one checks the next batch (and the
         # reader's own thread decodes the one after): numpy's copies run without the GIL. The
         # copies stay in batch order, one at a time.
         with ThreadPoolExecutor(1, thread_name_prefix="ckptrace-keep") as pool:
             copying = None
-            for batch in iter_record_batches(path, READ, batch_rows, whole_checks=False):
+            for batch in iter_record_batches(f, READ, batch_rows, whole_checks=False):
                 if copying is not None:
                     copying.result()
                 copying = pool.submit(acc.add, batch)
@@ -139,7 +144,7 @@ class KindRows:
         parts = pd.concat([rows.of(k)[["ckpt", "tid", "start_ns", "end_ns"]].assign(kind=k).set_axis(at.get(k, []))
                            for k in ("fill", "copy")])
         check_ids(ck[["ckpt", "tid", "start_ns", "end_ns"]].set_axis(at.get("checkpoint", [])), it["iter"],
-                  parts[["kind", "ckpt", "tid", "start_ns", "end_ns"]], str(path))
+                  parts[["kind", "ckpt", "tid", "start_ns", "end_ns"]], f.path)
         return rows
 
 

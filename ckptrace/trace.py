@@ -12,6 +12,7 @@ import json
 import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -204,21 +205,89 @@ def _no_constant(name: str):
     raise ValueError(f"{name} is not a number a trace can hold")
 
 
-def read_meta(path: str | os.PathLike) -> TraceMeta:
+class TraceFile:
+    """A trace file opened once: the open file (a regular file, ckptrace.validate.open_regular),
+    whether it is a recording's stream or a finished Parquet trace (sniffed from its first bytes),
+    and its metadata, checked. Every reader below takes one (or a path, opened for that call), so
+    an analysis opens, sniffs and checks a file once. A context manager; `close()` closes it."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = str(path)
+        self.shown = printable(path)
+        self.source = open_regular(path)
+        self.parquet: pq.ParquetFile | None = None
+        self._checked = False
+        self._stream_events: tuple[pd.DataFrame, TraceMeta] | None = None
+        try:
+            self.size = self.source.size()
+            self.stream = self.source.read(4) == stream.STREAM_MAGIC
+            self.source.seek(0)
+            if self.stream:
+                schema = stream.open_stream(path, self.source).schema
+            else:  # a local file: read-ahead only costs memory
+                self.parquet = pq.ParquetFile(self.source, pre_buffer=False)
+                schema = self.parquet.schema_arrow
+            self.meta = _checked_meta(schema, path)
+        except (pa.ArrowException, OSError) as e:
+            self.close()
+            raise TraceFormatError(
+                f"{path}: not a ckptrace trace (not a readable Parquet file: {_first_line(e)})"
+            ) from None
+        except BaseException:
+            self.close()
+            raise
+
+    def checked_parquet(self) -> pq.ParquetFile:
+        """The Parquet file, its column types and memory bound checked (once) before decoding."""
+        assert self.parquet is not None, "a stream has no Parquet file"
+        if not self._checked:
+            try:
+                check_table(self.parquet, COLUMNS, self.size, self.shown)
+            except (pa.ArrowException, OSError) as e:
+                raise TraceFormatError(f"{self.path}: trace is damaged ({_first_line(e)})") from None
+            self._checked = True
+        return self.parquet
+
+    def stream_trace(self) -> tuple[pd.DataFrame, TraceMeta]:
+        """A stream's events and cut-short metadata, read whole once (a cut-short recording)."""
+        if self._stream_events is None:
+            self._stream_events = _read_stream(self)
+        return self._stream_events
+
+    @property
+    def closed(self) -> bool:
+        return self.source is None or self.source.closed
+
+    def close(self) -> None:
+        if self.source is not None:
+            self.source.close()
+        self._stream_events = None
+
+    def __enter__(self) -> TraceFile:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+@contextmanager
+def opened(trace: str | os.PathLike | TraceFile) -> Iterator[TraceFile]:
+    """`trace` itself when it is an open TraceFile, else the file at that path, opened for the
+    `with` block."""
+    if isinstance(trace, TraceFile):
+        yield trace
+        return
+    with TraceFile(trace) as f:
+        yield f
+
+
+def read_meta(path: str | os.PathLike | TraceFile) -> TraceMeta:
     """Metadata only, with the same checks as read_trace."""
-    path = Path(path)
-    try:
-        with open_regular(path) as source:
-            if source.read(4) == stream.STREAM_MAGIC:
-                source.seek(0)
-                schema = stream.open_stream(path, source).schema
-            else:
-                source.seek(0)
-                schema = pq.read_schema(source)
-    except (pa.ArrowException, OSError) as e:
-        raise TraceFormatError(
-            f"{path}: not a ckptrace trace (not a readable Parquet file: {_first_line(e)})"
-        ) from None
+    with opened(path) as f:
+        return f.meta
+
+
+def _checked_meta(schema: pa.Schema, path) -> TraceMeta:
     raw = (schema.metadata or {}).get(META_KEY.encode())
     if raw is None:
         raise TraceFormatError(f"{path}: a Parquet file, but not a ckptrace trace (no '{META_KEY}' metadata)")
@@ -248,24 +317,27 @@ def read_meta(path: str | os.PathLike) -> TraceMeta:
         raise TraceFormatError(f"{path}: {e}") from None
 
 
-def read_trace(path: str | os.PathLike) -> Trace:
-    meta = read_meta(path)
-    if stream.is_stream(path):
-        return _read_stream(path, meta)
+def read_trace(path: str | os.PathLike | TraceFile) -> Trace:
+    with opened(path) as f:
+        return _read_trace(f)
+
+
+def _read_trace(f: TraceFile) -> Trace:
+    path, meta = f.path, f.meta
+    if f.stream:
+        events, cut_meta = f.stream_trace()
+        return Trace(events=events, meta=cut_meta, path=path)
     # Column by column: peak memory is the frame plus one decoded column, not twice the frame.
     cols = {}
-    shown = printable(path)
+    shown = f.shown
+    pf = f.checked_parquet()
     try:
-        source = open_regular(path)
-        pf = pq.ParquetFile(source, pre_buffer=False)  # a local file: read-ahead only costs memory
-        check_table(pf, COLUMNS, source.size(), shown)
         for col in COLUMNS:
             if col not in pf.schema_arrow.names:
                 continue  # a column added after this trace was written: normalize_events makes it NA
             values = pf.read(columns=[col]).column(0)
             check_column(col, values, COLUMNS[col], shown)
             cols[col] = values.to_pandas(self_destruct=True)
-        source.close()
     except (pa.ArrowException, OSError) as e:
         raise TraceFormatError(f"{path}: trace is damaged ({_first_line(e)})") from None
     cols_read = set(cols)
@@ -281,17 +353,17 @@ def read_trace(path: str | os.PathLike) -> Trace:
         df["pid"] = np.int32(meta.pid)  # before version 3 a trace held one process
 
     check_events(df, shown)
-    return Trace(events=df, meta=meta, path=str(path))
+    return Trace(events=df, meta=meta, path=path)
 
 
-def _read_stream(path, meta: TraceMeta) -> Trace:
+def _read_stream(f: TraceFile) -> tuple[pd.DataFrame, TraceMeta]:
     """A cut-short trace (a stream a killed recorder left): every batch up to the last complete one."""
-    shown = printable(path)
+    path, shown = f.path, f.shown
     try:
-        with open_regular(path) as source:
-            reader = stream.open_stream(path, source)
-            check_types(reader.schema, COLUMNS, shown)
-            table, progress, torn = stream.read_stream_table(path, reader, budget_rows(source.size(), COLUMNS))
+        f.source.seek(0)
+        reader = stream.open_stream(path, f.source)
+        check_types(reader.schema, COLUMNS, shown)
+        table, progress, torn = stream.read_stream_table(path, reader, budget_rows(f.size, COLUMNS))
         cols = {}
         for col in COLUMNS:
             if col in table.schema.names:
@@ -307,45 +379,46 @@ def _read_stream(path, meta: TraceMeta) -> Trace:
     if df["kind"].isna().any():
         raise TraceFormatError(f"{path}: trace has event kinds this version does not know")
     check_events(df, shown)
-    return Trace(events=df, meta=stream.cut_short_meta(meta, progress, torn, df), path=str(path))
+    return df, stream.cut_short_meta(f.meta, progress, torn, df)
 
 
 KIND_VALUES = pa.array(KINDS)
 PHASE_VALUES = pa.array(PHASES)
 
 
-def iter_record_batches(path: str | os.PathLike, columns=None, batch_rows: int = BATCH_ROWS, *,
+def iter_record_batches(path: str | os.PathLike | TraceFile, columns=None, batch_rows: int = BATCH_ROWS, *,
                         whole_checks: bool = True,
                         between: tuple[int, int] | None = None) -> Iterator[pa.RecordBatch]:
     """iter_batches' batches as Arrow record batches, the cheaper form for code that picks rows:
     the same checks, every requested column there (one the trace lacks filled as read_trace fills
     it) with its declared type; kind and phase dictionary-encoded over KINDS and PHASES."""
-    meta = read_meta(path)
     wanted = list(COLUMNS) if columns is None else list(columns)
     unknown = [c for c in wanted if c not in COLUMNS]
     if unknown:
         raise ValueError(f"not trace columns: {', '.join(unknown)}")
-    if stream.is_stream(path):  # a cut-short recording: read whole (read_trace), handed out in batches
-        events = read_trace(path).events
+    with opened(path) as f:
+        yield from _record_batches(f, wanted, batch_rows, whole_checks, between)
+
+
+def _record_batches(f: TraceFile, wanted: list[str], batch_rows: int, whole_checks: bool,
+                    between: tuple[int, int] | None) -> Iterator[pa.RecordBatch]:
+    path, meta = f.path, f.meta
+    if f.stream:  # a cut-short recording: read whole (read_trace), handed out in batches
+        events = f.stream_trace()[0]
         for i in range(0, len(events), batch_rows):
             yield pa.RecordBatch.from_pandas(events.iloc[i:i + batch_rows][wanted], preserve_index=False)
         return
     whole_checks = whole_checks and between is None
     checked = {"kind", "phase", "start_ns", "end_ns"} | ({"ckpt", "iter", "tid"} if whole_checks else set())
     types = [c for c in COLUMNS if c in checked or c in wanted]
-    shown = printable(path)
+    shown = f.shown
     kept: dict[str, list] = {"checkpoint": [], "iteration": [], "parts": []}
     kept_rows: dict[str, list] = {"checkpoint": [], "iteration": [], "parts": []}  # their row numbers
     row = 0
     bad, first = 0, None
-    try:
-        source = open_regular(path)
-    except OSError as e:
-        raise TraceFormatError(f"{path}: trace is damaged ({_first_line(e)})") from None
+    pf = f.checked_parquet()
     batches = None
     try:
-        pf = pq.ParquetFile(source, pre_buffer=False)  # a local file: read-ahead only costs memory
-        check_table(pf, COLUMNS, source.size(), shown)
         names = set(pf.schema_arrow.names)
         groups = None if between is None else _groups_between(pf, *between)
         batches = read_ahead(pf.iter_batches(batch_size=batch_rows, row_groups=groups,
@@ -387,7 +460,6 @@ def iter_record_batches(path: str | os.PathLike, columns=None, batch_rows: int =
     finally:
         if batches is not None:
             batches.close()  # its thread stops before the file closes
-        source.close()
     if bad:
         raise reversed_error(first[0], 0, bad, shown, row=first[1])
     if whole_checks and kept["checkpoint"]:
@@ -407,35 +479,35 @@ def read_ahead(items: Iterator) -> Iterator:
             yield item
 
 
-def iter_kinds(path: str | os.PathLike, batch_rows: int = BATCH_ROWS) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def iter_kinds(path: str | os.PathLike | TraceFile, batch_rows: int = BATCH_ROWS
+               ) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Each batch's kind codes (into KINDS) and tids, nothing else decoded: a first pass that
     sizes what a second one (iter_record_batches, with every check) keeps. The metadata and
     column types are checked first; a damaged page or an unknown kind raises TraceFormatError
     (the second pass names the first problem its checks find)."""
-    if stream.is_stream(path):
-        for batch in iter_record_batches(path, ["kind", "tid"], batch_rows, whole_checks=False):
-            yield batch.column("kind").indices.to_numpy(zero_copy_only=False), batch.column("tid").to_numpy()
-        return
-    read_meta(path)
-    shown = printable(path)
-    try:
-        with open_regular(path) as source:
-            pf = pq.ParquetFile(source, pre_buffer=False)  # a local file: read-ahead only costs memory
-            check_table(pf, COLUMNS, source.size(), shown)
+    with opened(path) as f:
+        if f.stream:
+            for batch in _record_batches(f, ["kind", "tid"], batch_rows, False, None):
+                yield batch.column("kind").indices.to_numpy(zero_copy_only=False), batch.column("tid").to_numpy()
+            return
+        shown = f.shown
+        pf = f.checked_parquet()
+        try:
             batches = read_ahead(pf.iter_batches(batch_size=batch_rows, columns=["kind", "tid"], use_threads=False))
             try:
                 for batch in batches:
                     kind, tid = batch.column(0), batch.column(1)
                     check_column("kind", kind, COLUMNS["kind"], shown)
                     check_column("tid", tid, COLUMNS["tid"], shown)
-                    yield _arrow_typed("kind", kind, path).indices.to_numpy(), _arrow_typed("tid", tid, path).to_numpy()
+                    yield (_arrow_typed("kind", kind, f.path).indices.to_numpy(),
+                           _arrow_typed("tid", tid, f.path).to_numpy())
             finally:
                 batches.close()  # its thread stops before the file closes
-    except (pa.ArrowException, OSError) as e:
-        raise TraceFormatError(f"{path}: trace is damaged ({_first_line(e)})") from None
+        except (pa.ArrowException, OSError) as e:
+            raise TraceFormatError(f"{f.path}: trace is damaged ({_first_line(e)})") from None
 
 
-def iter_batches(path: str | os.PathLike, columns=None, batch_rows: int = BATCH_ROWS, *,
+def iter_batches(path: str | os.PathLike | TraceFile, columns=None, batch_rows: int = BATCH_ROWS, *,
                  whole_checks: bool = True, between: tuple[int, int] | None = None) -> Iterator[pd.DataFrame]:
     """The events of the trace at `path` in file order, at most `batch_rows` rows at a time, with
     only `columns` (names from COLUMNS; all by default), typed as read_trace types them.
@@ -506,7 +578,7 @@ def _arrow_missing(name: str, n: int, pid: int | None) -> pa.Array:
     return pa.array(np.full(n, pid if name == "pid" and pid else 0, dtype=dtype))
 
 
-def read_between(path: str | os.PathLike, t0: int, t1: int, columns=None) -> pd.DataFrame:
+def read_between(path: str | os.PathLike | TraceFile, t0: int, t1: int, columns=None) -> pd.DataFrame:
     """The rows lying within [t0, t1] ns, reading only the row groups that can hold them (a
     close-up of a trace too long to hold whole)."""
     parts = [b.loc[((b["start_ns"] >= t0) & (b["end_ns"] <= t1)).to_numpy()]
