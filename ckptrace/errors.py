@@ -29,3 +29,9 @@ class TraceFormatError(CkptraceError):
 
 class AnalysisError(CkptraceError):
     """The traces do not hold what the analysis needs (no checkpoints, one leg...)."""
+
+
+class UsageError(CkptraceError):
+    """Options that contradict each other or the files given (exit 2, as click's usage errors)."""
+
+    exit_code = 2

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from ckptrace.errors import TraceFormatError
+from ckptrace.errors import TraceFormatError, UsageError
 from ckptrace.loadgen import RESULT_COLUMNS
 from ckptrace.output import write_output
 from ckptrace.terminal import printable
@@ -113,3 +113,45 @@ def _check_times(shown: str, i: int, start: int, ttft: int | None, total: int | 
 
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a number")
+
+
+# `--requests -`: this leg has no request file.
+NO_REQUESTS = "-"
+
+
+def leg_requests(traces, given=()) -> list | None:
+    """Each leg's request file: the ones given (one per trace, in order; NO_REQUESTS or None
+    skips a leg), else NAME.requests.json beside each NAME.parquet where there is one; None when
+    no leg has one."""
+    if given:
+        if len(given) != len(traces):
+            raise UsageError(f"--requests given {len(given)} times for {len(traces)} traces: give one "
+                             f"request file per trace, in the same order ({NO_REQUESTS} for a leg without "
+                             "one), or none, to pair each NAME.parquet with NAME.requests.json beside it")
+        if all(p is None or p == NO_REQUESTS for p in given):
+            return None
+        return [None if p is None or p == NO_REQUESTS else read_requests(p) for p in given]
+    paired = [requests_path(t) for t in traces]
+    if not any(p.exists() for p in paired):
+        return None
+    return [read_requests(p) if p.exists() else None for p in paired]
+
+
+def lacking_requests(traces, requests: list | None) -> list[str]:
+    """One warning per leg without a request file, when other legs have one."""
+    if requests is None:
+        return []
+    return [f"leg {i + 1} ({printable(t)}) has no request file (--requests, or NAME.requests.json beside "
+            "NAME.parquet): no requests drawn for it" for i, (t, r) in enumerate(zip(traces, requests)) if r is None]
+
+
+def request_pid_choices(traces, requests: list | None, choices=()) -> tuple[str, ...]:
+    """--requests-pid, checked against the traces and request files: once, or once per trace."""
+    choices = tuple(choices)
+    if choices and len(choices) not in (1, len(traces)):
+        raise UsageError(f"--requests-pid given {len(choices)} times for {len(traces)} traces: give it once "
+                         "(a process label, the same in every leg) or once per trace, in the same order")
+    if choices and requests is None:
+        raise UsageError("--requests-pid says which process a leg's requests went to: there is no request "
+                         "file (--requests, or NAME.requests.json beside NAME.parquet)")
+    return choices

@@ -30,6 +30,12 @@ from ckptrace import stream
 from ckptrace.validate import (budget_rows, check_column, check_events, check_ids, check_table, check_types,
                                open_regular, reversed_error)
 
+# The tables share columns and rely on copy-on-write, pandas 3's rule: under pandas 2.2 and 2.3
+# it is an option, turned on here (every analysis imports this module), so a write to one table
+# never changes another that shares its column.
+if int(pd.__version__.split(".")[0]) < 3:
+    pd.set_option("mode.copy_on_write", True)
+
 FORMAT = "ckptrace-trace"
 VERSION = 4
 # Oldest reader that can read what this version writes. Bump VERSION for additions; bump this
