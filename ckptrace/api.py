@@ -271,6 +271,9 @@ def compare(traces: Sequence, *, requests=None, requests_pid: Iterable[str] = ()
     throughput; `requests_pid`: the process they went to, once or per leg."""
     legs, frames, pids, alone = legs_with_requests(traces, requests, requests_pid)
     analyses = [process_analysis(leg.analysis, pid) for leg, pid in zip(legs, pids)]
+    for leg, given in zip(legs, traces):
+        if leg is not given:
+            leg.close()  # opened here: its tables are computed
     result = compare_analyses(analyses, seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, requests=frames)
     result.warnings += alone
     return Comparison(result)

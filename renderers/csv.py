@@ -18,15 +18,21 @@ def csv_paths(directory: str, requests: bool) -> list[Path]:
 
 def write_csv(analysis, directory: str, requests=None) -> list[Path]:
     """Each file replaced atomically (ckptrace.output); the folder is created if missing."""
+    make_folder(directory, "--csv DIR")
+    paths = csv_paths(directory, requests is not None)
+    tables = [analysis.checkpoints, analysis.iterations] + ([] if requests is None else [requests])
+    for path, table in zip(paths, tables):
+        write_output(path, lambda f, t=table: t.to_csv(f, index=False), what="CSV file")
+    return paths
+
+
+def make_folder(directory: str, option: str) -> Path:
+    """The folder tables are written into, created if missing; one error line if it can't be."""
     d = Path(directory)
     try:
         if d.exists() and not d.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, "not a directory")
         d.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise CkptraceError(f"cannot create {printable(d)}: {e.strerror or e}; choose a writable --csv DIR") from None
-    paths = csv_paths(directory, requests is not None)
-    tables = [analysis.checkpoints, analysis.iterations] + ([] if requests is None else [requests])
-    for path, table in zip(paths, tables):
-        write_output(path, lambda f, t=table: t.to_csv(f, index=False), what="CSV file")
-    return paths
+        raise CkptraceError(f"cannot create {printable(d)}: {e.strerror or e}; choose a writable {option}") from None
+    return d

@@ -7,7 +7,6 @@ from __future__ import annotations
 import click
 
 from ckptrace.terminal import echo, printable
-from ckptrace.trace import read_trace
 
 # Exit statuses: 0 compared (gate passed), 1 an error (one line), 2 a usage error, GATE_EXIT the
 # gate tripped, UNJUDGED_EXIT (--require-judged) a metric the gate looks at was not judged.
@@ -99,7 +98,7 @@ def command(traces, as_json, fmt, request_files, requests_pid, fail_on, gate_met
     With request files, time to first token p50/p90/p99 and throughput (tokens per second) are
     compared the same way, over each arm's completed requests inside its recording.
     """
-    from ckptrace.analyzers.compare import compare, gate
+    from ckptrace.analyzers.compare import gate
 
     if as_json and fmt not in (None, "json"):
         raise click.UsageError(f"--json and --format {fmt} disagree: give one")
@@ -112,21 +111,10 @@ def command(traces, as_json, fmt, request_files, requests_pid, fail_on, gate_met
         _per_process(list(traces), fmt, request_files or requests_pid or None, fail_on, seed=seed, n_boot=n_boot,
                      min_effect_pct=min_effect)
         return
-    requests = leg_requests(traces, request_files)
-    choices = request_pid_choices(traces, requests, requests_pid)
-    from ckptrace.analyzers import analyze_file, analyze_trace
-    from ckptrace.analyzers.requests import process_analysis, request_pids
+    from ckptrace.api import compare as compare_legs
 
-    # A leg with requests is read whole: the request split reads rows the batched read does not keep.
-    analyses = [analyze_trace(read_trace(t)) if r is not None else analyze_file(t)
-                for t, r in zip(traces, requests or [None] * len(traces))]
-    # A leg of several processes: the one its requests went to, alone.
-    pids = request_pids([a.trace for a in analyses], requests, choices)
-    alone = [f"leg {i + 1}: only pid {pid} is compared (the process its requests went to)"
-             for i, pid in enumerate(pids) if pid is not None]
-    analyses = [process_analysis(a, pid) for a, pid in zip(analyses, pids)]
-    c = compare(analyses, seed=seed, n_boot=n_boot, min_effect_pct=min_effect, requests=requests)
-    c.warnings += alone
+    c = compare_legs(traces, requests=request_files, requests_pid=requests_pid, seed=seed, n_boot=n_boot,
+                     min_effect_pct=min_effect).result
     tripped = unjudged = judged = None
     if fail_on:
         tripped, unjudged, judged = gate(c, fail_on, gate_metrics)
@@ -148,12 +136,12 @@ def command(traces, as_json, fmt, request_files, requests_pid, fail_on, gate_met
 
 def _per_process(legs, fmt: str, requests, fail_on, **kw) -> None:
     """--per-process: one comparison per process label (text sections, or {"processes": [...]})."""
-    from ckptrace.analyzers.compare import compare_per_process
+    from ckptrace.api import compare_processes
 
     if requests is not None or fail_on or fmt == "markdown":
         raise click.UsageError("--per-process compares checkpoint and memory figures only: without "
                                "request files (--requests, --requests-pid), --fail-on or --format markdown")
-    parts = compare_per_process(legs, **kw)
+    parts = [(label, c.result) for label, c in compare_processes(legs, **kw).items()]
     if fmt == "json":
         from ckptrace.renderers.json import comparison_json, dumps
 

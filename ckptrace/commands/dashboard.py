@@ -5,7 +5,6 @@ from pathlib import Path
 
 import click
 
-from ckptrace.commands.compare import lacking_requests, leg_requests, request_pid_choices
 from ckptrace.errors import AnalysisError, CkptraceError
 from ckptrace.output import check_output, not_an_input
 from ckptrace.terminal import printable
@@ -41,10 +40,9 @@ nothing from the network and opens from disk in any browser.
 def command(traces: tuple[Path, ...], output: Path, title: str, request_files: tuple[str, ...],
             requests_pid: tuple[str, ...]) -> None:
     """Write a self-contained HTML report of one or more TRACE files."""
-    from ckptrace.analyzers import analyze_file, analyze_trace
+    from ckptrace.api import legs_with_requests
     from ckptrace.dashboards.report import write_dashboard
-    from ckptrace.requests_file import requests_path
-    from ckptrace.trace import read_trace
+    from ckptrace.requests_file import lacking_requests, requests_path
 
     # A FIFO, a terminal or /dev/stdout is written into as it is; a file's name says what it holds.
     named_file = not output.exists() or output.is_file()
@@ -52,17 +50,13 @@ def command(traces: tuple[Path, ...], output: Path, title: str, request_files: t
         raise CkptraceError(f"{printable(output)}: the report is HTML; give an -o path ending in .html")
     not_an_input(output, (*traces, *request_files, *(requests_path(t) for t in traces)), what="report")
     check_output(output, what="report")
-    requests = leg_requests(tuple(map(str, traces)), request_files)
-    choices = request_pid_choices(traces, requests, requests_pid)
+    legs, requests, pids, _ = legs_with_requests(traces, request_files, requests_pid)
     for line in lacking_requests(traces, requests):
         click.echo(f"ckptrace: warning: {line}", err=True)
-    # A leg with requests is read whole: the request split reads rows the batched read does not keep.
-    analyses = [analyze_trace(read_trace(p)) if r is not None else analyze_file(p)
-                for p, r in zip(traces, requests or [None] * len(traces))]
-    tables, pids = None, [None] * len(analyses)
+    analyses = [leg.analysis for leg in legs]
+    tables = None
     if requests is not None:
-        from ckptrace.analyzers.requests import request_pids, request_table
-        pids = request_pids([a.trace for a in analyses], requests, choices)
+        from ckptrace.analyzers.requests import request_table
         tables = [None if r is None else request_table(r, a, source=f"the request file of {printable(a.trace.path)}",
                                                        pid=pid)
                   for a, r, pid in zip(analyses, requests, pids)]

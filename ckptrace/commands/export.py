@@ -50,15 +50,18 @@ with a system trace taken at the same time.
 def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...], requests_pid: tuple[str, ...],
             fmt: str | None) -> None:
     """Write TRACE files as a timeline for Perfetto or Chrome's trace viewers."""
-    from ckptrace.analyzers import analyze_trace
+    from ckptrace.api import open as open_trace
     from ckptrace.renderers.timeline import build_timeline, recording_notes, slice_count
     from ckptrace.requests_file import requests_path
-    from ckptrace.trace import read_trace
 
     fmt = fmt or ("chrome" if output.suffix.lower() == ".json" else "perfetto")
     not_an_input(output, (*traces, *request_files, *(requests_path(t) for t in traces)), what="export")
     check_output(output, what="export")
-    analyses = [analyze_trace(read_trace(p)) for p in traces]
+    analyses = []
+    for p in traces:  # a timeline draws every event: each trace read whole, from its one open file
+        with open_trace(p) as t:
+            t.events()
+            analyses.append(t.analysis)
     timeline = build_timeline(analyses, traces, *_request_tables(analyses, traces, request_files, requests_pid))
     if fmt == "perfetto":
         from ckptrace.renderers.perfetto import perfetto_writer as writer
@@ -76,8 +79,7 @@ def _request_tables(analyses, traces: tuple[str, ...], given: tuple[str, ...], c
     """Each leg's request table (analyze --requests' rows), None for a leg without a file, and the
     pid its requests went to (None: the leg's one process)."""
     from ckptrace.analyzers.requests import request_pids, request_table
-    from ckptrace.commands.compare import lacking_requests, leg_requests, request_pid_choices
-    from ckptrace.requests_file import requests_path
+    from ckptrace.requests_file import lacking_requests, leg_requests, request_pid_choices, requests_path
 
     frames = leg_requests(traces, given)
     choices = request_pid_choices(traces, frames, choices)
