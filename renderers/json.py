@@ -1,7 +1,8 @@
 """The `--json` documents of `analyze` and `compare`: plain JSON values only.
 
 JSON has no NaN or infinity: an undefined or unbounded figure is null, and so is a value that was
-not recorded (pandas NA), never 0.
+not recorded (pandas NA), never 0. Every `--json` document of every command is an object whose
+`schema_version` says its layout (docs/schemas/, built by renderers/json_schema.py).
 """
 from __future__ import annotations
 
@@ -10,6 +11,16 @@ import math
 
 import numpy as np
 import pandas as pd
+
+
+# The layout of every --json document. Bump it for a change an existing reader would misread (a
+# key removed, renamed or changing meaning); a key added keeps it (readers ignore keys they don't know).
+SCHEMA_VERSION = 1
+
+
+def versioned(doc: dict) -> dict:
+    """`doc` with `schema_version` first."""
+    return {"schema_version": SCHEMA_VERSION, **doc}
 
 
 def plain(v):
@@ -43,7 +54,7 @@ def memory_json(memory: dict) -> dict:
 def analysis_doc(analysis) -> dict:
     """`analyze --json`'s document with its tables as DataFrames: write_json encodes them a chunk
     of rows at a time; analysis_json makes them lists."""
-    return {"trace": analysis.trace.meta.to_json(), "checkpoints": analysis.checkpoints,
+    return {"schema_version": SCHEMA_VERSION, "trace": analysis.trace.meta.to_json(), "checkpoints": analysis.checkpoints,
             "iterations": analysis.iterations, "summary": analysis.summary, "memory": analysis.memory,
             "processes": [{**p, "memory": memory_json(p["memory"])} for p in analysis.processes],
             "restores": analysis.restores, "evictions": analysis.evictions, "prompt_saves": analysis.prompt_saves,
@@ -99,7 +110,7 @@ def comparison_json(c) -> dict:
     legs = records(c.legs)
     for leg in legs:
         leg["build_ids"] = [b for b in leg["build_ids"].split(",") if b]
-    return {"baseline": c.baseline, "candidate": c.candidate, "samples": c.samples,
+    return {"schema_version": SCHEMA_VERSION, "baseline": c.baseline, "candidate": c.candidate, "samples": c.samples,
             "seed": c.seed, "n_boot": c.n_boot, "min_effect_pct": c.min_effect_pct, "statistic": c.statistic,
             "legs": legs, "metrics": records(c.metrics),
             "pool": records(c.pool) if c.pool is not None else [],

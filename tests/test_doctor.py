@@ -57,7 +57,7 @@ def test_doctor_passes_here(require_root_ebpf):
 def test_doctor_json_parses_and_matches_the_text(require_root_ebpf):
     result = ckptrace("doctor", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
-    checks = json.loads(result.stdout)
+    checks = json.loads(result.stdout)["checks"]
     assert [set(c) for c in checks] == [{"check", "ok", "detail", "fix"}] * len(checks)
     assert all(c["ok"] and c["fix"] == "" for c in checks)
     btf = next(c for c in checks if c["check"] == "BTF")

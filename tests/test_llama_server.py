@@ -300,7 +300,7 @@ def test_drive_json_fields(fake_server):
     r = ckptrace("drive", url, "--clients", "2", "--requests", "2", "--json")
     after = time.monotonic_ns()
     assert r.returncode == 0, r.stderr
-    rows = json.loads(r.stdout)
+    rows = json.loads(r.stdout)["requests"]
     # start_ns is on the trace clock (CLOCK_MONOTONIC, system-wide): inside this test's window
     assert all(before < row["start_ns"] < after for row in rows), (before, rows, after)
     assert {k for row in rows for k in row} == {"request", "client", "prompt_tokens", "start_unix_ns",

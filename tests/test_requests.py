@@ -429,7 +429,7 @@ def test_drive_writes_the_request_file_it_prints(tmp_path):
         srv.shutdown()
         srv.server_close()
     assert p.returncode == 0, p.stderr
-    assert json.loads(out.read_text()) == json.loads(p.stdout)
+    assert json.loads(out.read_text()) == json.loads(p.stdout)["requests"]
     r = read_requests(out)
     assert list(r["request"]) == [0, 1, 2] and (r["predicted_tokens"] == 2).all() and (r["status"] == "ok").all()
     assert_one_line_error(ckptrace("drive", "http://127.0.0.1:1", "-o", tmp_path), "is a directory", code=1)

@@ -143,9 +143,9 @@ def _per_process(legs, fmt: str, requests, fail_on, **kw) -> None:
                                "request files (--requests, --requests-pid), --fail-on or --format markdown")
     parts = [(label, c.result) for label, c in compare_processes(legs, **kw).items()]
     if fmt == "json":
-        from ckptrace.renderers.json import comparison_json, dumps
+        from ckptrace.renderers.json import comparison_json, dumps, versioned
 
-        click.echo(dumps({"processes": [{"process": label, **comparison_json(c)} for label, c in parts]}))
+        click.echo(dumps(versioned({"processes": [{"process": label, **comparison_json(c)} for label, c in parts]})))
     else:
         from ckptrace.renderers.text import compare_report
 

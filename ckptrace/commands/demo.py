@@ -187,7 +187,7 @@ def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, titl
 
     `requests`: each leg's request file, read (llama-server legs): TTFT rows and panel."""
     from ckptrace.analyzers.compare import compare
-    from ckptrace.renderers.json import comparison_json
+    from ckptrace.renderers.json import comparison_json, versioned
     from ckptrace.renderers.text import compare_report
     from ckptrace.dashboards.report import write_dashboard
     from ckptrace.output import write_output
@@ -205,8 +205,8 @@ def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, titl
                             perfetto_writer(build_timeline(analyses, [a.trace.path for a in analyses], tables)),
                             what="Perfetto timeline")
     if as_json:
-        doc = {"traces": [a.trace.path for a in analyses], "checks": checks,
-               "comparison": comparison_json(comparison), "report": str(report), "perfetto": str(timeline)}
+        doc = versioned({"traces": [a.trace.path for a in analyses], "checks": checks,
+               "comparison": comparison_json(comparison), "report": str(report), "perfetto": str(timeline)})
         if requests is not None:
             doc["requests"] = [a.summary["requests"] for a in analyses]
         click.echo(json.dumps(doc, default=str))

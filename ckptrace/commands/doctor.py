@@ -122,7 +122,7 @@ Examples:
   sudo ckptrace doctor
   sudo ckptrace doctor --json | jq '.[] | select(.ok | not)'
 """)
-@click.option("--json", "as_json", is_flag=True, help="Print a JSON list of {check, ok, detail, fix}.")
+@click.option("--json", "as_json", is_flag=True, help="Print {schema_version, checks: [{check, ok, detail, fix}]} as JSON.")
 def command(as_json: bool) -> None:
     """Check that this machine can record: privileges, bpf(), tracefs, uprobes, each tracepoint
     the recorder uses, BTF offsets, bcc, kernel headers, and compiling a program.
@@ -132,7 +132,9 @@ def command(as_json: bool) -> None:
     """
     checks = run_checks()
     if as_json:
-        click.echo(json.dumps([asdict(c) for c in checks], indent=2))
+        from ckptrace.renderers.json import versioned
+
+        click.echo(json.dumps(versioned({"checks": [asdict(c) for c in checks]}), indent=2))
     else:
         for c in checks:
             click.echo(format_check(c))

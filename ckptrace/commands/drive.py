@@ -3,6 +3,8 @@
 The load generator is ckptrace/loadgen.py; this command parses options and prints."""
 from __future__ import annotations
 
+import json
+
 import click
 
 from ckptrace.errors import TargetError
@@ -45,7 +47,7 @@ Examples:
 @click.option("--request-timeout", "request_timeout_s", type=click.FloatRange(min=0, min_open=True),
               default=None, help="Hard wall-clock bound on each request, in seconds (default: --timeout).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the prompts' words.")
-@click.option("--json", "as_json", is_flag=True, help="Print the per-request list as JSON for scripts.")
+@click.option("--json", "as_json", is_flag=True, help="Print {schema_version, requests: [...]} as JSON for scripts (-o writes the list alone: the request file).")
 @click.option("-o", "--output", metavar="FILE", default=None,
               help="Also write the per-request JSON list to FILE (the request file `analyze --requests` and "
                    "`compare` read; name it TRACE-NAME.requests.json beside the trace to pair them).")
@@ -59,7 +61,7 @@ def command(url, clients, n_requests, prompt_tokens, n_predict, timeout_s, reque
     anything but a well-formed stream ending with its stop chunk is counted with its reason, and
     the exit status is then 1. Times in --json: start_unix_ns (wall clock), start_ns
     (CLOCK_MONOTONIC, the clock of ckptrace traces), ttft_ns and total_ns (durations),
-    predicted_tokens (tokens generated). -o FILE writes the same list to FILE, failed requests
+    predicted_tokens (tokens generated). -o FILE writes the list of requests (the request file) to FILE, failed requests
     included, before the exit status says they failed.
     """
     from ckptrace.loadgen import run_load, ttft_percentiles_ms
@@ -73,7 +75,9 @@ def command(url, clients, n_requests, prompt_tokens, n_predict, timeout_s, reque
     if output is not None:
         write_requests(output, df)
     if as_json:
-        click.echo(requests_json(df))
+        from ckptrace.renderers.json import versioned
+
+        click.echo(json.dumps(versioned({"requests": json.loads(requests_json(df))}), indent=1))
     else:
         click.echo(load_report(df, n_requests, ttft_percentiles_ms(df)))
     failed = df[df["status"] != "ok"]

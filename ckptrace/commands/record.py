@@ -78,12 +78,14 @@ def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, ma
     result = record(opts, pid=_pid_list(pids) if pids else None, command=list(command) if command else None,
                     comm=comm)
     if as_json:
-        click.echo(json.dumps({
+        from ckptrace.renderers.json import versioned
+
+        click.echo(json.dumps(versioned({
             "trace": str(result.path), "events": result.events, "checkpoints": result.checkpoints,
             "iterations": result.iterations, "lost_events": result.lost_events,
             "stop_reason": result.stop_reason, "exit_code": result.exit_code,
             "processes": [{"pid": p.pid, "label": p.label, "exited_ns": p.exited_ns} for p in result.meta.processes],
-        }))
+        })))
 
 
 def _pid_list(values: tuple[str, ...]) -> list[tuple[int, str | None]]:

@@ -38,6 +38,8 @@ def command(binary, pid, as_json):
 
     plan = resolve_pid(pid, note) if pid is not None else resolve_binary(binary, note)
     if as_json:
-        click.echo(json.dumps(plan.to_dict(), indent=2))
+        from ckptrace.renderers.json import versioned
+
+        click.echo(json.dumps(versioned(plan.to_dict()), indent=2))
     else:
         echo(format_plan(plan))  # object paths come from the target: made printable
