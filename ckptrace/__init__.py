@@ -14,10 +14,10 @@ except PackageNotFoundError:  # running from a source tree that was never instal
     __version__ = "0+unknown"
 
 if TYPE_CHECKING:  # what static tools see; at run time __getattr__ imports them when first used
-    from ckptrace.api import Comparison, Trace, compare, compare_processes, open
+    from ckptrace.api import SCHEMA_VERSION, Comparison, Trace, compare, compare_processes, open
 
-__all__ = ["Comparison", "Trace", "__version__", "compare", "compare_processes", "open"]
-API = {"Comparison", "Trace", "compare", "compare_processes", "open"}
+__all__ = ["SCHEMA_VERSION", "Comparison", "Trace", "__version__", "compare", "compare_processes", "open"]
+API = {"SCHEMA_VERSION", "Comparison", "Trace", "compare", "compare_processes", "open"}
 
 
 def __getattr__(name: str):

@@ -22,11 +22,12 @@ from ckptrace.analyzers.requests import (process_analysis, request_pids, request
                                          request_table)
 from ckptrace.errors import AnalysisError
 from ckptrace.meta import TraceMeta
+from ckptrace.renderers.json import SCHEMA_VERSION
 from ckptrace.requests_file import leg_requests, read_requests, request_pid_choices
 from ckptrace.terminal import printable
 from ckptrace.trace import BATCH_ROWS, TraceFile, read_trace
 
-__all__ = ["Comparison", "Trace", "compare", "compare_processes", "open"]
+__all__ = ["SCHEMA_VERSION", "Comparison", "Trace", "compare", "compare_processes", "open"]
 
 PathLike = str | os.PathLike
 PROCESS_COLUMNS = {"pid": "int64", "label": "str", "comm": "str", "executable": "object", "build_id": "object",
