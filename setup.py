@@ -1,7 +1,9 @@
 """Which packages and data files install, found rather than listed (everything else: pyproject.toml).
 
 The repository's top-level package folders show the data flow (probes/, analyzers/, ...);
-installed, each is a subpackage of ckptrace (probes/ -> ckptrace.probes). A folder with an
+installed, each is a subpackage of ckptrace (probes/ -> ckptrace.probes). In a checkout,
+ckptrace/probes and the others are links to those folders, so that static tools (pyright,
+pylance, jedi) resolve `ckptrace.probes` from the source: they are not walked here. A folder with an
 __init__.py is a package; every other file under it (C sources, traces, a script in a folder
 that is not a package) is its data. A new folder or file needs no change here.
 """
@@ -23,7 +25,7 @@ def _walk(folder: Path, name: str, package_dir: dict, package_data: dict) -> Non
     package_dir[name] = folder.relative_to(ROOT).as_posix()
     data = []
     for path in sorted(folder.iterdir()):
-        if path.name in SKIP or path.name.startswith("."):
+        if path.name in SKIP or path.name.startswith(".") or path.is_symlink():
             continue
         if path.is_dir() and _is_package(path):
             _walk(path, f"{name}.{path.name}", package_dir, package_data)

@@ -317,3 +317,13 @@ def start_ticks(pid: int) -> int:
     """/proc/PID/stat field 22, the process's start time (read here independently of ckptrace)."""
     text = Path(f"/proc/{pid}/stat").read_text()
     return int(text[text.rfind(")") + 2:].split()[19])
+
+
+def validate_json(name: str, doc: dict) -> None:
+    """`doc` against docs/schemas/NAME.schema.json (jsonschema.ValidationError if it does not fit)."""
+    import jsonschema
+
+    schema = json.loads((Path(__file__).resolve().parent.parent / "docs" / "schemas" / f"{name}.schema.json")
+                        .read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator(schema).validate(doc)

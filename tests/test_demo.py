@@ -11,7 +11,8 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ckptrace.trace import read_trace
-from helpers import CKPTRACE, assert_pool_faster, ckptrace, load_truth, proc_status, wait_until, within_clock
+from helpers import (CKPTRACE, assert_pool_faster, ckptrace, load_truth, proc_status, validate_json as validate,
+                     wait_until, within_clock)
 from llama_checks import builds
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
@@ -24,6 +25,7 @@ def test_demo_records_checks_compares_and_writes_the_report(tmp_path):
     assert p.returncode == 0, p.stderr
     out = json.loads(p.stdout)
     assert_pool_faster(out["comparison"])
+    validate("demo", out)  # docs/schemas/demo.schema.json (test_json_schema.py validates the others)
     assert (out_dir / "report.html").stat().st_size > 100_000
     # The legs as one Perfetto timeline (what `ckptrace export` writes; test_export.py checks its content).
     assert out["perfetto"] == str(out_dir / "aba.perfetto-trace")
@@ -59,6 +61,7 @@ def test_demo_llama_server_records_checks_compares_and_writes_the_report(tmp_pat
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout)
     assert_pool_faster(out["comparison"])
+    validate("demo", out)
     assert (tmp_path / "report.html").stat().st_size > 100_000
     names = ("1-pool-off", "2-pool-on", "3-pool-off")
     assert all((tmp_path / f"{n}.parquet").exists() and (tmp_path / f"{n}.log").exists() for n in names)
