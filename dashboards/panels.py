@@ -164,9 +164,9 @@ def _state_rows(ev: pd.DataFrame, tid: int, t0: int, t1: int) -> tuple[pd.DataFr
     """The restore, speculative-state and prompt-save spans of thread `tid` inside [t0, t1], each
     with its timeline row (`row`: "restore 1", ...), and the copies inside them with their span's row."""
     on = (ev["tid"] == tid).to_numpy() & (ev["start_ns"] >= t0).to_numpy() & (ev["end_ns"] <= t1).to_numpy()
-    kind = ev["kind"].astype(str)
+    kind = ev["kind"].astype(object)  # names; astype(str) of an empty category fails in pandas 2.2 with numpy 2
     outer = ev.loc[on & kind.isin(list(STATE_SPANS)).to_numpy()].sort_values("start_ns", kind="stable")
-    k = outer["kind"].astype(str)
+    k = outer["kind"].astype(object)
     outer = outer.assign(row=[f"{STATE_SPANS[a][0]} {n + 1}" for a, n in zip(k, k.groupby(k).cumcount())])
     inner = ev.loc[on & ((kind == "restore_copy") | ((kind == "copy") & (ev["ckpt"] == 0))).to_numpy()]
     if not len(outer):
@@ -240,19 +240,19 @@ def timeline_panel(legs: list[Leg]) -> Panel:
             [f"total {a / 1e6:.2f} ms, {b / MIB:.1f} MiB, faults {f}, {'pool hit' if h else 'fresh buffer'}"
              for a, b, f, h in zip(ck["total_ns"], ck["bytes"], ck["faults"], ck["pool_hit"])])
         for phase in ("fill", "copy"):
-            s = spans.loc[(spans["kind"].astype(str) == phase).to_numpy()]
+            s = spans.loc[(spans["kind"].astype(object) == phase).to_numpy()]
             if len(s):
                 bar([ck_row[int(c)] for c in s["ckpt"]], s["start_ns"], s["end_ns"], phase, PHASE_COLOURS[phase],
                     0.45, [f"{d / 1e6:.2f} ms, {n} faults, {b / MIB:.1f} MiB"
                            for d, n, b in zip(s["end_ns"] - s["start_ns"], s["faults"], s["bytes"])])
         for kind, (name, _) in STATE_SPANS.items():  # drawn like checkpoints: the span, its copies inside
-            s = state.loc[(state["kind"].astype(str) == kind).to_numpy()]
+            s = state.loc[(state["kind"].astype(object) == kind).to_numpy()]
             if len(s):
                 bar(list(s["row"]), s["start_ns"], s["end_ns"], name, PHASE_COLOURS[kind], 0.8,
                     [f"total {d / 1e6:.2f} ms, {b / MIB:.1f} MiB, faults {n}"
                      for d, n, b in zip(s["end_ns"] - s["start_ns"], s["faults"], s["bytes"])])
         for kind, name in COPY_NAMES.items():
-            s = state_copies.loc[(state_copies["kind"].astype(str) == kind).to_numpy()]
+            s = state_copies.loc[(state_copies["kind"].astype(object) == kind).to_numpy()]
             if len(s):
                 bar(list(s["row"]), s["start_ns"], s["end_ns"], name, PHASE_COLOURS["copy"], 0.45,
                     [f"{d / 1e6:.2f} ms, {n} faults, {b / MIB:.1f} MiB"
