@@ -97,6 +97,30 @@ def _spans(rows: pd.DataFrame, kind: str) -> dict[str, object]:
             "cpu_ns": rows["cpu_ns"].array, "wait_ns": rows["wait_ns"].array}
 
 
+def saved(copy_rows: np.ndarray) -> np.ndarray:
+    """Which update_tgt/update_dft calls are checkpoints: those that copied state (`copy_rows`:
+    each call's copy rows). llama-server calls update_dft on every checkpoint, and without a draft
+    model it returns at once: it saved nothing."""
+    return copy_rows > 0
+
+
+def checkpoint_rules(total_ns: np.ndarray, faults: np.ndarray, copy_ns: np.ndarray, copy_faults: np.ndarray,
+                     fill_rows: np.ndarray, fill_ns: np.ndarray, fill_faults: np.ndarray, mmaps: np.ndarray,
+                     fill_probed: bool = True) -> dict[str, np.ndarray]:
+    """A checkpoint's fill, pool hit and other time from its own span (total_ns, faults) and the
+    per-checkpoint sums of its parts (numpy arrays, one value per checkpoint): the one definition
+    analyze (checkpoint_table) and `ckptrace serve` (exporters/prometheus.py) apply. Probed: the
+    fill is its fill rows, a pool hit a checkpoint without one. Not probed (the growth inlined):
+    the fill is the checkpoint less its copies, in time and faults, a pool hit a checkpoint whose
+    fill neither faulted nor mapped memory, other_ns 0 (folded into the fill)."""
+    if fill_probed:
+        return {"fill_ns": fill_ns, "fill_faults": fill_faults, "pool_hit": fill_rows == 0,
+                "other_ns": total_ns - fill_ns - copy_ns}
+    derived_faults = np.maximum(faults - copy_faults, 0)
+    return {"fill_ns": np.maximum(total_ns - copy_ns, 0), "fill_faults": derived_faults,
+            "pool_hit": (derived_faults == 0) & (mmaps == 0), "other_ns": np.zeros_like(total_ns)}
+
+
 def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_probed: bool = True) -> pd.DataFrame:
     """One row per checkpoint (CHECKPOINT_COLUMNS), sorted by start_ns; `spans` from iteration_spans(rows);
     `fill_probed` False (no growth probe in the build) derives the fill (see the docstring)."""
@@ -120,7 +144,7 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
     # An update that copied no state saved nothing: llama-server calls update_dft on every
     # checkpoint, and without a draft model it returns at once. Not a checkpoint.
     copy_at = ids.find(copies["ckpt"])
-    kept = np.bincount(copy_at[copy_at >= 0], minlength=len(ck)) > 0
+    kept = saved(np.bincount(copy_at[copy_at >= 0], minlength=len(ck)))
     if not kept.any():
         return empty_frame(CHECKPOINT_COLUMNS)
     if not kept.all():
@@ -143,13 +167,12 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
     for name, parts, at in (("fill", fills, ids.find(fills["ckpt"])), ("copy", copies, copy_at)):
         g = Groups(at, n)
         if name == "fill":
-            t["pool_hit"] = ~g.has
+            fill_rows = g.count
         t[f"{name}_ns"] = g.sum(parts["ns"], None)  # None: bounded above
         t[f"{name}_faults"] = g.sum(parts["faults"], None)
         source[name] = g.max(parts["source"])
         for c in ("fault_ns", "cpu_ns", "wait_ns"):  # a sum is NA when a part is (not recorded)
             t[f"{name}_{c}"] = g.sum_na(parts[c], zero_if_recorded[c], None)
-    t["other_ns"] = t["total_ns"] - t["fill_ns"] - t["copy_ns"]
     t["fault_ns"] = t["fill_fault_ns"] + t["copy_fault_ns"]  # NA + x is NA
     t["fault_source"] = pd.Categorical.from_codes(np.maximum(source["fill"], source["copy"]),
                                                   dtype=CHECKPOINT_COLUMNS["fault_source"])
@@ -160,6 +183,8 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
     for kind in ("mmap", "munmap"):
         t[f"{kind}s"] = np.bincount(at[kind_mask(memory, kind) & (at >= 0)], minlength=n).astype("int64", copy=False)
 
+    t.update(checkpoint_rules(t["total_ns"], ck["faults"].to_numpy(), t["copy_ns"], t["copy_faults"], fill_rows,
+                              t["fill_ns"], t["fill_faults"], t["mmaps"], fill_probed))
     t["fill_source"] = pd.Categorical.from_codes(np.zeros(n, "int8"), dtype=CHECKPOINT_COLUMNS["fill_source"])
     t["iter"] = assign_iterations(t, spans)
     t = pd.DataFrame({c: t[c] for c in CHECKPOINT_COLUMNS}, copy=False)
@@ -180,16 +205,13 @@ DERIVED = [("fill_ns", "copy_ns"), ("fill_cpu_ns", "copy_cpu_ns"), ("fill_wait_n
 
 
 def _derive_fill(t: pd.DataFrame) -> None:
-    """The fill of a build without a growth probe: the checkpoint minus its copy (in place)."""
-    t["fill_ns"] = (t["total_ns"] - t["copy_ns"]).clip(lower=0)
-    t["other_ns"] = 0
-    t["fill_faults"] = (t["faults"] - t["copy_faults"]).clip(lower=0)
+    """The rest of a derived fill (checkpoint_rules made its time, faults and pool hit): its clocks,
+    the checkpoint's less its copy's; its fault time not recorded (in place)."""
     for c in ("cpu_ns", "wait_ns"):
         t[f"fill_{c}"] = (t[c] - t[f"copy_{c}"]).astype(NA_INT)
     t["fill_fault_ns"] = pd.array([pd.NA] * len(t), dtype=NA_INT)
     t["fault_ns"] = t["fill_fault_ns"] + t["copy_fault_ns"]
     t["fault_source"] = np.where(t["fill_faults"] > 0, "not recorded", t["fault_source"].astype(str))
-    t["pool_hit"] = (t["fill_faults"] == 0) & (t["mmaps"] == 0)
     t["fill_source"] = "derived"
     for c in ("fault_source", "fill_source", "other_ns"):
         t[c] = t[c].astype(CHECKPOINT_COLUMNS[c])

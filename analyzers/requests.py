@@ -42,7 +42,7 @@ from ckptrace.terminal import printable
 from ckptrace.trace import Trace, time_origin
 
 from .spans import NA_INT, kind_mask, select
-from .state_path import _enclosing as enclosing
+from .state_path import enclosing
 from .summary import describe
 from .sums import bound
 

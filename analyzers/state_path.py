@@ -57,16 +57,17 @@ _SPAN_COLS = ["tid", "iter", "start_ns", "end_ns", "bytes", "draft", "faults", "
               "phase"]
 
 
-def _enclosing(inner: pd.DataFrame, outer: pd.DataFrame) -> np.ndarray:
+def enclosing(inner, outer) -> np.ndarray:
     """For each inner row (tid, start_ns, end_ns), the position in `outer` of the span on the same
-    thread that encloses it (the latest one starting at or before it), -1 when none."""
+    thread that encloses it (the latest one starting at or before it), -1 when none. Frames or
+    numpy records (the exporter's batches)."""
     out = np.full(len(inner), -1, dtype="int64")
     if not len(inner) or not len(outer):
         return out
-    left = pd.DataFrame({"pos": np.arange(len(inner)), "tid": inner["tid"].to_numpy(),
-                         "start_ns": inner["start_ns"].to_numpy(), "end_ns": inner["end_ns"].to_numpy()})
-    right = pd.DataFrame({"opos": np.arange(len(outer)), "tid": outer["tid"].to_numpy(),
-                          "o_start": outer["start_ns"].to_numpy(), "o_end": outer["end_ns"].to_numpy()})
+    left = pd.DataFrame({"pos": np.arange(len(inner)), "tid": np.asarray(inner["tid"]),
+                         "start_ns": np.asarray(inner["start_ns"]), "end_ns": np.asarray(inner["end_ns"])})
+    right = pd.DataFrame({"opos": np.arange(len(outer)), "tid": np.asarray(outer["tid"]),
+                          "o_start": np.asarray(outer["start_ns"]), "o_end": np.asarray(outer["end_ns"])})
     m = pd.merge_asof(left.sort_values("start_ns", kind="stable"), right.sort_values("o_start", kind="stable"),
                       left_on="start_ns", right_on="o_start", by="tid", direction="backward")
     ok = (m["opos"].notna() & (m["end_ns"] <= m["o_end"])).to_numpy()
@@ -98,11 +99,19 @@ def prompt_save_table(events: pd.DataFrame, copies: pd.DataFrame, spans: pd.Data
     return _finish(pd.concat(parts, ignore_index=True), spans, PROMPT_SAVE_COLUMNS)
 
 
+def restored(restores, copies) -> np.ndarray:
+    """Which restore spans restored state: those with a restore_copy inside them on their thread
+    (a load_dft without a draft model returns at once, copying nothing). restore_table's rule;
+    `ckptrace serve` counts restores by it (exporters/prometheus.py). Frames or numpy records."""
+    parent = enclosing(copies, restores)
+    return np.bincount(parent[parent >= 0], minlength=len(restores)) > 0
+
+
 def _with_copies(outer: pd.DataFrame, copies: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The `outer` spans that hold copies on their thread, each with its copies' copy_ns,
     copy_faults, copy_cpu_ns and copy_fault_ns (NA when a part was not measured); and `copies`
     with `parent` (its outer span's position, -1 for none) and `ns`."""
-    copies = copies.assign(parent=_enclosing(copies, outer), ns=copies["end_ns"] - copies["start_ns"])
+    copies = copies.assign(parent=enclosing(copies, outer), ns=copies["end_ns"] - copies["start_ns"])
     for c in ("ns", "faults", "cpu_ns", "fault_ns"):  # summed per span below: exact (sums.py)
         bound(f"the state copies' {'times (end_ns - start_ns)' if c == 'ns' else c}", copies[c].array)
     g = copies[copies["parent"] >= 0].groupby("parent")
@@ -142,9 +151,9 @@ def eviction_table(events: pd.DataFrame) -> pd.DataFrame:
                     ["tid", "start_ns", "end_ns", "bytes", "addr"]].reset_index(drop=True)
     if not len(mu):
         return empty_frame(EVICTION_COLUMNS)
-    parent = _enclosing(mu, cr)
+    parent = enclosing(mu, cr)
     ck = events.loc[kind_mask(events, "checkpoint"), ["tid", "start_ns", "end_ns"]].reset_index(drop=True)
-    ck_parent = _enclosing(ck, cr)
+    ck_parent = enclosing(ck, cr)
     first_ck = pd.Series(ck["start_ns"].to_numpy()).groupby(ck_parent).min()
     before = np.array([p >= 0 and s < first_ck.get(p, np.iinfo("int64").max)
                        for p, s in zip(parent, mu["start_ns"].to_numpy())], dtype=bool)

@@ -1,8 +1,12 @@
 """The Prometheus series of `ckptrace serve`: per-process checkpoint histograms, counters and gauges.
 
-Events arrive in batches (probes/live.py); each batch's checkpoints are computed with the
-definitions of `analyze` (analyzers/checkpoints.py; held memory by analyzers/memory.py's own
-class), so a scrape and an analysis of the same period agree (tests/test_serve.py). The series live in a custom collector (prometheus_client's documented pattern for values
+Events arrive in batches (probes/live.py); each batch's checkpoints and restores are computed
+by `analyze`'s own rules, not a copy of them: analyzers/checkpoints.py's `saved` and
+`checkpoint_rules` over per-checkpoint sums made with analyzers/spans.py's `Ids` and `Groups`
+(numpy: the pandas table would cost about 20 ms a batch), analyzers/state_path.py's `restored`,
+and held memory by analyzers/memory.py's own class, so a scrape and an analysis of the same
+period agree (tests/test_serve.py). The series and their help text come from the metric table
+(analyzers/metrics.py). The series live in a custom collector (prometheus_client's documented pattern for values
 kept elsewhere): a scrape reads a snapshot under a lock, and a process that exited is served one
 last time, with its final values, then its series end.
 """
@@ -16,7 +20,11 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from ckptrace.analyzers.checkpoints import checkpoint_rules, saved
 from ckptrace.analyzers.memory import HeldBuffers
+from ckptrace.analyzers.metrics import METRICS
+from ckptrace.analyzers.spans import Groups, Ids
+from ckptrace.analyzers.state_path import enclosing, restored
 from ckptrace.trace import KINDS, PHASES
 
 LABELS = ("pid", "label", "build_id")
@@ -26,26 +34,12 @@ SECONDS_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1
                    0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BYTES_BUCKETS = tuple(float(1 << (20 + 2 * k)) for k in range(8))  # 1 MiB .. 16 GiB, x4
 
-# name (after the prefix) -> (checkpoint-table column, scale to base unit, buckets, help).
-# Every series is per checkpoint; a checkpoint whose value was not recorded is not observed.
-HISTOGRAMS = {
-    "checkpoint_seconds": ("total_ns", 1e-9, SECONDS_BUCKETS,
-                           "Wall time of each checkpoint (update_tgt/update_dft, entry to return)."),
-    "checkpoint_fill_seconds": ("fill_ns", 1e-9, SECONDS_BUCKETS,
-                                "Wall time zero-filling the checkpoint buffer's growth (vector resize), "
-                                "page faults included; 0 for a pool hit."),
-    "checkpoint_copy_seconds": ("copy_ns", 1e-9, SECONDS_BUCKETS,
-                                "Wall time copying the state in (llama_state_seq_get_data_ext)."),
-    "checkpoint_fault_seconds": ("fault_ns", 1e-9, SECONDS_BUCKETS,
-                                 "On-CPU cost of the checkpoint's page faults (span on-CPU time minus "
-                                 "the same work on resident pages), where measured (not observed where "
-                                 "a fill or copy had faults that could not be measured)."),
-    "checkpoint_cpu_seconds": ("cpu_ns", 1e-9, SECONDS_BUCKETS,
-                               "The thread's on-CPU time during the checkpoint."),
-    "checkpoint_wait_seconds": ("wait_ns", 1e-9, SECONDS_BUCKETS,
-                                "Time the thread waited for a CPU (run queue) during the checkpoint."),
-    "checkpoint_bytes": ("bytes", 1.0, BYTES_BUCKETS, "State bytes copied into each checkpoint."),
-}
+# name (after the prefix) -> (checkpoint-table column, scale to base unit, buckets, help): every
+# metric of the table (analyzers/metrics.py) with a `series`. Each is per checkpoint; a
+# checkpoint whose value was not recorded is not observed.
+HISTOGRAMS = {m.series: (m.columns[0], 1e-9 if m.unit == "ns" else 1.0,
+                         SECONDS_BUCKETS if m.unit == "ns" else BYTES_BUCKETS, m.help)
+              for m in METRICS.values() if m.series}
 # name (the _total suffix is added by the exposition) -> help
 COUNTERS = {
     "checkpoints": "Checkpoints saved (update_tgt/update_dft calls that copied state).",
@@ -63,8 +57,8 @@ GAUGES = {
     "checkpoint_memory_peak_bytes": "High-water mark of checkpoint_memory_held_bytes since ckptrace attached.",
 }
 STALE_CARRY_NS = 60_000_000_000  # a fill/copy whose checkpoint never returned (an exception) is dropped
-K_CHECKPOINT, K_FILL, K_COPY, K_MMAP, K_MUNMAP, K_RESTORE = (
-    KINDS.index(k) for k in ("checkpoint", "fill", "copy", "mmap", "munmap", "restore"))
+K_CHECKPOINT, K_FILL, K_COPY, K_MMAP, K_MUNMAP, K_RESTORE, K_RESTORE_COPY = (
+    KINDS.index(k) for k in ("checkpoint", "fill", "copy", "mmap", "munmap", "restore", "restore_copy"))
 SYSCALL_KINDS = [KINDS.index(k) for k in ("mmap", "munmap", "mremap")]
 
 
@@ -141,10 +135,11 @@ class CheckpointMetrics(Collector):
             return  # a process detached since (its last events come after it was served)
         ev, fault = batch.events, batch.fault_ns
         held = _held_changes(t, ev)  # on the new rows only: carried mmaps were applied when they came
-        restores = _restores(ev)
         if t.carry is not None:
             ev, fault = np.concatenate([t.carry[0], ev]), np.concatenate([t.carry[1], fault])
-        ck, t.carry = _checkpoints(ev, fault, batch.sched_recorded, t.fill_probed)
+        ck, waiting = _checkpoints(ev, fault, batch.sched_recorded, t.fill_probed)
+        restores, copies_waiting = _restores(ev)
+        t.carry = _carry(ev, fault, waiting | copies_waiting)
         with self._lock:
             for name, (col, scale, _, _) in HISTOGRAMS.items():
                 v = ck[col]
@@ -212,69 +207,70 @@ class CheckpointMetrics(Collector):
             yield fam
 
 
-def _checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool, fill_probed: bool = True) -> tuple[dict, tuple | None]:
-    """Per checkpoint of the batch, as analyzers/checkpoints.py defines it (the test holds the
-    two to each other): {column: float array, -1 = not recorded}, and the rows to carry.
+def _checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool, fill_probed: bool = True
+                 ) -> tuple[dict, np.ndarray]:
+    """Per checkpoint of the batch, by analyze's rules (analyzers/checkpoints.py `saved` and
+    `checkpoint_rules`, on sums made with analyzers/spans.py's Ids and Groups): {column: float
+    array, -1 = not recorded}, and which rows wait for their checkpoint (see _carry).
 
-    The same definitions in numpy rather than that module's pandas: its checkpoint table costs
-    about 20 ms a call (docs/performance.md's serve overhead). A checkpoint is an update_tgt/update_dft row
-    with at least one state copy; fill_ns/copy_ns the summed wall time of its fill/copy rows (0
-    when none: a fill-less checkpoint is a pool hit); cpu/wait its own span's; fault_ns its
-    fills' and copies' fault time summed, not recorded when any part was not measured (analyze
-    estimates those; serve leaves them out). A build without a growth probe (`fill_probed`
-    False) gets analyze's derived fill: the checkpoint minus its copies, its faults minus theirs,
-    a pool hit when it neither faulted nor mapped memory, fault time not recorded. A
-    checkpoint's row comes at its return, after its fills, copies and mmaps (one thread, one ring
-    buffer: in order), so a batch may end between them: those rows wait for it, dropped after
-    STALE_CARRY_NS (a checkpoint that never returned)."""
-    kind, ids = ev["kind"], ev["ckpt"]
+    fill_ns/copy_ns are the summed wall time of its fill/copy rows; cpu/wait its own span's;
+    fault_ns its fills' and copies' fault time summed, not recorded when any part was not
+    measured (analyze estimates those; serve leaves them out), nor for a derived fill (no growth
+    probe: `fill_probed` False). A checkpoint's row comes at its return, after its fills, copies
+    and mmaps (one thread, one ring buffer: in order), so a batch may end between them."""
+    kind, ids = ev["kind"], ev["ckpt"].astype(np.int64, copy=False)
     part = ((kind == K_FILL) | (kind == K_COPY) | (kind == K_MMAP)) & (ids != 0)
     ck = ev[kind == K_CHECKPOINT]
-    waiting = part & ~np.isin(ids, ck["ckpt"])
-    carry = None
-    if waiting.any():
-        keep = waiting & (ev["end_ns"] > int(ev["end_ns"].max()) - STALE_CARRY_NS)
-        carry = (ev[keep], fault[keep]) if keep.any() else None
     ck = ck[np.argsort(ck["ckpt"], kind="stable")]
-    ck_ids = ck["ckpt"]
-    dur = (ev["end_ns"] - ev["start_ns"]).astype("float64")
+    at = Ids(ck["ckpt"].astype(np.int64, copy=False)).find(ids)
+    waiting = part & (at < 0)
+    dur = ev["end_ns"].astype(np.int64) - ev["start_ns"].astype(np.int64)
+    n = len(ck)
 
     def summed(kind_code: int) -> dict[str, np.ndarray]:
         """Per checkpoint: rows of this kind, their wall time, faults, fault time, unmeasured parts."""
-        rows = part & (kind == kind_code) & ~waiting
-        pos = np.searchsorted(ck_ids, ids[rows])
-        f = fault[rows]
-        out = {}
-        for name, v in (("n", 1.0), ("ns", dur[rows]), ("faults", ev["faults"][rows].astype("float64")),
-                        ("fault_ns", np.maximum(f, 0).astype("float64")), ("missing", (f < 0).astype("float64"))):
-            out[name] = np.zeros(len(ck_ids))
-            np.add.at(out[name], pos, v)
-        return out
+        rows = np.flatnonzero(part & (kind == kind_code) & ~waiting)
+        g, f = Groups(at[rows], n), fault[rows]
+        return {"n": g.count, "ns": g.sum(dur[rows]), "faults": g.sum(ev["faults"][rows].astype(np.int64)),
+                "fault_ns": g.sum(np.maximum(f, 0)), "missing": g.any(f < 0)}
 
     fill, copy, mmaps = summed(K_FILL), summed(K_COPY), summed(K_MMAP)["n"]
-    total = (ck["end_ns"] - ck["start_ns"]).astype("float64")
-    faults = ck["faults"].astype("float64")
-    if fill_probed:
-        fill_ns, pool_hit = fill["ns"], fill["n"] == 0
-        fault_ns = np.where((fill["missing"] + copy["missing"]) > 0, -1.0, fill["fault_ns"] + copy["fault_ns"])
-    else:
-        fill_ns = np.maximum(total - copy["ns"], 0)
-        pool_hit = (np.maximum(faults - copy["faults"], 0) == 0) & (mmaps == 0)
-        fault_ns = np.full(len(ck), -1.0)  # the fill's own fault time is not measured
-    saved = copy["n"] > 0  # an update that copied no state saved nothing: not a checkpoint
-    clock = (lambda c: ck[c].astype("float64")) if sched else (lambda c: np.full(len(ck), -1.0))
-    cols = {"total_ns": total, "fill_ns": fill_ns, "copy_ns": copy["ns"], "fault_ns": fault_ns,
-            "cpu_ns": clock("cpu_ns"), "wait_ns": clock("wait_ns"), "bytes": ck["bytes"].astype("float64"),
-            "faults": faults, "pool_hit": pool_hit}
-    return {c: v[saved] for c, v in cols.items()}, carry
+    total = ck["end_ns"].astype(np.int64) - ck["start_ns"].astype(np.int64)
+    faults = ck["faults"].astype(np.int64)
+    rules = checkpoint_rules(total, faults, copy["ns"], copy["faults"], fill["n"], fill["ns"], fill["faults"], mmaps,
+                             fill_probed)
+    fault_ns = np.where(fill["missing"] | copy["missing"] | (not fill_probed), -1, fill["fault_ns"] + copy["fault_ns"])
+    clock = (lambda c: ck[c].astype("float64")) if sched else (lambda c: np.full(n, -1.0))
+    cols = {"total_ns": total, "fill_ns": rules["fill_ns"], "copy_ns": copy["ns"], "fault_ns": fault_ns,
+            "cpu_ns": clock("cpu_ns"), "wait_ns": clock("wait_ns"), "bytes": ck["bytes"], "faults": faults,
+            "pool_hit": rules["pool_hit"]}
+    kept = saved(copy["n"])
+    return {c: (v[kept] if c == "pool_hit" else v[kept].astype("float64")) for c, v in cols.items()}, waiting
 
 
-def _restores(ev: np.ndarray) -> int:
-    """Checkpoint restores as analyzers/state_path.py counts those of source "checkpoint": a
-    load_tgt/load_dft span that copied state in (its bytes are its copies'). A copy-in outside
-    any restore (prompt cache, slot restore; analyze's source "other") is not counted: telling it
-    from a restore's own copy takes the enclosing span, which may come in a later batch."""
-    return int(((ev["kind"] == K_RESTORE) & (ev["bytes"] > 0)).sum())
+def _restores(ev: np.ndarray) -> tuple[int, np.ndarray]:
+    """Checkpoint restores as analyze counts those of source "checkpoint" (analyzers/state_path.py
+    `restored`: a load_tgt/load_dft span with a restore_copy inside it on its thread), and which
+    rows wait: the copies no restore of this batch encloses (its row comes at its return, after
+    them). A copy outside any restore (prompt cache, slot restore; analyze's source "other") waits
+    until it is stale (_carry)."""
+    kind = ev["kind"]
+    copies = np.flatnonzero(kind == K_RESTORE_COPY)
+    if not len(copies):
+        return 0, np.zeros(len(ev), bool)
+    spans, inner = ev[kind == K_RESTORE], ev[copies]
+    waiting = np.zeros(len(ev), bool)
+    waiting[copies[enclosing(inner, spans) < 0]] = True
+    return int(restored(spans, inner).sum()), waiting
+
+
+def _carry(ev: np.ndarray, fault: np.ndarray, waiting: np.ndarray) -> tuple | None:
+    """The rows kept for the next batch: those waiting for the span they belong to, dropped after
+    STALE_CARRY_NS (a checkpoint that never returned, a copy-in outside any restore)."""
+    if not waiting.any():
+        return None
+    keep = waiting & (ev["end_ns"] > int(ev["end_ns"].max()) - STALE_CARRY_NS)
+    return (ev[keep], fault[keep]) if keep.any() else None
 
 
 def _held_changes(t: _Target, events: np.ndarray):
