@@ -5,6 +5,7 @@ Comparison. They are imported on first use, so `import ckptrace` (and the CLI) s
 """
 from __future__ import annotations
 
+import importlib
 from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING
 
@@ -21,8 +22,6 @@ API = {"SCHEMA_VERSION", "Comparison", "Trace", "compare", "compare_processes", 
 
 
 def __getattr__(name: str):
-    if name in API:
-        from ckptrace import api
-
-        return getattr(api, name)
+    if name in API:  # imported by name, so the root package itself imports none of the layers
+        return getattr(importlib.import_module("ckptrace.api"), name)
     raise AttributeError(f"module 'ckptrace' has no attribute {name!r}")

@@ -17,7 +17,7 @@ from ckptrace.trace import time_origin
 from ckptrace.units import MIB
 
 from .legs import Leg, plain
-from .panels import Panel, _layout, _table_figure
+from .panels import Panel, layout, table_figure
 
 MAX_STEPS = 5_000  # points per line; past it, the highest value of each time bin (peaks stay)
 
@@ -77,7 +77,7 @@ def memory_panel(legs: list[Leg]) -> Panel:
         return Panel(None, "no checkpoint buffer was mapped and no RSS was recorded")
     fig.update_xaxes(title_text="seconds since the probes were in place")
     fig.update_yaxes(title_text="MiB", rangemode="tozero")
-    _layout(fig, "Memory over time: what checkpoints hold, and the process's RSS (per leg and process)", 620)
+    layout(fig, "Memory over time: what checkpoints hold, and the process's RSS (per leg and process)", 620)
     notes = []
     if thinned:
         notes.append(f"Memory lines past {MAX_STEPS} steps show each time bin's highest value.")
@@ -108,4 +108,4 @@ def processes_panel(legs: list[Leg]) -> Panel:
         ("exited early", lambda p: "yes" if p.get("exited_ns") else "no"),
     ]
     table = [(name, [fn(p) for _, p in rows]) for name, fn in fields]
-    return Panel(_table_figure("Per process (each leg's processes apart)", ["", *header], table))
+    return Panel(table_figure("Per process (each leg's processes apart)", ["", *header], table))

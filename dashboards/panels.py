@@ -34,7 +34,7 @@ class Panel:
     notes: list[str] = field(default_factory=list)
 
 
-def _layout(fig: go.Figure, title: str, height: int) -> go.Figure:
+def layout(fig: go.Figure, title: str, height: int) -> go.Figure:
     fig.update_layout(template=TEMPLATE, title=dict(text=title, x=0.01), height=height,
                       margin=dict(l=70, r=30, t=70, b=50), legend=dict(orientation="h", y=-0.12))
     return fig
@@ -99,7 +99,7 @@ def iterations_panel(legs: list[Leg]) -> Panel:
         fig.update_yaxes(title_text="ms per iteration" if k == 1 else f"ms (mean of {k})", row=row, col=1)
     fig.update_xaxes(title_text="time since recording start (s)", row=len(shown), col=1)
     fig.update_layout(barmode="stack", bargap=0)
-    _layout(fig, "Prefill iterations over time: where each one's time went", height)
+    layout(fig, "Prefill iterations over time: where each one's time went", height)
     binned = [n for n in notes if " bars of " in n]
     notes = [n for n in notes if " bars of " not in n]
     if binned:
@@ -260,7 +260,7 @@ def timeline_panel(legs: list[Leg]) -> Panel:
         fig.update_yaxes(categoryorder="array", categoryarray=y_order[::-1], row=row, col=1)
         fig.update_xaxes(title_text="ms since iteration start", row=row, col=1)
     fig.update_layout(barmode="overlay")
-    return Panel(_layout(fig, "One prefill iteration per arm (the longest): checkpoints, restores and state "
+    return Panel(layout(fig, "One prefill iteration per arm (the longest): checkpoints, restores and state "
                               "saves, and their phases", height), notes=notes)
 
 
@@ -300,7 +300,7 @@ def distributions_panel(legs: list[Leg]) -> Panel:
         notes = [f"Distributions of more than {MAX_POINTS:,} values are drawn from {MAX_POINTS:,} evenly "
                  f"spaced order statistics (every quantile kept to 1/{MAX_POINTS:,}): "
                  + "; ".join(dict.fromkeys(notes)) + "."]
-    _layout(fig, "Distributions per leg (colour = arm)", 480)
+    layout(fig, "Distributions per leg (colour = arm)", 480)
     fig.update_layout(showlegend=False)
     return Panel(fig, notes=notes)
 
@@ -383,7 +383,7 @@ def comparison_panel(comparison) -> Panel:
         cells=dict(values=cells, align="left", height=ROW_PX,
                    font=dict(color=[["#222"] * len(m)] * 6 + [[VERDICT_COLOURS.get(v, "#222") for v in verdicts]]
                              + [["#222"] * len(m)]))), row=2, col=1)
-    _layout(fig, f"Comparison: {cand} (candidate) against {base} (baseline)", height)
+    layout(fig, f"Comparison: {cand} (candidate) against {base} (baseline)", height)
     fig.update_layout(showlegend=False)
     return Panel(fig)
 
@@ -426,7 +426,7 @@ def churn_panel(legs: list[Leg]) -> Panel:
     fig.update_yaxes(title_text="faults / MiB", row=1, col=1)
     fig.update_yaxes(title_text="calls per checkpoint", row=1, col=2)
     fig.update_yaxes(title_text="%", range=[0, 100], row=1, col=3)
-    _layout(fig, "Page faults, mmap/munmap churn and pool hits per leg", 420)
+    layout(fig, "Page faults, mmap/munmap churn and pool hits per leg", 420)
     fig.update_layout(barmode="group", showlegend=False)
     notes = []
     if any(v is None for v in fpm + hit):
@@ -453,7 +453,7 @@ def _recording_s(meta: TraceMeta) -> str:
     return "-"
 
 
-def _table_figure(title: str, header: list[str], rows: list[tuple[str, list[str]]], first_width=1.2) -> go.Figure:
+def table_figure(title: str, header: list[str], rows: list[tuple[str, list[str]]], first_width=1.2) -> go.Figure:
     """A two-dimensional table: rows of (row name, one cell per column). Cells must be plain()."""
     lines = [max(str(c).count("<br>") + 1 for c in cells) for _, cells in rows]
     fig = go.Figure(go.Table(
@@ -463,7 +463,7 @@ def _table_figure(title: str, header: list[str], rows: list[tuple[str, list[str]
                                                            for i in range(len(header) - 1)],
                    align="left", height=ROW_PX, fill_color=[["#FAFAFA"] * len(rows)] + [["white"] * len(rows)])))
     # A cell line is about 16 px; a row is at least ROW_PX. Plotly tables scroll if this is short.
-    return _layout(fig, title, 130 + sum(ROW_PX + 4 + 18 * (n - 1) for n in lines))
+    return layout(fig, title, 130 + sum(ROW_PX + 4 + 18 * (n - 1) for n in lines))
 
 
 def metadata_panel(legs: list[Leg]) -> Panel:
@@ -505,7 +505,7 @@ def metadata_panel(legs: list[Leg]) -> Panel:
             lambda leg: f"{len(leg.checkpoints):,} / {len(leg.prefill):,}"),
         row("ckptrace", get("tool_version")),
     ]
-    return Panel(_table_figure("Recordings", ["", *[leg.name for leg in legs]], rows))
+    return Panel(table_figure("Recordings", ["", *[leg.name for leg in legs]], rows))
 
 
 def _flatten(d: dict, prefix: str = "") -> dict:
@@ -540,7 +540,7 @@ def summary_panel(legs: list[Leg]) -> Panel:
     if not keys:
         return Panel(None, "the analyses carry no summary")
     rows = [(k, [_fmt_summary(k, f[k]) if k in f else "-" for f in flat]) for k in keys]
-    return Panel(_table_figure("Analyzer summary (as computed by ckptrace analyze; *_ns shown in ms)",
+    return Panel(table_figure("Analyzer summary (as computed by ckptrace analyze; *_ns shown in ms)",
                                ["", *[leg.name for leg in legs]], rows, first_width=1.6))
 
 
@@ -557,7 +557,7 @@ def header_panel(title: str, legs: list[Leg], comparison, notes: list[str]) -> P
             rows.append(("warning", [_wrap(w)]))
     for note in notes:
         rows.append(("note", [_wrap(note, escape=False)]))
-    fig = _table_figure(plain(title), ["", ""], rows, first_width=0.25)
+    fig = table_figure(plain(title), ["", ""], rows, first_width=0.25)
     fig.update_traces(header=dict(height=0, values=["", ""], fill_color="white", line_color="white"))
     return Panel(fig)
 

@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .legs import PHASE_COLOURS, Leg, plain, to_ms
-from .panels import ROW_PX, Panel, _layout
+from .panels import ROW_PX, Panel, layout
 
 PARTS = {"ckpt_fill_ns": ("checkpoint fill", PHASE_COLOURS["fill"]),
          "ckpt_copy_ns": ("checkpoint copy", PHASE_COLOURS["copy"]),
@@ -71,7 +71,7 @@ def requests_panel(legs: list[Leg], tables: list[pd.DataFrame | None]) -> Panel:
                            header=dict(values=["leg", "figure", "p50", "p90", "p99"], fill_color="#EEE", align="left"),
                            cells=dict(values=cells, align="left", height=ROW_PX)), row=len(shown) + 1, col=1)
     fig.update_layout(barmode="stack", bargap=0.15)
-    _layout(fig, "Requests: checkpoint and restore time inside each request's time to first token "
+    layout(fig, "Requests: checkpoint and restore time inside each request's time to first token "
                  "(bars, left axis) and the TTFT (diamonds, right axis)", height)
     notes.append("Requests panel: a span counts only for its part inside a request's window; 'TTFT without fill' "
                  "is an estimate (TTFT minus the fill inside it).")

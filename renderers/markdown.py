@@ -16,7 +16,7 @@ import pandas as pd
 
 from ckptrace.terminal import printable
 
-from .text import NAMES, POOL_NAMES, _pct, _value, unjudged_said
+from .text import NAMES, POOL_NAMES, pct, value_text, unjudged_said
 
 def _fence(text: str, least: int) -> str:
     return "`" * max(least, max((len(r) for r in re.findall("`+", text)), default=0) + 1)
@@ -41,7 +41,7 @@ def _interval(m: dict) -> str:
     lo, hi = m["ci_low_pct"], m["ci_high_pct"]
     if math.isnan(lo):
         return "-"
-    return f"[{_pct(lo)}, {_pct(hi)}]"
+    return f"[{pct(lo)}, {pct(hi)}]"
 
 
 def _table(rows: list[dict], name_of, flagged: set) -> list[str]:
@@ -53,9 +53,9 @@ def _table(rows: list[dict], name_of, flagged: set) -> list[str]:
             verdict = f"**{verdict}**"
         if name_of(m) in flagged:
             verdict += " :x:"
-        lines.append(f"| {name_of(m)} | {_value(m['baseline_value'], m['unit'])} | "
-                     f"{_value(m['candidate_value'], m['unit'])} | {_pct(m['change_pct'])} | {_interval(m)} | "
-                     f"{_pct(m['drift_pct']).lstrip('+')} | {verdict} |")
+        lines.append(f"| {name_of(m)} | {value_text(m['baseline_value'], m['unit'])} | "
+                     f"{value_text(m['candidate_value'], m['unit'])} | {pct(m['change_pct'])} | {_interval(m)} | "
+                     f"{pct(m['drift_pct']).lstrip('+')} | {verdict} |")
     return lines
 
 

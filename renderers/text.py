@@ -323,7 +323,7 @@ NAMES = {"checkpoint_fill_ns": "ckpt fill ms", "checkpoint_copy_ns": "ckpt copy 
          "prompt_save_total_ns": "prompt save ms", "prompt_save_copy_ns": "prompt save copy ms"}
 
 
-def _pct(x: float) -> str:
+def pct(x: float) -> str:
     if not math.isfinite(x):
         return "-" if math.isnan(x) else ("+inf%" if x > 0 else "-inf%")
     if abs(x) >= 10_000:
@@ -331,7 +331,7 @@ def _pct(x: float) -> str:
     return f"{x:+.1f}%" if abs(x) < 1000 else f"{x:+.0f}%"
 
 
-def _value(x: float, unit: str) -> str:
+def value_text(x: float, unit: str) -> str:
     if math.isnan(x):
         return "-"
     if unit == "ns":
@@ -354,17 +354,17 @@ def _metric_lines(rows: list[dict], first: str, name_of) -> tuple[list[str], lis
     lines = [f"{first:15} {'baseline':>8} {'candidate':>9} {'change':>7} {'95% interval':>16} {'drift':>6} verdict"]
     notes = []
     for m in rows:
-        interval = (f"[{_pct(m['ci_low_pct'])[:-1]}, {_pct(m['ci_high_pct'])[:-1]}]"
+        interval = (f"[{pct(m['ci_low_pct'])[:-1]}, {pct(m['ci_high_pct'])[:-1]}]"
                     if math.isfinite(m["ci_low_pct"]) or math.isinf(m["ci_low_pct"]) else "-")
         name = name_of(m)
-        lines.append(f"{name:15} {_value(m['baseline_value'], m['unit']):>8} "
-                     f"{_value(m['candidate_value'], m['unit']):>9} {_pct(m['change_pct']):>7} {interval:>16} "
-                     f"{_pct(m['drift_pct']).lstrip('+'):>6} {m['verdict']}")
+        lines.append(f"{name:15} {value_text(m['baseline_value'], m['unit']):>8} "
+                     f"{value_text(m['candidate_value'], m['unit']):>9} {pct(m['change_pct']):>7} {interval:>16} "
+                     f"{pct(m['drift_pct']).lstrip('+'):>6} {m['verdict']}")
         if math.isnan(m["change_pct"]) and not math.isnan(m["diff"]):
             u = "ms" if m["unit"] == "ns" else m["unit"]
             notes.append(f"{name.strip()}: the baseline {m['statistic']} is 0, so no percentage; the candidate's "
-                         f"is {_value(m['diff'], m['unit'])} {u} higher, interval "
-                         f"[{_value(m['diff_ci_low'], m['unit'])}, {_value(m['diff_ci_high'], m['unit'])}] {u}")
+                         f"is {value_text(m['diff'], m['unit'])} {u} higher, interval "
+                         f"[{value_text(m['diff_ci_low'], m['unit'])}, {value_text(m['diff_ci_high'], m['unit'])}] {u}")
     return lines, notes
 
 
@@ -402,9 +402,9 @@ def gate_said(rows: pd.DataFrame) -> str:
     out = []
     for m in rows.to_dict("records"):
         if math.isfinite(m["change_pct"]):
-            how = (f"{_pct(m['change_pct'])}, 95% interval [{_pct(m['ci_low_pct'])}, {_pct(m['ci_high_pct'])}]")
+            how = (f"{pct(m['change_pct'])}, 95% interval [{pct(m['ci_low_pct'])}, {pct(m['ci_high_pct'])}]")
         else:
-            how = f"{_value(m['diff'], m['unit'])} {'ms' if m['unit'] == 'ns' else m['unit']} more than a baseline of 0"
+            how = f"{value_text(m['diff'], m['unit'])} {'ms' if m['unit'] == 'ns' else m['unit']} more than a baseline of 0"
         out.append(f"{m['metric']} {m['verdict']} ({how})")
     return "; ".join(out)
 

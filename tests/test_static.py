@@ -38,3 +38,31 @@ def test_pyright_resolves_every_import():
                   if d.get("rule") in ("reportMissingImports", "reportMissingModuleSource")
                   or "is unknown import symbol" in d["message"]]
     assert unresolved == []
+
+
+PACKAGE_FOLDERS = ["ckptrace", *FOLDERS]
+
+
+def private_imports() -> list[str]:
+    """Every `from M import _name` in the package code naming a private (underscore) name of
+    another ckptrace module: its owner may change it without looking further."""
+    import ast
+
+    found = []
+    for folder in PACKAGE_FOLDERS:
+        for path in sorted((REPO / folder).rglob("*.py")):
+            if (REPO / folder).is_symlink() or any(p.is_symlink() for p in path.relative_to(REPO).parents
+                                                    if p != Path(".")):
+                continue
+            tree = ast.parse(path.read_text(), str(path))
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ImportFrom) and (node.level or (node.module or "").startswith("ckptrace")):
+                    for alias in node.names:
+                        if alias.name.startswith("_") and not alias.name.startswith("__"):
+                            found.append(f"{path.relative_to(REPO)}:{node.lineno}: {alias.name} from "
+                                         f"{'.' * node.level}{node.module or ''}")
+    return found
+
+
+def test_no_private_name_crosses_a_module():
+    assert private_imports() == []
