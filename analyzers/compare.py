@@ -57,41 +57,24 @@ from ckptrace.trace import Trace
 from ckptrace.units import MIB
 
 from . import Analysis, analyze_processes, analyze_trace
+from .metrics import METRICS as REGISTRY, POOL, compared
 from .processes import process_label
 from .summary import WAIT_WARN_SHARE
 from .whatif import limit_warnings
 
-# metric -> (sample unit, column or columns summed, unit)
+# The compared metrics, from the metric table (metrics.py): metric -> (sample unit, column or
+# columns summed, unit).
 METRICS: dict[str, tuple[str, tuple[str, ...], str]] = {
-    "checkpoint_fill_ns": ("checkpoint", ("fill_ns",), "ns"),
-    "checkpoint_copy_ns": ("checkpoint", ("copy_ns",), "ns"),
-    "checkpoint_fault_ns": ("checkpoint", ("fault_ns",), "ns"),
-    "checkpoint_total_ns": ("checkpoint", ("total_ns",), "ns"),
-    "prefill_iteration_ns": ("prefill iteration", ("span_ns",), "ns"),
-    "checkpoint_faults": ("checkpoint", ("fill_faults", "copy_faults"), "faults"),
-    "checkpoint_fill_cpu_ns": ("checkpoint", ("fill_cpu_ns",), "ns"),
-    "checkpoint_total_cpu_ns": ("checkpoint", ("cpu_ns",), "ns"),
-    # Restores (trace format 3), per restore: rows only when a leg recorded any.
-    "restore_total_ns": ("restore", ("total_ns",), "ns"),
-    "restore_copy_ns": ("restore", ("copy_ns",), "ns"),
-    # Prompt-cache saves, per save, the same way.
-    "prompt_save_total_ns": ("prompt save", ("total_ns",), "ns"),
-    "prompt_save_copy_ns": ("prompt save", ("copy_ns",), "ns"),
-}
+    m.name: (m.sample, m.columns, m.unit) for m in compared() if m.sample != "request"}
 # Metrics of the state path: rows only when a leg recorded any of their sample unit.
-RESTORE_METRICS = ("restore_total_ns", "restore_copy_ns")
-PROMPT_SAVE_METRICS = ("prompt_save_total_ns", "prompt_save_copy_ns")
+RESTORE_METRICS = tuple(m.name for m in compared("restore"))
+PROMPT_SAVE_METRICS = tuple(m.name for m in compared("prompt save"))
 # Request metrics, from each leg's request file (`ckptrace drive --json`): metric -> (percentile
 # of TTFT or None for throughput, unit). The statistic is that percentile itself (or tokens per
 # second), bootstrapped over the arm's completed requests like any other metric.
-REQUEST_METRICS: dict[str, tuple[int | None, str]] = {
-    "ttft_p50_ms": (50, "ms"), "ttft_p90_ms": (90, "ms"), "ttft_p99_ms": (99, "ms"),
-    "throughput_tok_s": (None, "tok/s"),
-}
+REQUEST_METRICS: dict[str, tuple[int | None, str]] = {m.name: (m.percentile, m.unit) for m in compared("request")}
 # Wall-clock metrics: they include run-queue wait, so a busy machine moves them (see "Busy machine").
-WALL_METRICS = frozenset({"checkpoint_fill_ns", "checkpoint_copy_ns", "checkpoint_total_ns", "prefill_iteration_ns",
-                          *RESTORE_METRICS, *PROMPT_SAVE_METRICS,
-                          *REQUEST_METRICS})
+WALL_METRICS = frozenset(m.name for m in compared() if m.wall)
 JUDGED = ("faster", "slower", "no change", "within drift")
 NOT_JUDGED = "not judged"
 MIN_SAMPLES = 5
@@ -434,7 +417,7 @@ def _ttft_said(m: pd.DataFrame) -> str:
 
 MIN_EFFECT_PCT = 20.0
 DEFAULT_STATISTIC = "mean"
-POOL_METRICS = ("checkpoint_total_ns", "checkpoint_fill_ns", "checkpoint_total_cpu_ns", "checkpoint_fill_cpu_ns")
+POOL_METRICS = POOL
 POOL_COLUMNS = {"class": "str", "metric": "str", **{k: v for k, v in METRIC_COLUMNS.items()
                                                      if k not in ("metric", "unit", "sample")}}
 
@@ -483,7 +466,8 @@ def _request_rows(analyses: list[Analysis], arms: list[str], requests: list, see
         cand = [x for x, arm in zip(per_leg, arms) if arm == "candidate" and x is not None]
         empty = np.empty((0, 2)) if q is None else np.empty(0)
         row = _change(base or [empty], cand or [empty], [seed, 200 + k], n_boot, min_effect_pct,
-                      f"p{q}" if q is not None else "tokens / s", stat=stat, higher_is_faster=q is None)
+                      f"p{q}" if q is not None else "tokens / s", stat=stat,
+                      higher_is_faster=REGISTRY[name].higher_is_better)
         if row["verdict"] == "not measured" and (not base or not cand or any(
                 x is not None and not len(x) for x in per_leg)):
             row["verdict"] = "not recorded"

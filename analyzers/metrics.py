@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# What kind of figure a metric is. Wall times include run-queue wait, so a busy machine moves
-# them (compare reads them "not judged" then); on-CPU times and counts are judged as usual.
-WALL, CPU, COUNT, RATE = "wall", "cpu", "count", "rate"
+# What kind of figure a metric is. Wall-clock figures (times, time to first token, throughput)
+# include run-queue wait, so a busy machine moves them (compare reads them "not judged" then);
+# on-CPU times and counts are judged as usual.
+WALL, CPU, COUNT = "wall", "cpu", "count"
 # Where the samples come from: a row of the checkpoint table, a prefill iteration, a restore, a
 # prompt-cache save, a completed request (from its leg's request file).
 SAMPLES = ("checkpoint", "prefill iteration", "restore", "prompt save", "request")
@@ -27,11 +28,11 @@ class Metric:
     unit: str  # of the values: ns, faults, bytes, ms, tok/s
     sample: str  # one of SAMPLES: what one value is of
     columns: tuple[str, ...] = ()  # the sample table's columns, summed per sample
-    kind: str = WALL  # WALL, CPU, COUNT or RATE
+    kind: str = WALL  # WALL, CPU or COUNT
     higher_is_better: bool = False  # times and counts: lower is better; throughput: higher
     compare: bool = False  # compared by `compare` (in this table's order)
     summary: bool = False  # a distribution in analyze's summary (summary.stats)
-    pool: bool = False  # compared for pool hits and misses apart (a pool's effect)
+    percentile: int | None = None  # a request metric: the percentile of TTFT it is (None: throughput)
     series: str = ""  # the per-checkpoint Prometheus histogram (exporters/prometheus.py), "" for none
     help: str = ""  # what the figure is (the Prometheus HELP text, docs/metrics.md)
 
@@ -52,7 +53,7 @@ class Metric:
 
 _ALL = [
     Metric("checkpoint_fill_ns", "ckpt fill", "ns", "checkpoint", ("fill_ns",), WALL, compare=True, summary=True,
-           pool=True, series="checkpoint_fill_seconds",
+           series="checkpoint_fill_seconds",
            help="Wall time zero-filling the checkpoint buffer's growth (vector resize), page faults included; "
                 "0 for a pool hit."),
     Metric("checkpoint_copy_ns", "ckpt copy", "ns", "checkpoint", ("copy_ns",), WALL, compare=True, summary=True,
@@ -62,18 +63,18 @@ _ALL = [
            help="On-CPU cost of the checkpoint's page faults (span on-CPU time minus the same work on resident "
                 "pages), where measured (not observed where a fill or copy had faults that could not be measured)."),
     Metric("checkpoint_total_ns", "ckpt total", "ns", "checkpoint", ("total_ns",), WALL, compare=True, summary=True,
-           pool=True, series="checkpoint_seconds",
+           series="checkpoint_seconds",
            help="Wall time of each checkpoint (update_tgt/update_dft, entry to return)."),
     Metric("prefill_iteration_ns", "prefill iter", "ns", "prefill iteration", ("span_ns",), WALL, compare=True,
            summary=True, help="Wall time of each prefill iteration."),
     Metric("checkpoint_faults", "ckpt faults", "faults", "checkpoint", ("fill_faults", "copy_faults"), COUNT,
            compare=True, help="Page faults of each checkpoint's fill and copy."),
     Metric("checkpoint_fill_cpu_ns", "fill on CPU", "ns", "checkpoint", ("fill_cpu_ns",), CPU, compare=True,
-           summary=True, pool=True, help="The thread's on-CPU time in the fill."),
+           summary=True, help="The thread's on-CPU time in the fill."),
     Metric("checkpoint_copy_cpu_ns", "copy on CPU", "ns", "checkpoint", ("copy_cpu_ns",), CPU, summary=True,
            help="The thread's on-CPU time in the copy."),
     Metric("checkpoint_total_cpu_ns", "ckpt on CPU", "ns", "checkpoint", ("cpu_ns",), CPU, compare=True, summary=True,
-           pool=True, series="checkpoint_cpu_seconds", help="The thread's on-CPU time during the checkpoint."),
+           series="checkpoint_cpu_seconds", help="The thread's on-CPU time during the checkpoint."),
     Metric("checkpoint_wait_ns", "ckpt wait", "ns", "checkpoint", ("wait_ns",), WALL, summary=True,
            series="checkpoint_wait_seconds",
            help="Time the thread waited for a CPU (run queue) during the checkpoint."),
@@ -93,16 +94,23 @@ _ALL = [
            help="Wall time of each prompt-cache save's copies."),
     # From each leg's request file (`ckptrace drive --json`): the statistic is the percentile itself
     # (or tokens per second), bootstrapped over the arm's completed requests.
-    Metric("ttft_p50_ms", "ttft p50", "ms", "request", ("ttft_ns",), WALL, compare=True,
+    Metric("ttft_p50_ms", "ttft p50", "ms", "request", ("ttft_ns",), WALL, compare=True, percentile=50,
            help="Median time to first token."),
-    Metric("ttft_p90_ms", "ttft p90", "ms", "request", ("ttft_ns",), WALL, compare=True,
+    Metric("ttft_p90_ms", "ttft p90", "ms", "request", ("ttft_ns",), WALL, compare=True, percentile=90,
            help="90th percentile of time to first token."),
-    Metric("ttft_p99_ms", "ttft p99", "ms", "request", ("ttft_ns",), WALL, compare=True,
+    Metric("ttft_p99_ms", "ttft p99", "ms", "request", ("ttft_ns",), WALL, compare=True, percentile=99,
            help="99th percentile of time to first token."),
-    Metric("throughput_tok_s", "throughput", "tok/s", "request", ("predicted_tokens",), RATE,
+    Metric("throughput_tok_s", "throughput", "tok/s", "request", ("predicted_tokens",), WALL,
            higher_is_better=True, compare=True, help="Tokens generated per second of the arm's requests."),
 ]
 METRICS: dict[str, Metric] = {m.name: m for m in _ALL}
+# Compared for pool hits and misses apart (a pool's effect), in this order.
+POOL = ("checkpoint_total_ns", "checkpoint_fill_ns", "checkpoint_total_cpu_ns", "checkpoint_fill_cpu_ns")
+
+
+def compared(sample: str | None = None) -> list[Metric]:
+    """The metrics `compare` judges, in order (of one sample kind, when given)."""
+    return [m for m in _ALL if m.compare and (sample is None or m.sample == sample)]
 
 
 def label(name: str) -> str:

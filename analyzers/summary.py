@@ -22,21 +22,13 @@ import pandas as pd
 from ckptrace.meta import TraceMeta
 from ckptrace.units import MIB
 
+from .metrics import METRICS
 from .spans import Ids
 from .sums import checked_sum
 
-STAT_METRICS = {
-    "checkpoint_fill_ns": ("checkpoints", "fill_ns"),
-    "checkpoint_copy_ns": ("checkpoints", "copy_ns"),
-    "checkpoint_fault_ns": ("checkpoints", "fault_ns"),
-    "checkpoint_total_ns": ("checkpoints", "total_ns"),
-    "prefill_iteration_ns": ("prefill", "span_ns"),
-    "checkpoint_fill_cpu_ns": ("checkpoints", "fill_cpu_ns"),
-    "checkpoint_copy_cpu_ns": ("checkpoints", "copy_cpu_ns"),
-    "checkpoint_total_cpu_ns": ("checkpoints", "cpu_ns"),
-    "checkpoint_wait_ns": ("checkpoints", "wait_ns"),
-    "prefill_iteration_cpu_ns": ("prefill", "cpu_ns"),
-}
+# The distributions, from the metric table (metrics.py): metric -> (its frame, its column).
+STAT_METRICS = {m.name: ("checkpoints" if m.sample == "checkpoint" else "prefill", m.columns[0])
+                for m in METRICS.values() if m.summary}
 WAIT_WARN_SHARE = 0.10
 
 

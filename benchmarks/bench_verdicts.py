@@ -19,12 +19,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ckptrace.analyzers.metrics import METRICS, POOL, compared
 from ckptrace.samples import workload_binary
 
 ABA = [("pool-off", "off"), ("pool-on", "on"), ("pool-off", "off")]
 AAA = [("A", "off"), ("B", "off"), ("A", "off")]
-POOL_METRICS = ("checkpoint_fill_ns", "checkpoint_total_ns", "checkpoint_fill_cpu_ns", "checkpoint_total_cpu_ns")
-WALL = ("checkpoint_fill_ns", "checkpoint_copy_ns", "checkpoint_total_ns", "prefill_iteration_ns")
+POOL_METRICS = POOL  # the metric table's (analyzers/metrics.py)
+WALL = tuple(m.name for m in compared() if m.wall)
 
 
 def record(path: Path, label: str, pool: str, iterations: int) -> None:
@@ -89,7 +90,7 @@ def main() -> None:
     print(json.dumps(res, indent=1))
     n = res["repetitions"]
     for stat, r in res["statistics"].items():
-        verdicts = "; ".join(f"{m}: " + ", ".join(f"{k} {v}" for k, v in sorted(r["aba"][m].items()))
+        verdicts = "; ".join(f"{METRICS[m].heading}: " + ", ".join(f"{k} {v}" for k, v in sorted(r["aba"][m].items()))
                              for m in POOL_METRICS)
         print(f"{stat}: A/B/A {verdicts}; A/A/A with a faster/slower metric: {r['aaa_reps_with_a_move']} of "
               f"{n} (other than wall times: {r['aaa_reps_with_a_move_off_wall']}; per metric {r['aaa_moves']})",

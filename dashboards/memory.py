@@ -17,6 +17,8 @@ from ckptrace.trace import time_origin
 from ckptrace.units import MIB
 
 from .legs import Leg, plain
+from ckptrace.analyzers.metrics import METRICS
+
 from .panels import Panel, layout, table_figure
 
 MAX_STEPS = 5_000  # points per line; past it, the highest value of each time bin (peaks stay)
@@ -100,9 +102,8 @@ def processes_panel(legs: list[Leg]) -> Panel:
         ("build-id", lambda p: plain((p["build_id"] or "-")[:16])),
         ("checkpoints", lambda p: str(p["summary"]["checkpoints"])),
         ("pool hits", lambda p: str(p["summary"]["pool_hits"])),
-        ("mean fill ms", lambda p: ms(p["summary"], "checkpoint_fill_ns")),
-        ("mean copy ms", lambda p: ms(p["summary"], "checkpoint_copy_ns")),
-        ("mean checkpoint ms", lambda p: ms(p["summary"], "checkpoint_total_ns")),
+        *((f"mean {METRICS[k].heading}", lambda p, k=k: ms(p["summary"], k))
+          for k in ("checkpoint_fill_ns", "checkpoint_copy_ns", "checkpoint_total_ns")),
         ("held at peak MiB", lambda p: mib(p["memory"]["peak_held_bytes"])),
         ("RSS at peak MiB", lambda p: mib(p["memory"]["peak_rss_bytes"])),
         ("exited early", lambda p: "yes" if p.get("exited_ns") else "no"),

@@ -6,6 +6,7 @@ import textwrap
 
 import pandas as pd
 
+from ckptrace.analyzers.metrics import CPU, METRICS, POOL
 from ckptrace.analyzers.summary import WAIT_WARN_SHARE
 from ckptrace.meta import TraceMeta
 from ckptrace.terminal import printable
@@ -175,18 +176,13 @@ def iteration_lines(analysis) -> list[str]:
 
 
 def summary_lines(s: dict) -> list[str]:
-    names = {"checkpoint_fill_ns": "fill", "checkpoint_copy_ns": "copy", "checkpoint_fault_ns": "fault",
-             "checkpoint_total_ns": "checkpoint total", "prefill_iteration_ns": "prefill iteration",
-             "checkpoint_fill_cpu_ns": "fill on CPU", "checkpoint_copy_cpu_ns": "copy on CPU",
-             "checkpoint_total_cpu_ns": "checkpoint on CPU", "checkpoint_wait_ns": "checkpoint wait",
-             "prefill_iteration_cpu_ns": "prefill on CPU"}
+    names = {n: m.label for n, m in METRICS.items() if m.summary}  # the metric table's (analyzers/metrics.py)
     lines = ["Summary (ms; count: values recorded)",
              f"{'':18} {'count':>6} {'mean':>9} {'median':>9} {'p90':>9} {'p99':>9}"]
     for key, name in names.items():
         d = s["stats"][key]
-        if key.endswith("cpu_ns") or key == "checkpoint_wait_ns":
-            if not d["count"]:
-                continue  # not recorded: one note below says so
+        if (METRICS[key].kind == CPU or key == "checkpoint_wait_ns") and not d["count"]:
+            continue  # on-CPU time and wait not recorded: one note below says so
         lines.append(f"{name:18} {d['count']:>6} {fmt_ms(d['mean']):>9} {fmt_ms(d['median']):>9} "
                      f"{fmt_ms(d['p90']):>9} {fmt_ms(d['p99']):>9}")
     share = s["checkpoint_share_of_prefill"]
@@ -314,13 +310,8 @@ def analysis_report(analysis, limit: int | None = 20, requests: pd.DataFrame | N
 
 # compare
 
-NAMES = {"checkpoint_fill_ns": "ckpt fill ms", "checkpoint_copy_ns": "ckpt copy ms",
-         "checkpoint_fault_ns": "ckpt fault ms", "checkpoint_total_ns": "ckpt total ms",
-         "prefill_iteration_ns": "prefill iter ms", "checkpoint_faults": "ckpt faults",
-         "checkpoint_fill_cpu_ns": "fill on-CPU ms", "checkpoint_total_cpu_ns": "total on-CPU ms",
-         "ttft_p50_ms": "ttft p50 ms", "ttft_p90_ms": "ttft p90 ms", "ttft_p99_ms": "ttft p99 ms",
-         "throughput_tok_s": "tokens/s", "restore_total_ns": "restore ms", "restore_copy_ns": "restore copy ms",
-         "prompt_save_total_ns": "prompt save ms", "prompt_save_copy_ns": "prompt save copy ms"}
+# Row names: each metric's label with its unit (analyzers/metrics.py).
+NAMES = {n: m.heading for n, m in METRICS.items()}
 
 
 def pct(x: float) -> str:
@@ -351,13 +342,14 @@ def _arm_line(c, arm: str) -> str:
 
 def _metric_lines(rows: list[dict], first: str, name_of) -> tuple[list[str], list[str]]:
     """The verdict table (one line per row) and the notes for rows without a percentage."""
-    lines = [f"{first:15} {'baseline':>8} {'candidate':>9} {'change':>7} {'95% interval':>16} {'drift':>6} verdict"]
+    w = max([15, *(len(name_of(m)) for m in rows)])  # 16 still fits 80 columns with the longest verdict
+    lines = [f"{first:{w}} {'baseline':>8} {'candidate':>9} {'change':>7} {'95% interval':>16} {'drift':>6} verdict"]
     notes = []
     for m in rows:
         interval = (f"[{pct(m['ci_low_pct'])[:-1]}, {pct(m['ci_high_pct'])[:-1]}]"
                     if math.isfinite(m["ci_low_pct"]) or math.isinf(m["ci_low_pct"]) else "-")
         name = name_of(m)
-        lines.append(f"{name:15} {value_text(m['baseline_value'], m['unit']):>8} "
+        lines.append(f"{name:{w}} {value_text(m['baseline_value'], m['unit']):>8} "
                      f"{value_text(m['candidate_value'], m['unit']):>9} {pct(m['change_pct']):>7} {interval:>16} "
                      f"{pct(m['drift_pct']).lstrip('+'):>6} {m['verdict']}")
         if math.isnan(m["change_pct"]) and not math.isnan(m["diff"]):
@@ -368,8 +360,8 @@ def _metric_lines(rows: list[dict], first: str, name_of) -> tuple[list[str], lis
     return lines, notes
 
 
-POOL_NAMES = {"checkpoint_total_ns": "total", "checkpoint_fill_ns": "fill",
-              "checkpoint_total_cpu_ns": "cpu ckpt", "checkpoint_fill_cpu_ns": "cpu fill"}
+POOL_NAMES = {n: METRICS[n].label for n in POOL}
+POOL_CLASS = {"hits": "hit", "misses": "miss"}
 
 
 def _pool_lines(c) -> list[str]:
@@ -378,7 +370,7 @@ def _pool_lines(c) -> list[str]:
     lines = ["", wrap(f"pool hits: {rates}. Hits and misses apart, each against the baseline (medians; the "
                       "baseline's own hits or misses when it has hits too):")]
     rows = [{**m, "unit": "ns"} for m in c.pool.to_dict("records")]
-    table, notes = _metric_lines(rows, "class", lambda m: f"{m['class']} {POOL_NAMES[m['metric']]}")
+    table, notes = _metric_lines(rows, "class", lambda m: f"{POOL_CLASS[m['class']]} {POOL_NAMES[m['metric']]}")
     return lines + table + [wrap(n) for n in notes]
 
 

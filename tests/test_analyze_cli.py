@@ -224,6 +224,6 @@ def test_report_shows_cpu_wait_and_estimates():
     assert rows["4d"][col["cpu"]] == "-"  # not recorded
     assert "prefill: on CPU 140.00, waiting for a CPU 35.00 of 190.00 wall" in out
     summary = {ln[:18].strip(): ln[18:].split() for ln in out.splitlines()}
-    assert summary["checkpoint on CPU"] == ["3", "-", "-", "-", "-"]  # one not recorded: no partial figures
+    assert summary["ckpt on CPU"] == ["3", "-", "-", "-", "-"]  # one not recorded: no partial figures
     assert summary["prefill on CPU"][:3] == ["2", "70.00", "70.00"]
     assert max(map(len, out.splitlines())) <= 80

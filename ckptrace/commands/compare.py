@@ -16,9 +16,9 @@ UNJUDGED_EXIT = 4
 
 
 def metric_names() -> list[str]:
-    from ckptrace.analyzers.compare import METRICS, REQUEST_METRICS
+    from ckptrace.analyzers.metrics import compared
 
-    return [*METRICS, *REQUEST_METRICS]
+    return [m.name for m in compared()]
 
 
 def split_metrics(ctx, param, value: str | None) -> list[str] | None:
@@ -69,7 +69,8 @@ times on a busy machine) and none tripped.
 @click.option("--fail-on", "fail_on", type=click.Choice(["slower", "faster", "any-change"]), default=None,
               help="Exit 3 when a metric's verdict is slower / faster / either (for CI).")
 @click.option("--metrics", "gate_metrics", callback=split_metrics, metavar="A,B",
-              help="The metrics --fail-on looks at, comma-separated (default: every metric compared).")
+              help="The metrics --fail-on looks at, comma-separated (default: every metric compared): "
+                   + ", ".join(metric_names()) + ".")
 @click.option("--require-judged", is_flag=True,
               help="Exit 4 when a metric --fail-on looks at could not be judged (not judged, not measured, "
                    "not recorded) and none tripped: a gate that saw nothing does not pass.")
