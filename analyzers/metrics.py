@@ -92,6 +92,8 @@ _ALL = [
            help="Wall time of each prompt-cache save."),
     Metric("prompt_save_copy_ns", "prompt save copy", "ns", "prompt save", ("copy_ns",), WALL, compare=True,
            help="Wall time of each prompt-cache save's copies."),
+    Metric("checkpoint_other_ns", "ckpt other", "ns", "checkpoint", ("other_ns",), WALL, compare=True,
+           help="Wall time of each checkpoint outside its fill and copy (total - fill - copy)."),
     # From each leg's request file (`ckptrace drive --json`): the statistic is the percentile itself
     # (or tokens per second), bootstrapped over the arm's completed requests.
     Metric("ttft_p50_ms", "ttft p50", "ms", "request", ("ttft_ns",), WALL, compare=True, percentile=50,

@@ -83,3 +83,15 @@ def test_the_exporter_serves_the_table_s_series():
 def test_fail_on_metrics_takes_every_compared_metric_and_refuses_others():
     p = ckptrace("compare", *LEGS, "--fail-on", "slower", "--metrics", "nonsense")
     assert p.returncode == 2 and all(m.name in p.stderr for m in compared())
+
+
+def test_a_metric_added_to_the_table_is_compared_and_shown(outputs):
+    """checkpoint_other_ns, added by one entry in analyzers/metrics.py: judged by compare, shown by
+    the text and Markdown renderers, accepted by --fail-on --metrics. The pool changes the fill,
+    not the rest of a checkpoint: other_ns is under a millisecond in every arm."""
+    other = next(r for r in outputs["compare"]["metrics"] if r["metric"] == "checkpoint_other_ns")
+    assert other["unit"] == "ns" and other["sample"] == "checkpoint" and other["samples_candidate"] == 20
+    assert 0 < other["baseline_value"] < 1e6 and 0 < other["candidate_value"] < 1e6
+    assert "\nckpt other ms " in outputs["text"] and "| ckpt other ms |" in outputs["markdown"]
+    p = ckptrace("compare", *LEGS, "--fail-on", "any-change", "--metrics", "checkpoint_other_ns")
+    assert p.returncode in (0, 3) and "--metrics" not in p.stderr, p.stderr
