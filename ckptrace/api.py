@@ -25,7 +25,7 @@ from ckptrace.meta import TraceMeta
 from ckptrace.renderers.json import SCHEMA_VERSION
 from ckptrace.requests_file import leg_requests, read_requests, request_pid_choices
 from ckptrace.terminal import printable
-from ckptrace.trace import BATCH_ROWS, TraceFile, read_trace
+from ckptrace.trace import BATCH_ROWS, Trace as TraceData, TraceFile, read_trace
 
 __all__ = ["SCHEMA_VERSION", "Comparison", "Trace", "compare", "compare_processes", "open"]
 
@@ -78,7 +78,7 @@ class Trace:
     @property
     def label(self) -> str:
         """The recording's label (`record --label`; else the file's name): how compare groups legs."""
-        return self.meta.label or os.path.splitext(os.path.basename(self.path))[0]
+        return TraceData(events=None, meta=self.meta, path=self.path).label
 
     @cached_property
     def analysis(self) -> Analysis:
@@ -253,7 +253,15 @@ def legs_with_requests(traces: Sequence, requests=None, requests_pid: Iterable[s
     paths = [t.path if isinstance(t, Trace) else os.fspath(t) for t in traces]
     frames = leg_requests(paths, tuple(requests or ()))
     choices = request_pid_choices(paths, frames, tuple(requests_pid))
-    legs = [t if isinstance(t, Trace) else Trace(t) for t in traces]
+    legs: list[Trace] = []
+    try:
+        for t in traces:
+            legs.append(t if isinstance(t, Trace) else Trace(t))
+    except BaseException:
+        for leg, given in zip(legs, traces):
+            if leg is not given:
+                leg.close()
+        raise
     if frames is not None:
         for leg, frame in zip(legs, frames):
             if frame is not None:
@@ -271,10 +279,12 @@ def compare(traces: Sequence, *, requests=None, requests_pid: Iterable[str] = ()
     without; default: NAME.requests.json beside each trace where there is one) adds TTFT and
     throughput; `requests_pid`: the process they went to, once or per leg."""
     legs, frames, pids, alone = legs_with_requests(traces, requests, requests_pid)
-    analyses = [process_analysis(leg.analysis, pid) for leg, pid in zip(legs, pids)]
-    for leg, given in zip(legs, traces):
-        if leg is not given:
-            leg.close()  # opened here: its tables are computed
+    try:
+        analyses = [process_analysis(leg.analysis, pid) for leg, pid in zip(legs, pids)]
+    finally:
+        for leg, given in zip(legs, traces):
+            if leg is not given:
+                leg.close()  # opened here: its tables are computed (or it failed)
     result = compare_analyses(analyses, seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, requests=frames)
     result.warnings += alone
     return Comparison(result)
