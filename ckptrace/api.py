@@ -17,6 +17,7 @@ import pandas as pd
 
 from ckptrace.analyzers import Analysis, analyze_file
 from ckptrace.analyzers.compare import Comparison as Result, compare as compare_analyses, compare_per_process, gate
+from ckptrace.analyzers.gpu import GPU_COPY_COLUMNS, gpu_summary
 from ckptrace.analyzers.metrics import METRICS as REGISTRY
 from ckptrace.analyzers.requests import (process_analysis, request_pids, request_process, request_summary,
                                          request_table)
@@ -25,7 +26,7 @@ from ckptrace.meta import TraceMeta
 from ckptrace.renderers.json import SCHEMA_VERSION
 from ckptrace.requests_file import leg_requests, read_requests, request_pid_choices
 from ckptrace.terminal import printable
-from ckptrace.trace import BATCH_ROWS, Trace as TraceData, TraceFile, read_trace
+from ckptrace.trace import BATCH_ROWS, Trace as TraceData, TraceFile, empty_frame, read_trace
 
 __all__ = ["SCHEMA_VERSION", "Comparison", "Trace", "compare", "compare_processes", "open"]
 
@@ -123,6 +124,18 @@ class Trace:
         """One row per prompt-cache save and its copies."""
         return self.analysis.prompt_saves
 
+    def gpu_copies(self) -> pd.DataFrame:
+        """One row per state copy that made CUDA calls (analyzers/gpu.py): enqueue, wait and host
+        time, where it copied to (`dst`), the destination's and the driver's faults. Empty for a
+        trace of no CUDA target (`meta.gpu` is None)."""
+        gpu = self.analysis.gpu
+        return empty_frame(GPU_COPY_COLUMNS) if gpu is None else gpu
+
+    def gpu_summary(self) -> dict | None:
+        """The CUDA copies by destination (analyze --json's gpu.summary); None without a CUDA target."""
+        gpu = self.analysis.gpu
+        return None if gpu is None else gpu_summary(gpu)
+
     def summary(self, process: int | str | None = None) -> pd.DataFrame:
         """The distributions, one row per metric (index `metric`, as analyze --json's
         summary.stats): label, unit, count (values recorded), not_recorded, mean, median, p90, p99
@@ -163,7 +176,7 @@ class Trace:
         """Every derived table by name (what `analyze --parquet DIR` writes, one file each)."""
         return {"checkpoints": self.checkpoints(), "iterations": self.iterations(), "restores": self.restores(),
                 "evictions": self.evictions(), "prompt_saves": self.prompt_saves(), "releases": self.releases(),
-                "summary": self.summary().reset_index(), "processes": self.processes}
+                "summary": self.summary().reset_index(), "processes": self.processes, "gpu_copies": self.gpu_copies()}
 
     # -- helpers
 

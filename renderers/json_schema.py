@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.analyzers.checkpoints import CHECKPOINT_COLUMNS
+from ckptrace.analyzers.gpu import GPU_COPY_COLUMNS
 from ckptrace.analyzers.compare import LEG_COLUMNS, MEMORY_COLUMNS, METRIC_COLUMNS, POOL_COLUMNS
 from ckptrace.analyzers.iterations import ITERATION_COLUMNS
 from ckptrace.analyzers.memory import RELEASE_COLUMNS
@@ -102,7 +103,10 @@ def analyze_schema() -> dict:
         "iterations": rows(ITERATION_COLUMNS), "summary": SUMMARY, "memory": MEMORY,
         "processes": {"type": "array", "items": PROCESS},
         "restores": rows(RESTORE_COLUMNS), "evictions": rows(EVICTION_COLUMNS),
-        "prompt_saves": rows(PROMPT_SAVE_COLUMNS), "requests": rows(REQUEST_COLUMNS)}, optional=("requests",))}
+        "prompt_saves": rows(PROMPT_SAVE_COLUMNS), "requests": rows(REQUEST_COLUMNS),
+        # a trace recorded with a CUDA target (trace format 4): its copies, by destination
+        "gpu": strict({"summary": {"type": "object"}, "copies": rows(GPU_COPY_COLUMNS)})},
+        optional=("requests", "gpu"))}
 
 
 def comparison(extra: dict | None = None) -> dict:

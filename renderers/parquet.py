@@ -19,7 +19,8 @@ from ckptrace.output import write_output
 
 from .csv import make_folder
 
-TABLES = ("checkpoints", "iterations", "restores", "evictions", "prompt_saves", "releases", "summary", "processes")
+TABLES = ("checkpoints", "iterations", "restores", "evictions", "prompt_saves", "releases", "summary", "processes",
+          "gpu_copies")  # gpu_copies: empty for a trace of no CUDA target
 
 
 def parquet_paths(directory: str, requests: bool) -> list[Path]:

@@ -21,7 +21,7 @@ import ckptrace
 from ckptrace.analyzers.checkpoints import CHECKPOINT_COLUMNS
 from ckptrace.analyzers.iterations import ITERATION_COLUMNS
 from ckptrace.errors import AnalysisError
-from helpers import assert_one_line_error, ckptrace as run_ckptrace
+from helpers import assert_one_line_error, ckptrace as run_ckptrace, validate_json
 
 REPO = Path(__file__).resolve().parent.parent
 SAMPLES = REPO / "samples" / "traces"
@@ -60,6 +60,27 @@ def test_a_notebook_on_the_documented_api_reproduces_analyze_and_compare_json():
     assert {m["verdict"] for m in want["metrics"]} - {"not judged"}  # something was judged
 
 
+@pytest.mark.ebpf
+def test_a_cuda_trace_through_the_notebook_and_the_schema(require_root_ebpf, tmp_path):
+    """A trace of a CUDA target (the stub driver, trace format 4) has analyze --json's `gpu` block:
+    the notebook rebuilds it from gpu_copies() and gpu_summary(), and it fits the schema."""
+    from ckptrace.samples import workload_binary
+
+    trace = tmp_path / "cuda.parquet"
+    p = run_ckptrace("record", "--quiet", "-o", trace, "--", workload_binary(variant="cuda"), "--iterations", "3",
+                     "--cuda-dst", "cycle", timeout=300)
+    assert p.returncode == 0, p.stderr
+    want = cli_json("analyze", trace)
+    assert len(want["gpu"]["copies"]) == len(want["checkpoints"]) > 0
+    validate_json("analyze", want)
+    p = subprocess.run([sys.executable, str(REPO / "docs" / "examples" / "reproduce_json.py"), str(trace)],
+                       capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["analyze"][str(trace)] == want
+    with ckptrace.open(trace) as t:
+        assert len(t.tables()["gpu_copies"]) == len(want["gpu"]["copies"])
+
+
 def test_the_api_gives_typed_frames_with_units_in_their_names():
     with ckptrace.open(LEGS[1]) as t:
         ck, it = t.checkpoints(), t.iterations()
@@ -73,6 +94,7 @@ def test_the_api_gives_typed_frames_with_units_in_their_names():
         assert list(t.processes["pid"]) == [t.meta.pid]
         assert t.summary(t.meta.pid).equals(s)  # one process: its own summary is the trace's
         assert len(t.events()) == t.meta.events
+        assert t.gpu_summary() is None and t.gpu_copies().empty  # no CUDA target
         with pytest.raises(AnalysisError, match="not one of its processes"):
             t.summary(12345678)
     c = ckptrace.compare(LEGS[:3])

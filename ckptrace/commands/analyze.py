@@ -21,7 +21,7 @@ Examples:
 @click.option("--csv", "csv_dir", metavar="DIR", help="Also write checkpoints.csv and iterations.csv into DIR.")
 @click.option("--parquet", "parquet_dir", metavar="DIR",
               help="Also write every derived table as Parquet into DIR (checkpoints, iterations, restores, "
-                   "evictions, prompt_saves, releases, summary, processes; requests with --requests): for "
+                   "evictions, prompt_saves, releases, summary, processes, gpu_copies; requests with --requests): for "
                    "DuckDB or pandas (docs/api.md, 'SQL over a trace').")
 @click.option("--requests", "requests_file", metavar="FILE",
               help="Request file of the load that ran while TRACE was recorded (`ckptrace drive --json -o "

@@ -3,7 +3,8 @@
 #
 # Notebook-style (each `# %%` is a cell): every figure comes from `ckptrace.open()` and
 # `ckptrace.compare()` (docs/api.md); pandas and json do the rest. Run as a script, it prints
-# {"analyze": {TRACE: document, ...}, "compare": document} for the traces given, which
+# {"analyze": {TRACE: document, ...}, "compare": document} for the traces given (compare with
+# two or more), which
 # tests/test_api.py holds equal to what the commands print:
 #
 #     python docs/examples/reproduce_json.py samples/traces/{1-pool-off,2-pool-on,3-pool-off}.parquet
@@ -48,11 +49,14 @@ def analyze_doc(path: str) -> dict:
     with ckptrace.open(path) as t:
         processes = [{**p, "summary": summary_of(t, p["pid"]), "memory": memory_of(t, p["pid"])}
                      for p in rows(t.processes)]
-        return {"schema_version": ckptrace.SCHEMA_VERSION, "trace": t.meta.to_json(),
-                "checkpoints": rows(t.checkpoints()), "iterations": rows(t.iterations()),
-                "summary": summary_of(t), "memory": memory_of(t), "processes": processes,
-                "restores": rows(t.restores()), "evictions": rows(t.evictions()),
-                "prompt_saves": rows(t.prompt_saves())}
+        doc = {"schema_version": ckptrace.SCHEMA_VERSION, "trace": t.meta.to_json(),
+               "checkpoints": rows(t.checkpoints()), "iterations": rows(t.iterations()),
+               "summary": summary_of(t), "memory": memory_of(t), "processes": processes,
+               "restores": rows(t.restores()), "evictions": rows(t.evictions()),
+               "prompt_saves": rows(t.prompt_saves())}
+        if t.meta.gpu is not None:  # recorded with a CUDA target: its copies
+            doc["gpu"] = {"summary": t.gpu_summary(), "copies": rows(t.gpu_copies())}
+        return doc
 
 
 # %% [markdown]
@@ -73,5 +77,7 @@ def compare_doc(paths: list[str]) -> dict:
 # %%
 if __name__ == "__main__":
     paths = sys.argv[1:]
-    doc = {"analyze": {p: analyze_doc(p) for p in paths}, "compare": compare_doc(paths)}
+    doc = {"analyze": {p: analyze_doc(p) for p in paths}}
+    if len(paths) > 1:
+        doc["compare"] = compare_doc(paths)
     print(json.dumps(doc, default=str, allow_nan=False))
