@@ -154,7 +154,7 @@ def restores_recorded(trace: Trace) -> bool:
                 or any(p.point in RESTORE_POINTS for p in trace.meta.probes))
 
 
-def _overlap(ws: np.ndarray, we: np.ndarray, spans: pd.DataFrame, values: dict[str, np.ndarray]
+def overlap(ws: np.ndarray, we: np.ndarray, spans: pd.DataFrame, values: dict[str, np.ndarray]
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, np.ndarray]]:
     """Per window: summed overlap (ns), spans met, spans cut, and sum of overlap x each value's
     per-ns rate (NaN where a met span's value is NaN)."""
@@ -235,13 +235,13 @@ def request_table(requests: pd.DataFrame, analysis, source: str = "request file"
     # Checkpoint time: create spans whole, and the checkpoints outside them.
     creates = select(ev, kind_mask(ev, "create"), ["tid", "start_ns", "end_ns", "cpu_ns", "wait_ns"])
     in_create = enclosing(ck, creates) >= 0
-    cr_total, _, cr_cut, cr_vals = _overlap(ws, we, creates, _clocks(creates))
-    lone_total, _, lone_cut, lone_vals = _overlap(ws, we, ck.loc[~in_create], _clocks(ck.loc[~in_create]))
-    nested_total = _overlap(ws, we, ck.loc[in_create], {})[0]
-    ck_met = _overlap(ws, we, ck, {})[1]
+    cr_total, _, cr_cut, cr_vals = overlap(ws, we, creates, _clocks(creates))
+    lone_total, _, lone_cut, lone_vals = overlap(ws, we, ck.loc[~in_create], _clocks(ck.loc[~in_create]))
+    nested_total = overlap(ws, we, ck.loc[in_create], {})[0]
+    ck_met = overlap(ws, we, ck, {})[1]
     ck_total = cr_total + lone_total
-    fill_total, _, _, fill_vals = _overlap(ws, we, fills, {"fault": per_span(fills, "fill_fault_ns", "fill_ns")})
-    copy_total, _, _, copy_vals = _overlap(ws, we, copies, {"fault": per_span(copies, "copy_fault_ns", "copy_ns")})
+    fill_total, _, _, fill_vals = overlap(ws, we, fills, {"fault": per_span(fills, "fill_fault_ns", "fill_ns")})
+    copy_total, _, _, copy_vals = overlap(ws, we, copies, {"fault": per_span(copies, "copy_fault_ns", "copy_ns")})
     watched = restores_recorded(trace)
     restore = select(ev, kind_mask(ev, "restore"), ["tid", "start_ns", "end_ns"])
     restore_copy = select(ev, kind_mask(ev, "restore_copy"), ["tid", "start_ns", "end_ns"])
@@ -252,8 +252,8 @@ def request_table(requests: pd.DataFrame, analysis, source: str = "request file"
     # their lengths bounded together (sums.py), every such figure is exact.
     bound(f"{printable(trace.path or trace.label)}: the span lengths a request's breakdown adds",
           *((f["end_ns"] - f["start_ns"]).to_numpy() for f in (creates, ck, fills, copies, restore, restore_copy)))
-    rs_total, _, rs_cut, _ = _overlap(ws, we, pd.concat([restore, alone]), {})
-    rc_total, _, _, _ = _overlap(ws, we, restore_copy, {})
+    rs_total, _, rs_cut, _ = overlap(ws, we, pd.concat([restore, alone]), {})
+    rc_total, _, _, _ = overlap(ws, we, restore_copy, {})
 
     stall = ck_total + (rs_total if watched else 0)
     ttft_i = np.nan_to_num(ttft).astype("int64")

@@ -581,7 +581,7 @@ def ttft_saved(r: Replay, inp: ReplayInput, request_rows: pd.DataFrame) -> pd.Da
     window; a checkpoint on the server thread stalls every request in flight, so one hit can
     shorten several), and the TTFT less that. An estimate: it assumes nothing else moves. NA
     where the request has no breakdown (not wholly inside the recording, or failed)."""
-    from .requests import _overlap
+    from .requests import overlap
 
     out = r.outcomes
     hits = out["outcome"].to_numpy() == "hit"
@@ -590,7 +590,7 @@ def ttft_saved(r: Replay, inp: ReplayInput, request_rows: pd.DataFrame) -> pd.Da
     ok = request_rows["in_recording"].to_numpy(bool) & request_rows["ttft_ns"].notna().to_numpy()
     ws = request_rows["start_ns"].to_numpy("int64")
     we = request_rows["first_token_ns"].to_numpy("int64", na_value=0)
-    _, met, _, part = _overlap(ws, np.where(ok, we, ws), fills,
+    _, met, _, part = overlap(ws, np.where(ok, we, ws), fills,
                                {"saved": out["saved_ns"].to_numpy("float64")[hits]})
     saved = pd.array(np.rint(part["saved"]).astype("int64"), dtype="Int64")
     saved[~ok] = pd.NA

@@ -18,7 +18,7 @@ from ckptrace.errors import AnalysisError
 from ckptrace.units import MIB
 
 from .legs import Leg
-from .panels import Panel, _layout
+from .panels import Panel, layout
 
 
 def whatif_panel(legs: list[Leg]) -> Panel:
@@ -61,7 +61,7 @@ def whatif_panel(legs: list[Leg]) -> Panel:
                      notes)
     fig.update_xaxes(title_text="byte cap (MiB)", rangemode="tozero")
     fig.update_yaxes(rangemode="tozero")
-    _layout(fig, "What a pool would do (PR #201's rules at each byte cap, replayed on the pool-off legs; "
+    layout(fig, "What a pool would do (PR #201's rules at each byte cap, replayed on the pool-off legs; "
                  "dotted: PR #201's own cap)", 460)
     if wall:
         notes.append("On-CPU time not recorded in " + ", ".join(wall) + ": the saving shown is wall time.")

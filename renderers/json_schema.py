@@ -164,8 +164,21 @@ def demo_schema() -> dict:
         "requests": {"type": "array"}}, optional=("requests",))}
 
 
+def whatif_schema() -> dict:
+    from ckptrace.analyzers.whatif import OUTCOME_COLUMNS, POOLED_COLUMNS
+
+    process = loose(["trace", "pid", "label", "warnings"], {
+        "trace": {"type": "string"}, "pid": {"type": "integer"}, "label": {"type": "string"},
+        "warnings": {"type": "array", "items": {"type": "string"}},
+        "summary": loose(["gets", "hits", "misses", "pooled_hwm_bytes", "faults_avoided", "fill_cpu_saved_ns"]),
+        "outcomes": rows(OUTCOME_COLUMNS), "pooled": rows(POOLED_COLUMNS)})
+    return {"$schema": DRAFT, "title": "ckptrace whatif --json", **strict({
+        "schema_version": VERSION, "processes": {"type": "array", "items": process},
+        "warnings": {"type": "array", "items": {"type": "string"}}})}
+
+
 SCHEMAS = {"analyze": analyze_schema, "compare": compare_schema, "doctor": doctor_schema, "drive": drive_schema,
-           "record": record_schema, "symbols": symbols_schema, "demo": demo_schema}
+           "record": record_schema, "symbols": symbols_schema, "demo": demo_schema, "whatif": whatif_schema}
 
 
 def schema_text(name: str) -> str:

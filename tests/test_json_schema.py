@@ -64,6 +64,14 @@ def test_analyze_and_compare_validate_and_the_schemas_say_something():
     validate("compare", out("compare", *LEGS, "--per-process"))
 
 
+def test_whatif_validates():
+    doc = out("whatif", *LEGS[::2], "--cap-bytes", "1GiB")
+    validate("whatif", doc)
+    assert doc["processes"] and doc["processes"][0]["summary"]["gets"] > 0
+    del doc["processes"][0]["outcomes"][0]["bytes"]
+    assert invalid("whatif", doc)
+
+
 @pytest.mark.ebpf
 def test_doctor_symbols_and_record_validate(require_root_ebpf, workload, tmp_path):
     validate("doctor", out("doctor"))

@@ -110,8 +110,8 @@ def command(traces, policy_name, cap_bytes, count, floor, evict, trim_idle, fit,
     RSS would come near the process's cgroup memory limit, as the trace recorded it.
     """
     from ckptrace.analyzers.whatif import POLICIES
-    from ckptrace.commands.compare import leg_requests, request_pid_choices
-    from ckptrace.renderers.json import dumps
+    from ckptrace.requests_file import leg_requests, request_pid_choices
+    from ckptrace.renderers.json import dumps, versioned
     from ckptrace.renderers.whatif import whatif_json, whatif_report
 
     try:
@@ -135,7 +135,7 @@ def command(traces, policy_name, cap_bytes, count, floor, evict, trim_idle, fit,
         for w in p.warnings:
             click.echo(f"ckptrace: warning: {w}", err=True)
     if as_json:
-        click.echo(dumps(whatif_json(results)))
+        click.echo(dumps(versioned(whatif_json(results))))
     else:
         echo(whatif_report(results, None if show_all else rows))
 
