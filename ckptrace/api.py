@@ -158,6 +158,12 @@ class Trace:
         m = self._memory(process)
         return pd.DataFrame([{k: m[k] for k in MEMORY_COLUMNS}], columns=list(MEMORY_COLUMNS)).astype(MEMORY_COLUMNS)
 
+    def memory_limit(self, process: int | str | None = None) -> dict | None:
+        """The cgroup memory limit check (analyzers/whatif.py `limit_report`: the limit the trace
+        recorded, RSS and what llama.cpp PR #201's pool would hold at peak, a warning when near); None
+        unless the recording kept a limit."""
+        return self._memory(process).get("limit")
+
     def releases(self, process: int | str | None = None) -> pd.DataFrame:
         """One row per release of checkpoint buffer memory (an munmap or mremap that gave pages back)."""
         return self._memory(process)["releases"]

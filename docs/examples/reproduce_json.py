@@ -42,7 +42,7 @@ def summary_of(t: ckptrace.Trace, process=None) -> dict:
 
 
 def memory_of(t: ckptrace.Trace, process=None) -> dict:
-    return {**rows(t.memory(process))[0], "releases": rows(t.releases(process))}
+    return {**rows(t.memory(process))[0], "releases": rows(t.releases(process)), "limit": t.memory_limit(process)}
 
 
 def analyze_doc(path: str) -> dict:
