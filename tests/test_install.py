@@ -203,7 +203,7 @@ def pandas_floor(dists, tmp_path_factory):
 
 
 def test_pandas_2_2_gives_the_same_output_as_pandas_3(pandas_floor, tmp_path):
-    """Every figure of analyze --json and compare --json, and the documented API's notebook, under
+    """Every figure of analyze --json, compare --json and whatif --json, and the documented API's notebook, under
     pandas 2.2 (copy-on-write turned on by ckptrace) equal this run's under pandas 3."""
     venv, cwd = pandas_floor
     py, exe = venv / "bin" / "python", venv / "bin" / "ckptrace"
@@ -213,7 +213,8 @@ def test_pandas_2_2_gives_the_same_output_as_pandas_3(pandas_floor, tmp_path):
     assert int(pandas.__version__.split(".")[0]) >= 3  # this run's own: the other side of the comparison
     legs = [REPO / "samples" / "traces" / f"{leg}.parquet" for leg in LEGS]
     here = [sys.executable, "-m", "ckptrace"]
-    for argv in [["analyze", leg, "--json"] for leg in legs] + [["compare", *legs, "--json"]]:
+    for argv in [["analyze", leg, "--json"] for leg in legs] + [["compare", *legs, "--json"],
+                                                                ["whatif", *legs[::2], "--cap-bytes", "1GiB", "--json"]]:
         old, new = run([exe, *argv], cwd=cwd).stdout, run([*here, *argv], cwd=cwd).stdout
         assert old == new, argv
     notebook = [REPO / "docs" / "examples" / "reproduce_json.py", *legs]
