@@ -90,6 +90,28 @@ class ProcessMemory:
 
 
 @dataclass
+class MachineState:
+    """What else the machine was doing while the leg was recorded (probes/machine.py). None: not
+    available on this machine; `recorded` False (or no `machine` at all): not recorded."""
+    recorded: bool = False
+    note: str = "not recorded"
+    interval_s: float = 0.0
+    cpus: int = 0
+    windows: int = 0  # windows of about one second behind the lowest and highest figures
+    others_cores: float | None = None  # other tasks' CPU time per second, mean over the leg
+    others_cores_min: float | None = None
+    others_cores_max: float | None = None
+    target_cores: float | None = None  # the traced processes' own
+    steal_share: float | None = None  # of all CPU time
+    psi_cpu_some: float | None = None  # share of the time some task waited for a CPU
+    psi_memory_some: float | None = None  # share of the time some task stalled on memory
+    psi_memory_full: float | None = None  # ... every task did
+    cpu_mhz_min: float | None = None
+    cpu_mhz_max: float | None = None
+    throttle_events: int | None = None  # thermal throttling over the leg
+
+
+@dataclass
 class ProcessInfo:
     """One recorded process (version 3; a trace of several processes has one per process)."""
     pid: int
@@ -165,6 +187,7 @@ class TraceMeta:
     # Version 4: the CUDA copy path, for a recording with a CUDA target; None (and no key written):
     # no CUDA library was probed
     gpu: GpuInfo | None = field(default=None, metadata={"omit_none": True})
+    machine: MachineState | None = None  # what else the machine was doing; None: not recorded
     # The file's own format stamp as read; write_trace stamps the writer's.
     format: str | None = None
     version: int | None = None

@@ -33,6 +33,7 @@ from ckptrace.probes import cuda, fault_time, kernel
 from ckptrace.probes.process_memory import host_memory_bytes, read_process_memory
 from ckptrace.probes.target import alive, comm_of, process_of, processes_named, resident_members, start_time
 from ckptrace.probes.launch import HeldChild
+from ckptrace.probes.machine import MachineSampler
 from ckptrace.output import OutputError, check_output, write_new, write_output
 from ckptrace.terminal import printable
 from ckptrace.stream import CUT_SHORT, Recording, StreamFull, batches
@@ -259,6 +260,8 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
             child.abandon()
         raise
     session = _Session(bpf, opts, sched_recorded=sched is not None, out=out, gpu=meta.gpu is not None)
+    session.machine = MachineSampler([t.pid for t in targets], child.pid if child else None)
+    session.machine.start()
     _say(_start_line(opts, targets, child, command, attached, meta.sched_counters))
 
     stop_reason = "interrupted"
@@ -283,6 +286,7 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
             child.terminate()  # we started it: we stop it
         meta.exit_code = child.exit_code if child else None
         meta.stop_ns = time.monotonic_ns()
+        meta.machine = session.machine.stop()
         session.drain()
         session.flush()
         session.clear_status()
@@ -833,6 +837,7 @@ class _Session:
         self.fault_on = False
         self.fault_slices = 0
         self.status_drawn = False
+        self.machine = MachineSampler([])  # record() gives it the targets (probes/machine.py)
         bpf[b"events"].open_ring_buffer(self._on_event)
 
     def _on_event(self, ctx, data, size):
@@ -876,6 +881,7 @@ class _Session:
                 for t in targets:  # a process may move to another cgroup after it starts (a wrapper)
                     if t.ended_ns is None:
                         t.read_memory()
+                self.machine.sample()
                 if self.full:
                     return "disk full"
             if self.stop_reason:
