@@ -57,9 +57,11 @@ from ckptrace.trace import Trace
 from ckptrace.units import MIB
 
 from . import Analysis, analyze_processes, analyze_trace
-from .metrics import METRICS as REGISTRY, POOL, compared
+from .metrics import COUNT, METRICS as REGISTRY, POOL, compared
+from . import machine_state
 from .processes import process_label
 from .summary import WAIT_WARN_SHARE
+from .warmup import AUTO, Warmup, described, split
 from .whatif import limit_warnings
 
 # The compared metrics, from the metric table (metrics.py): metric -> (sample unit, column or
@@ -75,6 +77,9 @@ PROMPT_SAVE_METRICS = tuple(m.name for m in compared("prompt save"))
 REQUEST_METRICS: dict[str, tuple[int | None, str]] = {m.name: (m.percentile, m.unit) for m in compared("request")}
 # Wall-clock metrics: they include run-queue wait, so a busy machine moves them (see "Busy machine").
 WALL_METRICS = frozenset(m.name for m in compared() if m.wall)
+# What the machine's state moves (machine_state.py): wall times, and on-CPU time of memory-bound
+# work and the fault time taken from it; exact counts (checkpoint_faults) are not moved.
+STATE_MOVED = frozenset(m.name for m in compared() if m.kind != COUNT)
 JUDGED = ("faster", "slower", "no change", "within drift")
 NOT_JUDGED = "not judged"
 MIN_SAMPLES = 5
@@ -83,14 +88,15 @@ SAMPLES_NOTE = ("each arm's samples are the per-checkpoint values (per prefill i
 
 LEG_COLUMNS = {"leg": "int64", "label": "str", "arm": pd.CategoricalDtype(["baseline", "candidate"]),
                "path": "str", "checkpoints": "int64", "prefill_iterations": "int64", "build_ids": "str",
-               "lost_events": "int64", "pool_hits": "int64", "requests": "Int64"}
+               "lost_events": "int64", "pool_hits": "int64", "requests": "Int64",
+               "warmup_iterations": "int64", "cold_checkpoints": "int64", "judged": "bool"}
 METRIC_COLUMNS = {"metric": "str", "unit": "str", "sample": "str", "statistic": "str",
                   "baseline_value": "float64", "candidate_value": "float64", "change_pct": "float64",
                   "ci_low_pct": "float64", "ci_high_pct": "float64", "drift_pct": "float64", "verdict": "str",
                   "samples_baseline": "int64", "samples_candidate": "int64", "diff": "float64",
                   "diff_ci_low": "float64", "diff_ci_high": "float64", "drift_abs": "float64",
                   "baseline_median": "float64", "candidate_median": "float64",
-                  "baseline_mean": "float64", "candidate_mean": "float64"}
+                  "baseline_mean": "float64", "candidate_mean": "float64", "why": "str"}
 
 
 def _trimmed_mean(x: np.ndarray, axis: int = -1) -> np.ndarray:
@@ -119,6 +125,10 @@ class Comparison:
     statistic: str = "median"
     pool: pd.DataFrame | None = None  # hits and misses against the baseline (when a leg had pool hits)
     memory: pd.DataFrame | None = None  # what the candidate costs in memory (_memory_rows)
+    warmup: pd.DataFrame | None = None  # each arm's warm-up, reported apart (_warmup_rows)
+    warmup_setting: int | str = AUTO
+    machine: dict | None = None  # the machine-state guard (_machine_doc)
+    headline: dict | None = None  # the answer in one sentence and its figures (headline.py)
 
 
 def _rows_of(a: Analysis, source: str) -> pd.DataFrame:
@@ -141,6 +151,16 @@ def _samples(a: Analysis, metric: str, rows: np.ndarray | None = None) -> np.nda
     if values.isna().any():
         return np.empty(0)
     return values.to_numpy(dtype="float64")
+
+
+def _part(w: Warmup, source: str, cold: bool = False) -> np.ndarray | None:
+    """The rows of `source` (see _rows_of) in the warm-up (`cold`) or after it; None: every row
+    (restores and prompt saves are not split)."""
+    if source == "checkpoint":
+        return w.cold if cold else w.warm
+    if source == "prefill iteration":
+        return w.warmup_iterations if cold else w.warm_iterations
+    return None
 
 
 def _not_recorded(a: Analysis, metric: str) -> bool:
@@ -253,7 +273,7 @@ def _leg_name(i: int, a: Analysis) -> str:
     return f"leg {i + 1} ({a.trace.label})"
 
 
-def _warnings(analyses: list[Analysis], arms: list[str]) -> list[str]:
+def _warnings(analyses: list[Analysis], arms: list[str], g) -> list[str]:
     out = []
     base = [(i, a) for i, (a, arm) in enumerate(zip(analyses, arms)) if arm == "baseline"]
     if len(base) < 2:
@@ -294,7 +314,7 @@ def _warnings(analyses: list[Analysis], arms: list[str]) -> list[str]:
             out.append(f"{_leg_name(i, a)}: {s['reliability']}")
         out += [f"{_leg_name(i, a)}: {w}" for w in limit_warnings(a)]
         shares = [x for x in (s.get("wait_share"), s.get("prefill_wait_share")) if x is not None]
-        if shares and max(shares) > WAIT_WARN_SHARE:
+        if shares and max(shares) > WAIT_WARN_SHARE and not g.recorded:  # else the machine-state guard says it
             out.append(f"{_leg_name(i, a)} spent {max(shares) * 100:.0f}% of its spans' time waiting for a CPU: "
                        f"wall times measure the machine's load, so wall-time metrics read '{NOT_JUDGED}'; "
                        "read the on-CPU metrics (*_cpu_ns)")
@@ -317,7 +337,8 @@ def _signed_ms(ns: float) -> str:
     return f"{ns / 1e6:+.2f} ms"
 
 
-def _explain(m: pd.DataFrame, analyses: list[Analysis], arms: list[str], baseline: str, candidate: str) -> str:
+def _explain(m: pd.DataFrame, analyses: list[Analysis], arms: list[str], warm: list[Warmup], baseline: str,
+             candidate: str) -> str:
     r = m.set_index("metric")
 
     def said(metric):
@@ -340,9 +361,9 @@ def _explain(m: pd.DataFrame, analyses: list[Analysis], arms: list[str], baselin
         return head + " No checkpoint phase moved beyond its interval and the baseline drift."
 
     # Means add up (total = fill + copy + other), so they split the change between phases.
-    def mean_of(arm, col):
-        return float(np.mean(np.concatenate([a.checkpoints[col].to_numpy(dtype="float64", na_value=np.nan)
-                                             for a, x in zip(analyses, arms) if x == arm])))
+    def mean_of(arm, col):  # over the warm checkpoints, as the metrics
+        return float(np.mean(np.concatenate([a.checkpoints[col].to_numpy(dtype="float64", na_value=np.nan)[w.warm]
+                                             for a, x, w in zip(analyses, arms, warm) if x == arm and not w.short])))
 
     cols = ({"fill": "fill_cpu_ns", "copy": "copy_cpu_ns", "total": "cpu_ns"} if busy
             else {"fill": "fill_ns", "copy": "copy_ns", "total": "total_ns"})
@@ -422,28 +443,71 @@ POOL_COLUMNS = {"class": "str", "metric": "str", **{k: v for k, v in METRIC_COLU
                                                      if k not in ("metric", "unit", "sample")}}
 
 
-def _pool_rows(analyses: list[Analysis], arms: list[str], seed: int, n_boot: int, min_effect_pct: float) -> pd.DataFrame:
-    """Pool hits and misses of each arm, each against the baseline (see the module docstring)."""
-    def legs_of(arm, hit=None):
+# Pool classes: (name, pool hit, cold). Warm hits and misses keep their names ("hits", "misses").
+POOL_CLASSES = (("hits", True, False), ("misses", False, False), ("cold hits", True, True),
+                ("cold misses", False, True))
+NO_BASELINE = "no baseline"  # a class the baseline lacks: shown, not judged
+TOO_FEW = "too few samples"  # an arm with fewer than MIN_SAMPLES of the class: shown, not judged
+
+
+def _pool_rows(analyses: list[Analysis], arms: list[str], warm: list[Warmup], seed: int, n_boot: int,
+               min_effect_pct: float) -> pd.DataFrame:
+    """Pool hits and misses of each arm, warm and cold apart, each against the baseline's of the
+    same class (see the module docstring)."""
+    def legs_of(arm, hit, cold):
         out = {m: [] for m in POOL_METRICS}
-        for a, x in zip(analyses, arms):
-            if x == arm:
-                rows = None if hit is None else (a.checkpoints["pool_hit"] == hit).to_numpy()
+        for a, x, w in zip(analyses, arms, warm):
+            if x == arm and not w.short:
+                rows = _part(w, "checkpoint", cold)
+                if hit is not None:
+                    rows = rows & (a.checkpoints["pool_hit"] == hit).to_numpy()
                 for m in POOL_METRICS:
                     out[m].append(_samples(a, m, rows))
         return out
 
     base_hits = sum(int(a.checkpoints["pool_hit"].sum()) for a, x in zip(analyses, arms) if x == "baseline")
     rows = []
-    for j, (cls, hit) in enumerate((("hits", True), ("misses", False))):
-        cand = legs_of("candidate", hit)
-        base = legs_of("baseline", hit if base_hits else None)
+    for j, (cls, hit, cold) in enumerate(POOL_CLASSES):
+        cand = legs_of("candidate", hit, cold)
+        base = legs_of("baseline", hit if base_hits else None, cold)
         for k, m in enumerate(POOL_METRICS):
-            if not sum(len(x) for x in cand[m]) or not sum(len(x) for x in base[m]):
+            nc, nb = sum(len(x) for x in cand[m]), sum(len(x) for x in base[m])
+            if not nc:
                 continue
-            rows.append({"class": cls, "metric": m,
-                         **_change(base[m], cand[m], [seed, 100 + 10 * j + k], n_boot, min_effect_pct, "median")})
+            row = _change(base[m] or [np.empty(0)], cand[m], [seed, 100 + 10 * j + k], n_boot, min_effect_pct, "median")
+            if not nb:
+                row["verdict"] = NO_BASELINE
+            elif min(nb, nc) < MIN_SAMPLES and row["verdict"] in JUDGED:
+                row["verdict"] = TOO_FEW
+            rows.append({"class": cls, "metric": m, **row, "why": ""})
     return pd.DataFrame(rows, columns=list(POOL_COLUMNS)).astype(POOL_COLUMNS)
+
+
+WARMUP_COLUMNS = {"arm": "str", "legs": "int64", "warmup_iterations": "int64", "warmup_iteration_ns": "float64",
+                  "warmup_iteration_cpu_ns": "float64", "steady_iteration_ns": "float64",
+                  "cold_checkpoints": "int64", "cold_hits": "int64", "cold_total_ns": "float64",
+                  "cold_total_cpu_ns": "float64"}
+
+
+def _warmup_rows(analyses: list[Analysis], arms: list[str], warm: list[Warmup]) -> pd.DataFrame:
+    """Each arm's warm-up, reported apart: its prefill iterations and cold checkpoints (means)."""
+    def mean(frames, col):
+        v = pd.concat([f[col] for f in frames]).astype("Float64") if frames else pd.Series([], dtype="Float64")
+        return float(v.mean()) if len(v) and not v.isna().any() else math.nan
+
+    rows = []
+    for arm in ("baseline", "candidate"):
+        mine = [(a, w) for a, w, x in zip(analyses, warm, arms) if x == arm]
+        pre = [_rows_of(a, "prefill iteration") for a, _ in mine]
+        it = [p.loc[w.warmup_iterations] for p, (_, w) in zip(pre, mine)]
+        steady = [p.loc[w.warm_iterations] for p, (_, w) in zip(pre, mine)]
+        ck = [a.checkpoints.loc[w.cold] for a, w in mine]
+        rows.append({"arm": arm, "legs": len(mine), "warmup_iterations": sum(len(x) for x in it),
+                     "warmup_iteration_ns": mean(it, "span_ns"), "warmup_iteration_cpu_ns": mean(it, "cpu_ns"),
+                     "steady_iteration_ns": mean(steady, "span_ns"),
+                     "cold_checkpoints": sum(len(x) for x in ck), "cold_hits": sum(int(x["pool_hit"].sum()) for x in ck),
+                     "cold_total_ns": mean(ck, "total_ns"), "cold_total_cpu_ns": mean(ck, "cpu_ns")})
+    return pd.DataFrame(rows, columns=list(WARMUP_COLUMNS)).astype(WARMUP_COLUMNS)
 
 
 def _percentile(q: int):
@@ -513,8 +577,11 @@ def _request_warnings(analyses: list[Analysis], requests: list, outside: list[in
 
 
 def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: float = MIN_EFFECT_PCT,
-            statistic: str = DEFAULT_STATISTIC, requests: list | None = None) -> Comparison:
+            statistic: str = DEFAULT_STATISTIC, requests: list | None = None, warmup: int | str = AUTO) -> Comparison:
     """Compare the legs (Trace or Analysis objects, in run order); see the module docstring.
+
+    `warmup`: each thread's warm-up (analyzers/warmup.py: N prefill iterations, or "auto"), left
+    out of the metrics and reported apart; a leg with nothing after it is left out, said in one line.
 
     `requests`: per leg, its request file's frame (ckptrace.requests_file.read_requests) or None;
     with any, the REQUEST_METRICS rows are added. A file none of whose requests ran while its
@@ -536,6 +603,11 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
                                 "compare (was the target making checkpoints while it was recorded?)")
     baseline, candidate = labels
     arms = ["baseline" if a.trace.label == baseline else "candidate" for a in analyses]
+    warm = [split(a, warmup) for a in analyses]
+    for arm, label in (("baseline", baseline), ("candidate", candidate)):
+        if all(w.short for w, x in zip(warm, arms) if x == arm):
+            raise AnalysisError(f"every {arm} leg ({label}) has no prefill iteration or checkpoint after its warm-up "
+                                f"({described(warmup)}): nothing to judge; give a smaller --warmup or record longer legs")
 
     legs = pd.DataFrame({
         "leg": range(1, len(analyses) + 1),
@@ -548,6 +620,9 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
         "lost_events": [a.summary["lost_events"] for a in analyses],
         "pool_hits": [a.summary["pool_hits"] for a in analyses],
         "requests": [None if r is None else int(len(r)) for r in (requests or [None] * len(analyses))],
+        "warmup_iterations": [int(w.warmup_iterations.sum()) for w in warm],
+        "cold_checkpoints": [int(w.cold.sum()) for w in warm],
+        "judged": [not w.short for w in warm],
     }).astype(LEG_COLUMNS)
     if requests is not None:
         if len(requests) != len(analyses):
@@ -555,16 +630,20 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
         requests, outside = _requests_inside(analyses, requests)
 
     rows = []
+    leg_values: dict[str, list[float]] = {}  # metric -> each leg's statistic (the guard's rank test)
     restored = any(a.restores is not None and len(a.restores) for a in analyses)
     saved = any(a.prompt_saves is not None and len(a.prompt_saves) for a in analyses)
+    stat = STATISTICS[statistic]
     for i, name in enumerate(METRICS):  # a handful of metrics: the work is inside, vectorised
         if (name in RESTORE_METRICS and not restored) or (name in PROMPT_SAVE_METRICS and not saved):
             continue
-        per_leg = [_samples(a, name) for a in analyses]
+        source = METRICS[name][0]
+        per_leg = [np.empty(0) if w.short else _samples(a, name, _part(w, source)) for a, w in zip(analyses, warm)]
+        leg_values[name] = [float(stat(x)) if len(x) else math.nan for x in per_leg]
         strata = None
-        if METRICS[name][0] == "checkpoint":  # pool hits and misses resampled apart (see _boot)
-            hits = [a.checkpoints["pool_hit"].to_numpy() if len(x) else np.empty(0, bool)
-                    for a, x in zip(analyses, per_leg)]
+        if source == "checkpoint":  # pool hits and misses resampled apart (see _boot)
+            hits = [a.checkpoints["pool_hit"].to_numpy()[w.warm] if len(x) else np.empty(0, bool)
+                    for a, w, x in zip(analyses, warm, per_leg)]
             strata = ([h for h, arm in zip(hits, arms) if arm == "baseline"],
                       [h for h, arm in zip(hits, arms) if arm == "candidate"])
         row = _metric_row(name, i, [x for x, arm in zip(per_leg, arms) if arm == "baseline"],
@@ -572,26 +651,85 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
                           min_effect_pct, statistic, strata)
         if row["verdict"] == "not measured" and any(_not_recorded(a, name) for a in analyses):
             row["verdict"] = "not recorded"
-        rows.append(row)
+        rows.append({**row, "why": ""})
     has_requests = requests is not None and any(r is not None for r in requests)
     if has_requests:
-        rows += _request_rows(analyses, arms, requests, seed, n_boot, min_effect_pct)
+        rows += [{**r, "why": ""} for r in _request_rows(analyses, arms, requests, seed, n_boot, min_effect_pct)]
     metrics = pd.DataFrame(rows, columns=list(METRIC_COLUMNS)).astype(METRIC_COLUMNS)
     pooled = legs["pool_hits"].sum() > 0
-    pool = (_pool_rows(analyses, arms, seed, n_boot, min_effect_pct) if pooled
+    pool = (_pool_rows(analyses, arms, warm, seed, n_boot, min_effect_pct) if pooled
             else pd.DataFrame(columns=list(POOL_COLUMNS)).astype(POOL_COLUMNS))
-    if _busy(analyses):
-        _withhold_wall(metrics)
-        _withhold_wall(pool)
+    g = machine_state.guard(analyses)
+    if not g.recorded:
+        if _busy(analyses):
+            _withhold_wall(metrics)
+            _withhold_wall(pool)
+    else:
+        _guard_rows(metrics, g, arms, leg_values)
+        _guard_rows(pool, g, arms, None)
     memory = _memory_rows(analyses, arms)
-    explanation = " ".join(x for x in (_explain(metrics, analyses, arms, baseline, candidate),
+    explanation = " ".join(x for x in (_explain(metrics, analyses, arms, warm, baseline, candidate),
                                        memory_sentence(memory, metrics)) if x)
-    return Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
-                      warnings=_warnings(analyses, arms) + (_request_warnings(analyses, requests, outside)
-                                                            if has_requests else []),
-                      explanation=explanation + _ttft_said(metrics),
-                      seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, statistic=statistic,
-                      pool=pool, memory=memory)
+    warnings = _warnings(analyses, arms, g) + _short_warnings(analyses, warm, warmup) + _guard_warnings(g, metrics, pool, arms)
+    c = Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
+                   warnings=warnings + (_request_warnings(analyses, requests, outside) if has_requests else []),
+                   explanation=explanation + _ttft_said(metrics),
+                   seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, statistic=statistic,
+                   pool=pool, memory=memory, warmup=_warmup_rows(analyses, arms, warm), warmup_setting=warmup,
+                   machine=_machine_doc(g))
+    from .headline import headline
+    c.headline = headline(c, analyses, arms, warm)
+    return c
+
+
+def _short_warnings(analyses: list[Analysis], warm: list[Warmup], warmup) -> list[str]:
+    return [f"{_leg_name(i, a)} has {a.summary['prefill_iterations']} prefill iterations and "
+            f"{a.summary['checkpoints']} checkpoints, none after its warm-up ({described(warmup)}): nothing "
+            "judged on it" for i, (a, w) in enumerate(zip(analyses, warm)) if w.short]
+
+
+def _guard_rows(frame: pd.DataFrame, g, arms: list[str], leg_values: dict | None) -> None:
+    """The machine-state guard on judged rows of metrics the state moves (machine_state.py)."""
+    if g.one_state or not len(frame):
+        return
+    n = arms.count("baseline"), arms.count("candidate")
+    by_legs = machine_state.smallest_p(*n) < machine_state.ALPHA
+    for i, r in frame.iterrows():
+        name = r["metric"]
+        if name not in STATE_MOVED or r["verdict"] not in JUDGED:
+            continue
+        sample = METRICS[name][0] if name in METRICS else "request"
+        f = machine_state.factor(g, sample, wall=name in WALL_METRICS)
+        if machine_state.beyond(r["ci_low_pct"], r["ci_high_pct"], f):
+            continue  # larger than the state can explain
+        if by_legs and leg_values is not None and name in leg_values:
+            v = leg_values[name]
+            b = [x for x, arm in zip(v, arms) if arm == "baseline" and math.isfinite(x)]
+            c = [x for x, arm in zip(v, arms) if arm == "candidate" and math.isfinite(x)]
+            if machine_state.mann_whitney_p(b, c) < machine_state.ALPHA or r["verdict"] in ("no change", "within drift"):
+                continue  # the interleaved legs say it, whatever each one's state
+        frame.loc[i, "verdict"] = NOT_JUDGED
+        frame.loc[i, "why"] = ("the legs did not run in one state of the machine, and the change is within what "
+                               + ("that explains" if math.isfinite(f) else "it can move without bound")
+                               + (f" (x{f:.2f} either way)" if math.isfinite(f) else ""))
+
+
+def _guard_warnings(g, metrics: pd.DataFrame, pool: pd.DataFrame, arms: list[str]) -> list[str]:
+    out = []
+    if g.recorded and not g.one_state:
+        held = [m for m in metrics.loc[metrics["why"] != "", "metric"]]
+        n = arms.count("baseline"), arms.count("candidate")
+        out.append("wall times and on-CPU times of memory-bound spans are judged only where their change is larger "
+                   f"than the states explain (on CPU x{machine_state.CPU_FACTOR:.2f} either way, wall times that times "
+                   "the legs' spread of waiting for a CPU); exact counts are judged as usual"
+                   + (f"; not judged: {', '.join(held)}" if held else "")
+                   + "; " + machine_state.legs_needed(*n))
+    return out
+
+
+def _machine_doc(g) -> dict:
+    return {"recorded": g.recorded, "one_state": g.one_state, "differences": g.differences,
+            "not_recorded_legs": g.not_recorded, "legs": g.legs, "said": g.said()}
 
 
 # The CI gate (`compare --fail-on`): which judged rows trip it.

@@ -78,8 +78,9 @@ _ALL = [
     Metric("checkpoint_wait_ns", "ckpt wait", "ns", "checkpoint", ("wait_ns",), WALL, summary=True,
            series="checkpoint_wait_seconds",
            help="Time the thread waited for a CPU (run queue) during the checkpoint."),
-    Metric("prefill_iteration_cpu_ns", "prefill on CPU", "ns", "prefill iteration", ("cpu_ns",), CPU, summary=True,
-           help="The thread's on-CPU time in each prefill iteration."),
+    Metric("prefill_iteration_cpu_ns", "prefill on CPU", "ns", "prefill iteration", ("cpu_ns",), CPU, compare=True,
+           summary=True, help="The thread's on-CPU time in each prefill iteration (update_slots): the host's work "
+                              "per prefill iteration, compare's headline."),
     Metric("checkpoint_bytes", "ckpt state", "bytes", "checkpoint", ("bytes",), COUNT, series="checkpoint_bytes",
            help="State bytes copied into each checkpoint."),
     # Restores and prompt-cache saves (trace format 3), per restore or save: compared only when a

@@ -292,11 +292,12 @@ def legs_with_requests(traces: Sequence, requests=None, requests_pid: Iterable[s
 
 
 def compare(traces: Sequence, *, requests=None, requests_pid: Iterable[str] = (), seed: int = 0,
-            n_boot: int = 2000, min_effect_pct: float = 20.0) -> Comparison:
+            n_boot: int = 2000, min_effect_pct: float = 20.0, warmup: int | str = "auto") -> Comparison:
     """Compare legs given in run order (paths or open Traces; A/B/A): the first label is the
     baseline, the second the candidate. `requests`: a request file per leg (None or "-" for a leg
     without; default: NAME.requests.json beside each trace where there is one) adds TTFT and
-    throughput; `requests_pid`: the process they went to, once or per leg."""
+    throughput; `requests_pid`: the process they went to, once or per leg; `warmup`: each
+    thread's warm-up (N prefill iterations or "auto"), left out of the metrics and reported apart."""
     legs, frames, pids, alone = legs_with_requests(traces, requests, requests_pid)
     try:
         analyses = [process_analysis(leg.analysis, pid) for leg, pid in zip(legs, pids)]
@@ -304,15 +305,16 @@ def compare(traces: Sequence, *, requests=None, requests_pid: Iterable[str] = ()
         for leg, given in zip(legs, traces):
             if leg is not given:
                 leg.close()  # opened here: its tables are computed (or it failed)
-    result = compare_analyses(analyses, seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, requests=frames)
+    result = compare_analyses(analyses, seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, requests=frames,
+                              warmup=warmup)
     result.warnings += alone
     return Comparison(result)
 
 
 def compare_processes(traces: Sequence, *, seed: int = 0, n_boot: int = 2000,
-                      min_effect_pct: float = 20.0) -> dict[str, Comparison]:
+                      min_effect_pct: float = 20.0, warmup: int | str = "auto") -> dict[str, Comparison]:
     """`compare --per-process`: process label -> its comparison across the legs that hold it."""
     files = [t.file if isinstance(t, Trace) else t for t in traces]
     return {label: Comparison(c) for label, c in
-            compare_per_process(files, seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct)}
+            compare_per_process(files, seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, warmup=warmup)}
 

@@ -110,12 +110,14 @@ def comparison_json(c) -> dict:
     legs = records(c.legs)
     for leg in legs:
         leg["build_ids"] = [b for b in leg["build_ids"].split(",") if b]
-    return {"schema_version": SCHEMA_VERSION, "baseline": c.baseline, "candidate": c.candidate, "samples": c.samples,
+    return {"schema_version": SCHEMA_VERSION, "headline": c.headline, "baseline": c.baseline, "candidate": c.candidate,
+            "samples": c.samples,
             "seed": c.seed, "n_boot": c.n_boot, "min_effect_pct": c.min_effect_pct, "statistic": c.statistic,
             "legs": legs, "metrics": records(c.metrics),
             "pool": records(c.pool) if c.pool is not None else [],
             "memory": records(c.memory) if c.memory is not None else [],
-            "warnings": list(c.warnings), "explanation": c.explanation}
+            "warmup": {"setting": c.warmup_setting, "arms": records(c.warmup) if c.warmup is not None else []},
+            "machine": c.machine, "warnings": list(c.warnings), "explanation": c.explanation}
 
 
 def dumps(doc: dict) -> str:

@@ -16,7 +16,7 @@ import pandas as pd
 
 from ckptrace.terminal import printable
 
-from .text import NAMES, POOL_NAMES, pct, value_text, unjudged_said
+from .text import NAMES, POOL_NAMES, fmt_ms, pct, value_text, unjudged_said
 
 def _fence(text: str, least: int) -> str:
     return "`" * max(least, max((len(r) for r in re.findall("`+", text)), default=0) + 1)
@@ -64,6 +64,10 @@ def comparison_markdown(c, fail_on: str | None = None, tripped: pd.DataFrame | N
     """The verdict table, pool rows, legs, explanation and warnings; with a gate, its outcome first."""
     legs = c.legs.to_dict("records")
     out = [f"### ckptrace compare: {code(c.candidate)} against {code(c.baseline)}", ""]
+    if c.headline:
+        from ckptrace.analyzers.headline import sentence
+
+        out += [f"**{sentence(c.headline, c.candidate, c.baseline, code)}**", ""]
     flagged = set()
     if fail_on:
         gate = f"Gate `--fail-on {fail_on}`"
@@ -81,7 +85,8 @@ def comparison_markdown(c, fail_on: str | None = None, tripped: pd.DataFrame | N
             out += [f"{gate} passed.", ""]
     out += _table(c.metrics.to_dict("records"), lambda m: NAMES.get(m["metric"], m["metric"]), flagged)
     if c.pool is not None and len(c.pool):
-        out += ["", "Pool hits and misses apart, each against the baseline (medians):", ""]
+        out += ["", "Pool hits and misses apart, warm and cold (in the warm-up) apart, each against the baseline's "
+                    "of the same class (medians):", ""]
         out += _table([{**m, "unit": "ns"} for m in c.pool.to_dict("records")],
                       lambda m: f"{m['class']} {POOL_NAMES[m['metric']]}", set())
     memory = getattr(c, "memory", None)
@@ -95,11 +100,22 @@ def comparison_markdown(c, fail_on: str | None = None, tripped: pd.DataFrame | N
             out.append(f"| {names.get(r['metric'], r['metric'])} | {f(r['baseline_value'])} | "
                        f"{f(r['candidate_value'])} | {change} | {f(r['drift_mib'])} | "
                        f"{' '.join(f(v) for v in r['legs_mib'])} |")
-    out += ["", f"Each arm summarised by its {c.statistic}; 95% bootstrap intervals of the change ({c.n_boot} "
-                f"resamples, seed {c.seed}); times in ms.", ""]
+    warm = getattr(c, "warmup", None)
+    if warm is not None and len(warm) and (warm["warmup_iterations"].sum() or warm["cold_checkpoints"].sum()):
+        from ckptrace.analyzers.warmup import described
+
+        out += ["", f"Warm-up ({described(c.warmup_setting)}), left out of the metrics above (means, ms):", "",
+                "| arm | iterations | wall | on CPU | cold checkpoints | hits | wall | on CPU |",
+                "|---|---:|---:|---:|---:|---:|---:|---:|"]
+        out += [f"| {r['arm']} | {r['warmup_iterations']} | {fmt_ms(r['warmup_iteration_ns'])} | "
+                f"{fmt_ms(r['warmup_iteration_cpu_ns'])} | {r['cold_checkpoints']} | {r['cold_hits']} | "
+                f"{fmt_ms(r['cold_total_ns'])} | {fmt_ms(r['cold_total_cpu_ns'])} |" for r in warm.to_dict("records")]
+    out += ["", f"Each arm summarised by its {c.statistic}, after each thread's warm-up; 95% bootstrap intervals "
+                f"of the change ({c.n_boot} resamples, seed {c.seed}); times in ms.", ""]
     for leg in legs:
         req = "" if leg.get("requests") is None else f", {leg['requests']} requests"
         out.append(f"- leg {leg['leg']} ({leg['arm']}): {code(leg['label'])}, {leg['checkpoints']} checkpoints, "
                    f"{leg['prefill_iterations']} prefill iterations{req}")
-    out += [""] + code_block([c.explanation] + [f"warning: {w}" for w in c.warnings])
+    machine = [c.machine["said"]] if getattr(c, "machine", None) else []
+    out += [""] + code_block(machine + [c.explanation] + [f"warning: {w}" for w in c.warnings])
     return "\n".join(out)

@@ -29,7 +29,7 @@ def ms_column(ns: pd.Series) -> pd.Series:
 
 
 def wrap(text: str, indent: str = "") -> str:
-    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ")
+    return textwrap.fill(text, WIDTH, initial_indent=indent, subsequent_indent=indent + "  ", break_on_hyphens=False)
 
 
 def _duration_s(meta: TraceMeta, rows) -> float | None:
@@ -340,7 +340,7 @@ def _arm_line(c, arm: str) -> str:
             f"checkpoints, {int(legs['prefill_iterations'].sum())} prefill iterations)")
 
 
-def _metric_lines(rows: list[dict], first: str, name_of) -> tuple[list[str], list[str]]:
+def _metric_lines(rows: list[dict], first: str, name_of, width: int = 17) -> tuple[list[str], list[str]]:
     """The verdict table (one line per row) and the notes for rows without a percentage."""
     w = max([15, *(len(name_of(m)) for m in rows)])  # 16 still fits 80 columns with the longest verdict
     lines = [f"{first:{w}} {'baseline':>8} {'candidate':>9} {'change':>7} {'95% interval':>16} {'drift':>6} verdict"]
@@ -361,17 +361,36 @@ def _metric_lines(rows: list[dict], first: str, name_of) -> tuple[list[str], lis
 
 
 POOL_NAMES = {n: METRICS[n].label for n in POOL}
-POOL_CLASS = {"hits": "hit", "misses": "miss"}
+POOL_CLASS = {"hits": "hit", "misses": "miss", "cold hits": "cold hit", "cold misses": "cold miss"}
 
 
 def _pool_lines(c) -> list[str]:
     legs = c.legs
     rates = "; ".join(f"leg {int(r['leg'])} {r['pool_hits']} of {r['checkpoints']}" for r in legs.to_dict("records"))
-    lines = ["", wrap(f"pool hits: {rates}. Hits and misses apart, each against the baseline (medians; the "
-                      "baseline's own hits or misses when it has hits too):")]
+    lines = ["", wrap(f"pool hits: {rates}. Hits and misses apart, warm and cold (in the warm-up) apart, each "
+                      "against the baseline's of the same class (medians; the baseline's own hits or misses when "
+                      "it has hits too; a class it lacks is shown, not judged):")]
     rows = [{**m, "unit": "ns"} for m in c.pool.to_dict("records")]
     table, notes = _metric_lines(rows, "class", lambda m: f"{POOL_CLASS[m['class']]} {POOL_NAMES[m['metric']]}")
     return lines + table + [wrap(n) for n in notes]
+
+
+def _warmup_lines(c) -> list[str]:
+    """Each arm's warm-up, left out of the metrics above: its iterations and cold checkpoints."""
+    from ckptrace.analyzers.warmup import described
+
+    w = c.warmup
+    if w is None or not len(w) or not w["warmup_iterations"].sum() and not w["cold_checkpoints"].sum():
+        return ["", wrap(f"warm-up: {described(c.warmup_setting)}: nothing left out")]
+    lines = ["", wrap(f"warm-up ({described(c.warmup_setting)}; --warmup N|auto), left out of the metrics above "
+                      "(means, ms; cold: checkpoints made in it):"),
+             f"{'arm':10} {'iterations':>10} {'wall':>9} {'on CPU':>9} {'cold ckpts':>10} {'hits':>5} "
+             f"{'wall':>9} {'on CPU':>9}"]
+    for r in w.to_dict("records"):
+        lines.append(f"{r['arm']:10} {r['warmup_iterations']:>10} {fmt_ms(r['warmup_iteration_ns']):>9} "
+                     f"{fmt_ms(r['warmup_iteration_cpu_ns']):>9} {r['cold_checkpoints']:>10} {r['cold_hits']:>5} "
+                     f"{fmt_ms(r['cold_total_ns']):>9} {fmt_ms(r['cold_total_cpu_ns']):>9}")
+    return lines
 
 
 def _memory_table(c) -> list[str]:
@@ -405,18 +424,28 @@ def unjudged_said(rows: pd.DataFrame, name=str) -> str:
     """The metrics the gate looked at and could not judge, each with its verdict and why."""
     from ckptrace.analyzers.compare import UNJUDGED_WHY
 
-    return "; ".join(f"{name(m['metric'])} ({m['verdict']}: {UNJUDGED_WHY.get(m['verdict'], 'no verdict')})"
+    return "; ".join(f"{name(m['metric'])} ({m['verdict']}: "
+                     f"{m.get('why') or UNJUDGED_WHY.get(m['verdict'], 'no verdict')})"
                      for m in rows.to_dict("records"))
 
 
 def compare_report(c) -> str:
-    lines = [wrap(_arm_line(c, "baseline")), wrap(_arm_line(c, "candidate")),
-             wrap(f"samples: {c.samples}; each arm is summarised by its {c.statistic}; 95% bootstrap "
-                  f"intervals of the change ({c.n_boot} resamples, seed {c.seed})"), ""]
+    lines = []
+    if c.headline:
+        from ckptrace.analyzers.headline import sentence
+
+        lines += [wrap(sentence(c.headline, c.candidate, c.baseline, printable)), ""]
+    lines += [wrap(_arm_line(c, "baseline")), wrap(_arm_line(c, "candidate")),
+              wrap(f"samples: {c.samples}, after each thread's warm-up; each arm is summarised by its "
+                   f"{c.statistic}; 95% bootstrap intervals of the change ({c.n_boot} resamples, seed {c.seed})")]
+    if c.machine:
+        lines.append(wrap(c.machine["said"]))
+    lines.append("")
     table, notes = _metric_lines(c.metrics.to_dict("records"), "metric", lambda m: NAMES.get(m["metric"], m["metric"]))
     lines += table + [wrap(n) for n in notes]
     if c.pool is not None and len(c.pool):
         lines += _pool_lines(c)
+    lines += _warmup_lines(c)
     if c.memory is not None and len(c.memory):
         lines += _memory_table(c)
     lines += ["", wrap(c.explanation)]

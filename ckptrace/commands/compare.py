@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import click
 
+from ckptrace.options import warmup_option
 from ckptrace.terminal import echo, printable
 
 # Exit statuses: 0 compared (gate passed), 1 an error (one line), 2 a usage error, GATE_EXIT the
@@ -38,6 +39,10 @@ Examples:
   ckptrace compare off1.parquet on.parquet off2.parquet
   ckptrace compare off1.parquet on.parquet off2.parquet --json
   ckptrace compare a1.parquet b1.parquet a2.parquet b2.parquet --seed 7
+  ckptrace compare off1.parquet on.parquet off2.parquet --warmup 3
+  # interleaved legs, 4 per arm: verdicts that need not rest on one machine state
+  ckptrace compare a1.parquet b1.parquet a2.parquet b2.parquet a3.parquet b3.parquet \
+      a4.parquet b4.parquet
   ckptrace compare off1.parquet on.parquet off2.parquet \\
       --requests off1.requests.json --requests on.requests.json --requests off2.requests.json
   ckptrace compare base.parquet cand.parquet base2.parquet --fail-on slower \\
@@ -80,21 +85,27 @@ times on a busy machine) and none tripped.
 @click.option("--min-effect", "min_effect", type=click.FloatRange(min=0), default=20.0, show_default=True,
               help="Changes up to this many percent read 'within drift' even when the baseline legs agree "
                    "more closely (two legs give one drift estimate).")
+@warmup_option
 @click.option("--per-process", is_flag=True,
               help="Compare each process apart: legs that recorded several processes are split by "
                    "process label (record's --pid PID=LABEL; NAME#RANK for --comm or unlabelled pids), "
                    "and each label is compared across the legs that hold it.")
 def command(traces, as_json, fmt, request_files, requests_pid, fail_on, gate_metrics, require_judged, seed, n_boot,
-            min_effect, per_process):
+            min_effect, warmup, per_process):
     """Compare baseline and candidate legs, given in run order (A/B/A).
 
     Legs are grouped by their label: the first label is the baseline, the second the candidate.
-    Each metric gets both arms' means, the change in percent with a bootstrap 95% interval,
-    and a verdict: "no change" when the interval includes 0, "within drift" when the spread
-    between baseline legs (or --min-effect) could explain it, else "faster" or "slower". Legs
-    with pool hits are also judged as hits and misses apart. On a busy machine read the on-CPU
-    metrics (*_cpu_ns): when a leg waited over 10% for a CPU, a warning says so and the
-    wall-time metrics (TTFT and throughput too) read "not judged".
+    The first line is the answer: what the candidate removes per checkpoint and per prefill
+    iteration, its pool hit rate and its memory cost. Each metric gets both arms' means (after
+    each thread's warm-up, --warmup; the warm-up is reported apart), the change in percent with
+    a bootstrap 95% interval, and a verdict: "no change" when the interval includes 0, "within
+    drift" when the spread between baseline legs (or --min-effect) could explain it, else
+    "faster" or "slower". Legs with pool hits are also judged as hits and misses apart, warm and
+    cold apart. When the legs did not run in one state of the machine (each trace's record of
+    what else it was doing), wall times and on-CPU times of memory-bound spans read "not judged"
+    unless the change is larger than that explains; 4 interleaved legs per arm let the legs'
+    ranks judge them. Traces without that record fall back to: a leg waiting over 10% for a CPU
+    makes the wall-time metrics read "not judged".
 
     With request files, time to first token p50/p90/p99 and throughput (tokens per second) are
     compared the same way, over each arm's completed requests inside its recording.
@@ -110,12 +121,12 @@ def command(traces, as_json, fmt, request_files, requests_pid, fail_on, gate_met
     fmt = "json" if as_json else (fmt or "text")
     if per_process:  # request files paired by name are not looked for: only given ones are refused
         _per_process(list(traces), fmt, request_files or requests_pid or None, fail_on, seed=seed, n_boot=n_boot,
-                     min_effect_pct=min_effect)
+                     min_effect_pct=min_effect, warmup=warmup)
         return
     from ckptrace.api import compare as compare_legs
 
     c = compare_legs(traces, requests=request_files, requests_pid=requests_pid, seed=seed, n_boot=n_boot,
-                     min_effect_pct=min_effect).result
+                     min_effect_pct=min_effect, warmup=warmup).result
     tripped = unjudged = judged = None
     if fail_on:
         tripped, unjudged, judged = gate(c, fail_on, gate_metrics)

@@ -6,6 +6,7 @@ from pathlib import Path
 import click
 
 from ckptrace.errors import AnalysisError, CkptraceError
+from ckptrace.options import warmup_option
 from ckptrace.output import check_output, not_an_input
 from ckptrace.terminal import printable
 
@@ -37,8 +38,9 @@ nothing from the network and opens from disk in any browser.
                    "pid): only its spans count in the requests panel, and the comparison compares it alone. "
                    "Once (a process label is the same in every leg) or once per trace. Required for such "
                    "traces with a request file.")
+@warmup_option
 def command(traces: tuple[Path, ...], output: Path, title: str, request_files: tuple[str, ...],
-            requests_pid: tuple[str, ...]) -> None:
+            requests_pid: tuple[str, ...], warmup) -> None:
     """Write a self-contained HTML report of one or more TRACE files."""
     from ckptrace.api import legs_with_requests
     from ckptrace.dashboards.report import write_dashboard
@@ -65,7 +67,8 @@ def command(traces: tuple[Path, ...], output: Path, title: str, request_files: t
         from ckptrace.analyzers.compare import compare
         from ckptrace.analyzers.requests import process_analysis
         try:  # as `compare` does: a leg of several processes is the one its requests went to
-            comparison = compare([process_analysis(a, pid) for a, pid in zip(analyses, pids)], requests=requests)
+            comparison = compare([process_analysis(a, pid) for a, pid in zip(analyses, pids)], requests=requests,
+                                 warmup=warmup)
         except AnalysisError as e:
             # The traces are still worth seeing: draw them, and say why there is no comparison.
             notes.append(f"No comparison: {e}")

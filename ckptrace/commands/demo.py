@@ -10,10 +10,21 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from ckptrace.commands.compare import warmup_option
 from ckptrace.output import output_folder
 from ckptrace.terminal import echo
 
 LEGS = [("pool-off", "off"), ("pool-on", "on"), ("pool-off", "off")]
+
+
+def interleaved(n: int) -> list[tuple[str, str]]:
+    """n legs alternating pool-off and pool-on, pool-off first: A/B/A, A/B/A/B/A, ..."""
+    return [LEGS[i % 2] for i in range(n)]
+
+
+def legs_said(n: int) -> str:
+    return "/".join("pool-off" if i % 2 == 0 else "pool-on" for i in range(n)) if n <= 3 else \
+        f"{n} legs, pool-off and pool-on in turn"
 
 
 def truth_check(trace, truth_path: Path) -> str:
@@ -70,7 +81,7 @@ def request_line(table, summary: dict) -> str:
 
 
 def llama_server_legs(out_dir: Path, say, version: str = "0.3.36", model: str = "mamba",
-                      libcxx: bool = False) -> tuple[list, list[str], list]:
+                      libcxx: bool = False, legs: int = 3) -> tuple[list, list[str], list]:
     """Record the llama-server A/B/A legs; return the analyses, one check line per leg and each
     leg's requests (drive's request file, read back)."""
     from ckptrace.analyzers import analyze_trace
@@ -82,7 +93,8 @@ def llama_server_legs(out_dir: Path, say, version: str = "0.3.36", model: str = 
     with sigterm_raises():
         say(f"model: make_model.py --arch {model} (its default shape)")
         model_path = cached_model(arch=model, progress=lambda line: say(f"  {line}"))
-        paths = run_legs(out_dir, say=say, version=version, libcxx=libcxx, model=model_path)
+        paths = run_legs(out_dir, [(label, pool == "on") for label, pool in interleaved(legs)], say=say,
+                         version=version, libcxx=libcxx, model=model_path)
     analyses, checks, requests = [], [], []
     for i, path in enumerate(paths, 1):
         analyses.append(analyze_trace(read_trace(path)))
@@ -105,6 +117,8 @@ Examples:
   ckptrace demo --llama-server --llama-version 11434 --libcxx
                                  # upstream llama.cpp, built with clang and libc++
   ckptrace demo --llama-server --model hybrid   # a jamba (mamba + attention) model
+  ckptrace demo --legs 8         # interleaved, 4 legs per arm: verdicts that need
+                                 # not rest on one state of the machine
 """)
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder for the traces, logs and report.html (default: ./ckptrace-demo, or "
@@ -125,10 +139,14 @@ Examples:
               help="update_slots() calls per leg of the sample workload.")
 @click.option("--ckpt-mib", type=click.IntRange(min=1), default=64, show_default=True,
               help="Checkpoint size of the sample workload (stay above glibc's 32 MiB mmap threshold).")
+@click.option("--legs", type=click.IntRange(min=3), default=3, show_default=True,
+              help="Legs to record, pool-off and pool-on in turn (3: A/B/A; 5: A/B/A/B/A; 8: 4 per arm, "
+                   "what a verdict from the legs' ranks needs when the machine's state changes).")
+@warmup_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of the text report.")
 @click.pass_context
 def command(ctx, out_dir: Path | None, llama: bool, llama_version: str, model: str, libcxx: bool,
-            iterations: int, ckpt_mib: int, as_json: bool):
+            iterations: int, ckpt_mib: int, legs: int, warmup, as_json: bool):
     """Record the sample workload pool-off, pool-on, pool-off (A/B/A) and report what the pool did.
 
     Builds the sample if needed, records each leg with the probes in place from its first
@@ -152,10 +170,10 @@ def command(ctx, out_dir: Path | None, llama: bool, llama_version: str, model: s
     say = (lambda s: click.echo(s, err=True)) if as_json else click.echo
     if llama:
         what = f"llama-server {llama_version}{' (clang+libc++)' if libcxx else ''}, {model} model"
-        say(f"ckptrace demo: a real {what}, pool-off / pool-on / pool-off, in {out_dir}")
-        analyses, checks, requests = llama_server_legs(out_dir, say, llama_version, model, libcxx)
-        finish(analyses, checks, out_dir, as_json, f"ckptrace demo: {what}, pool-off / pool-on / pool-off",
-               requests)
+        say(f"ckptrace demo: a real {what}, {legs_said(legs)}, in {out_dir}")
+        analyses, checks, requests = llama_server_legs(out_dir, say, llama_version, model, libcxx, legs)
+        finish(analyses, checks, out_dir, as_json, f"ckptrace demo: {what}, {legs_said(legs)}",
+               requests, warmup)
         return
     from ckptrace.analyzers import analyze_trace
     from ckptrace.probes.recorder import RecordOptions, record
@@ -165,10 +183,10 @@ def command(ctx, out_dir: Path | None, llama: bool, llama_version: str, model: s
     workload = workload_binary()
     say(f"ckptrace demo: sample workload {workload}")
     traces, checks = [], []
-    for i, (label, pool) in enumerate(LEGS, 1):
+    for i, (label, pool) in enumerate(interleaved(legs), 1):
         path = out_dir / f"{i}-{label}.parquet"
         truth = out_dir / f"{i}-{label}.truth.jsonl"
-        say(f"leg {i}/3: {label}")
+        say(f"leg {i}/{legs}: {label}")
         record(RecordOptions(output=path, label=label, status=False),
                command=[str(workload), "--pool", pool, "--iterations", str(iterations),
                         "--ckpt-mib", str(ckpt_mib), "--truth", str(truth)])
@@ -178,11 +196,11 @@ def command(ctx, out_dir: Path | None, llama: bool, llama_version: str, model: s
         traces.append(trace)
 
     finish([analyze_trace(t) for t in traces], checks, out_dir, as_json,
-           "ckptrace demo: sample workload, pool-off / pool-on / pool-off")
+           f"ckptrace demo: sample workload, {legs_said(legs)}", warmup=warmup)
 
 
 def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, title: str,
-           requests: list | None = None) -> None:
+           requests: list | None = None, warmup="auto") -> None:
     """Compare the legs, write the dashboard, print the comparison (or the JSON summary).
 
     `requests`: each leg's request file, read (llama-server legs): TTFT rows and panel."""
@@ -194,7 +212,7 @@ def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, titl
     from ckptrace.renderers.perfetto import perfetto_writer
     from ckptrace.renderers.timeline import build_timeline
 
-    comparison = compare(analyses, requests=requests)
+    comparison = compare(analyses, requests=requests, warmup=warmup)
     tables = None
     if requests is not None:
         from ckptrace.analyzers.requests import request_table
