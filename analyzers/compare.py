@@ -604,6 +604,12 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
     baseline, candidate = labels
     arms = ["baseline" if a.trace.label == baseline else "candidate" for a in analyses]
     warm = [split(a, warmup) for a in analyses]
+    auto_off = []
+    if warmup == AUTO and any(w.short for w in warm):
+        # auto finds no steady state in a leg: like for like, no leg leaves a warm-up out
+        auto_off = [f"--warmup auto left nothing out: {', '.join(_leg_name(i, analyses[i]) for i, w in enumerate(warm) if w.short)} "
+                    "made checkpoints in one prefill iteration only, so no leg has a warm-up set apart"]
+        warmup, warm = 0, [split(a, 0) for a in analyses]
     for arm, label in (("baseline", baseline), ("candidate", candidate)):
         if all(w.short for w, x in zip(warm, arms) if x == arm):
             raise AnalysisError(f"every {arm} leg ({label}) has no prefill iteration or checkpoint after its warm-up "
@@ -670,7 +676,8 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
     memory = _memory_rows(analyses, arms)
     explanation = " ".join(x for x in (_explain(metrics, analyses, arms, warm, baseline, candidate),
                                        memory_sentence(memory, metrics)) if x)
-    warnings = _warnings(analyses, arms, g) + _short_warnings(analyses, warm, warmup) + _guard_warnings(g, metrics, pool, arms)
+    warnings = (_warnings(analyses, arms, g) + auto_off + _short_warnings(analyses, warm, warmup)
+                + _guard_warnings(g, metrics, pool, arms))
     c = Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
                    warnings=warnings + (_request_warnings(analyses, requests, outside) if has_requests else []),
                    explanation=explanation + _ttft_said(metrics),

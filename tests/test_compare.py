@@ -393,6 +393,11 @@ def test_legs_with_nothing_after_their_warmup_are_not_judged():
     assert metric(c, "checkpoint_fill_ns")["samples_candidate"] == 35  # leg 4's 40 less 5
     with pytest.raises(AnalysisError, match="every candidate leg .* has no prefill iteration or checkpoint after"):
         compare(legs[:3], warmup=5)
+    # auto finds no steady state in a one-iteration leg: no leg leaves a warm-up out (like for like)
+    tiny = compare([mem_leg("off", seed=1), mem_leg("on", seed=2, n=1, fill_ms=2.4), mem_leg("off", seed=3)])
+    assert tiny.legs["warmup_iterations"].tolist() == [0, 0, 0] and tiny.warmup_setting == 0
+    assert any(w.startswith("--warmup auto left nothing out: leg 2 (on) made checkpoints in one prefill iteration")
+               for w in tiny.warnings)
 
 
 def test_warmup_value_is_checked(tmp_path):
