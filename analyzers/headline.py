@@ -140,8 +140,11 @@ def stacked_parts(checkpoints, warm_mask) -> dict[str, float]:
     fill = np.where(timed, col("fill_cpu_ns"), col("fill_ns"))
     copy = np.where(timed, col("copy_cpu_ns"), col("copy_ns"))
     ff, cf = np.minimum(np.nan_to_num(col("fill_fault_ns")), fill), np.minimum(np.nan_to_num(col("copy_fault_ns")), copy)
-    wait = np.where(timed, np.nan_to_num(col("wait_ns")), 0.0)
     total = col("total_ns")
-    parts = {"fill": fill - ff, "copy": copy - cf, "faults": ff + cf, "wait": wait}
-    parts["other"] = np.maximum(total - sum(parts.values()), 0.0)
+    parts = {"fill": fill - ff, "copy": copy - cf, "faults": ff + cf}
+    rest = np.maximum(total - sum(parts.values()), 0.0)
+    # the checkpoint's wait, within what fill, copy and faults leave of its wall time (clocks read
+    # at slightly different instants can disagree by a little): the parts add up to the mean total
+    parts["wait"] = np.minimum(np.where(timed, np.nan_to_num(col("wait_ns")), 0.0), rest)
+    parts["other"] = rest - parts["wait"]
     return {k: float(np.mean(v)) / 1e6 for k, v in parts.items()}

@@ -77,6 +77,9 @@ def memory_panel(legs: list[Leg]) -> Panel:
                 drawn += 1
     if not drawn:
         return Panel(None, "no checkpoint buffer was mapped and no RSS was recorded")
+    if len(no_rss) == len(legs):  # an empty chart says why
+        fig.add_annotation(text="RSS not recorded (record --rss-step 0, or an older trace)", xref="x2 domain",
+                           yref="y2 domain", x=0.5, y=0.5, showarrow=False, font=dict(size=14, color="#777"))
     fig.update_xaxes(title_text="seconds since the probes were in place")
     fig.update_yaxes(title_text="MiB", rangemode="tozero")
     layout(fig, "Memory over time: what checkpoints hold, and the process's RSS (per leg and process)", 620)

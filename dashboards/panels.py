@@ -20,6 +20,8 @@ from ckptrace.meta import TraceMeta
 from ckptrace.trace import time_origin
 from ckptrace.units import MIB
 
+from ckptrace.analyzers.warmup import AUTO, split
+
 from .legs import (MAX_BARS, MAX_POINTS, PHASE_COLOURS, VERDICT_COLOURS, Leg, bin_rows,
                    order_statistics, plain, to_ms)
 
@@ -79,8 +81,9 @@ def iterations_panel(legs: list[Leg]) -> Panel:
     height = 150 + row_px * len(shown) + gap_px * (len(shown) - 1)
     fig = make_subplots(rows=len(shown), cols=1, vertical_spacing=gap_px / height,
                         subplot_titles=[leg.name for leg in shown])
-    for row, leg in enumerate(shown, start=1):
-        parts, over = iteration_parts(leg.prefill)
+    split_parts = [iteration_parts(leg.prefill) for leg in shown]
+    used = [p for p in PARTS if any((parts[p] > 0).any() for parts, _ in split_parts)]  # legend: what is shown
+    for row, (leg, (parts, over)) in enumerate(zip(shown, split_parts), start=1):
         if over:
             notes.append(f"{leg.name}: in {over} iterations the fault time (estimated, never clamped) exceeds its "
                          "phase's time; drawn as the whole phase")
@@ -91,15 +94,17 @@ def iterations_panel(legs: list[Leg]) -> Panel:
         x = ((parts["start_ns"].to_numpy() - t0) / 1e9).astype("float32")
         # plotly.js aligns auto ticks to the bars (0.11, 0.246, ...); ask for round steps.
         fig.update_xaxes(tick0=0, dtick=_nice_step(float(x.max() - x.min()) if len(x) else 1.0), row=row, col=1)
-        for phase, label in PARTS.items():
+        for phase in used:
+            label = PARTS[phase]
             fig.add_trace(go.Bar(x=x, y=to_ms(parts[phase]), name=label, legendgroup=phase, showlegend=row == 1,
                                  marker=dict(color=PHASE_COLOURS[phase], line=dict(width=0)),
                                  hovertemplate="%{x:.3f} s: %{y:.2f} ms<extra>" + label + "</extra>"),
                           row=row, col=1)
         fig.update_yaxes(title_text="ms per iteration" if k == 1 else f"ms (mean of {k})", row=row, col=1)
     fig.update_xaxes(title_text="time since recording start (s)", row=len(shown), col=1)
+    fig.update_yaxes(matches="y")  # one scale for every leg: a taller bar is a longer iteration
     fig.update_layout(barmode="stack", bargap=0)
-    layout(fig, "Prefill iterations over time: where each one's time went", height)
+    layout(fig, "Prefill iterations over time: where each one's time went (one scale for every leg)", height)
     binned = [n for n in notes if " bars of " in n]
     notes = [n for n in notes if " bars of " not in n]
     if binned:
@@ -146,18 +151,25 @@ STATE_SPANS = {"restore": ("restore", "restore_copy"), "spec_state": ("speculati
 COPY_NAMES = {"restore_copy": "restore copy", "copy": "copy"}
 
 
-def _chosen_iteration(leg: Leg) -> pd.Series | None:
-    """The longest prefill iteration with a checkpoint; of those, one that also restored, else one
-    that saved the prompt, when there is such (so those are drawn too)."""
+def _chosen_iteration(leg: Leg, warmup=AUTO) -> pd.Series | None:
+    """The median prefill iteration with a checkpoint after the warm-up (the warm-up's, when
+    there is no other: a longest would pick a warm-up miss); of those, one that also restored,
+    else one that saved the prompt, when there is such (so those are drawn too). The median of
+    an even count is the lower middle one: an iteration that happened."""
     it = leg.prefill
-    with_ck = it.loc[(it["checkpoints"] > 0).to_numpy()]
-    pick = with_ck if len(with_ck) else it
+    w = split(leg.analysis, warmup)
+    steady = it.loc[w.warm_iterations] if w.warm_iterations.any() else it
+    with_ck = steady.loc[(steady["checkpoints"] > 0).to_numpy()]
+    pick = with_ck if len(with_ck) else steady
     for table in (leg.restores, leg.prompt_saves):
         held = pick.loc[pick["iter"].isin(set(table["iter"])).to_numpy()]
         if len(held):
             pick = held
             break
-    return pick.loc[pick["span_ns"].idxmax()] if len(pick) else None
+    if not len(pick):
+        return None
+    order = pick.sort_values(["span_ns", "start_ns"], kind="stable")
+    return order.iloc[(len(order) - 1) // 2]
 
 
 def _state_rows(ev: pd.DataFrame, tid: int, t0: int, t1: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -182,12 +194,12 @@ def _state_count(leg: Leg, r: pd.Series) -> int:
     return int((leg.restores["iter"] == r["iter"]).sum() + (leg.prompt_saves["iter"] == r["iter"]).sum())
 
 
-def timeline_panel(legs: list[Leg]) -> Panel:
-    """Per arm, its longest prefill iteration (first leg of the arm that has one)."""
+def timeline_panel(legs: list[Leg], warmup=AUTO) -> Panel:
+    """Per arm, its median prefill iteration (first leg of the arm that has one)."""
     chosen: dict[str, tuple[Leg, pd.Series]] = {}
     for leg in legs:
         if leg.label not in chosen:
-            row = _chosen_iteration(leg)
+            row = _chosen_iteration(leg, warmup)
             if row is not None and row["checkpoints"] > 0:
                 chosen[leg.label] = (leg, row)
     if not chosen:
@@ -260,8 +272,8 @@ def timeline_panel(legs: list[Leg]) -> Panel:
         fig.update_yaxes(categoryorder="array", categoryarray=y_order[::-1], row=row, col=1)
         fig.update_xaxes(title_text="ms since iteration start", row=row, col=1)
     fig.update_layout(barmode="overlay")
-    return Panel(layout(fig, "One prefill iteration per arm (the longest): checkpoints, restores and state "
-                              "saves, and their phases", height), notes=notes)
+    return Panel(layout(fig, "One prefill iteration per arm (the median after the warm-up): checkpoints, restores "
+                              "and state saves, and their phases", height), notes=notes)
 
 
 # -- distributions -------------------------------------------------------------------------------
@@ -428,9 +440,13 @@ def churn_panel(legs: list[Leg]) -> Panel:
     fig.update_yaxes(title_text="%", range=[0, 100], row=1, col=3)
     layout(fig, "Page faults, mmap/munmap churn and pool hits per leg", 420)
     fig.update_layout(barmode="group", showlegend=False)
+    for col, values in ((1, fpm), (3, hit)):
+        for name, v in zip(names, values):
+            if v is None:  # an empty bar says why
+                fig.add_annotation(x=name, y=0, text="not recorded", showarrow=False, yshift=12, row=1, col=col)
     notes = []
     if any(v is None for v in fpm + hit):
-        notes.append("Faults per MiB or pool hit rate missing from an analysis summary: bar left empty.")
+        notes.append("Faults per MiB or pool hit rate not recorded in a leg's summary: its bar says so.")
     return Panel(fig, notes=notes)
 
 
@@ -520,17 +536,33 @@ def _flatten(d: dict, prefix: str = "") -> dict:
 
 
 def _fmt_summary(key: str, v) -> str:
-    if isinstance(v, bool) or v is None:
-        return plain(v)
+    """A summary figure with its unit: times in ms, bytes in MiB, shares and rates in %, counts
+    as whole numbers, yes/no, and "not recorded" for none."""
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if v is None:
+        return "not recorded"
     if isinstance(v, (int, float, np.integer, np.floating)):
+        whole = isinstance(v, (int, np.integer))
         v = float(v)
         if not math.isfinite(v):
             return "-"
+        name = key.rsplit(".", 1)[-1]
         if key.rsplit(".", 1)[0].endswith("_ns") and not key.endswith((".count", ".not_recorded")):
             return f"{v / 1e6:,.3f} ms"
-        return f"{v:,.6g}"
+        if name.endswith("_ns_per_mib") or name == "ns_per_mib":
+            return f"{v / 1e6:,.3f} ms per MiB"
+        if name.endswith("_bytes"):
+            return f"{v / MIB:,.1f} MiB"
+        if name.endswith(("_share", "_rate")) or name.startswith("checkpoint_share"):
+            return f"{100 * v:.1f}%"
+        if name.endswith("_per_mib"):
+            return f"{v:,.1f} per MiB"
+        if name.endswith("_s"):
+            return f"{v:,.2f} s"
+        return f"{int(v):,}" if whole or v.is_integer() else f"{v:,.3f}"
     if isinstance(v, (list, tuple)):
-        return _lines(v)
+        return _lines(v) if v else "none"
     return plain(v)
 
 
@@ -553,6 +585,8 @@ def header_panel(title: str, legs: list[Leg], comparison, notes: list[str]) -> P
             rows.append(("result", [_wrap(comparison.explanation)]))
         if getattr(comparison, "samples", ""):
             rows.append(("samples", [_wrap(comparison.samples)]))
+        if getattr(comparison, "machine", None):
+            rows.append(("machine", [_wrap(comparison.machine["said"])]))
         for w in getattr(comparison, "warnings", []) or []:
             rows.append(("warning", [_wrap(w)]))
     for note in notes:

@@ -17,7 +17,7 @@ from ckptrace.errors import CkptraceError
 from ckptrace.output import write_output
 from ckptrace.terminal import printable
 
-from . import memory, panels
+from . import answer, memory, panels
 from .legs import make_legs, plain
 from .requests import requests_panel
 from .whatif import whatif_panel
@@ -43,13 +43,15 @@ _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
 def build_panels(analyses: list, comparison=None, title: str = "ckptrace report",
                  notes: Sequence[str] = (), requests: list | None = None) -> list[tuple[str, panels.Panel]]:
-    """(panel id, Panel) in page order, the header first. Panels without a figure are omitted ones.
+    """(panel id, Panel) in page order: the answer, the breakdown, the header, then the rest.
+    Panels without a figure are omitted ones.
 
     `notes`: extra plain-text lines for the header (escaped here), e.g. why there is no comparison.
     `requests`: per leg, its request table (analyzers.requests.request_table) or None; with any,
     the requests panel follows the comparison.
     """
     legs = make_legs(analyses, comparison.baseline if comparison is not None else None)
+    first = [("answer", answer.answer_panel(comparison, title)), ("breakdown", answer.breakdown_panel(legs, comparison))]
     body = [
         ("comparison", panels.comparison_panel(comparison) if comparison is not None
          else panels.Panel(None, "one label only: nothing to compare" if len({leg.label for leg in legs}) == 1
@@ -57,7 +59,7 @@ def build_panels(analyses: list, comparison=None, title: str = "ckptrace report"
         *([("requests", requests_panel(legs, requests))] if requests and any(t is not None for t in requests)
           else []),
         ("iterations", panels.iterations_panel(legs)),
-        ("timeline", panels.timeline_panel(legs)),
+        ("timeline", panels.timeline_panel(legs, comparison.warmup_setting if comparison is not None else "auto")),
         ("distributions", panels.distributions_panel(legs)),
         ("churn", panels.churn_panel(legs)),
         ("memory", memory.memory_panel(legs)),
@@ -66,11 +68,12 @@ def build_panels(analyses: list, comparison=None, title: str = "ckptrace report"
         ("summary", panels.summary_panel(legs)),
         ("metadata", panels.metadata_panel(legs)),
     ]
-    page_notes = [plain(n) for n in notes] + [n for _, p in body for n in p.notes]
+    page_notes = [plain(n) for n in notes] + [n for _, p in first + body for n in p.notes]
     page_notes += [f"{leg.name}: cut short: {plain(leg.meta.cut_short or 'the recorder did not finish this trace')}"
                    for leg in legs if leg.meta.complete is False]
-    page_notes += [f"Panel '{pid}' omitted: {p.omitted}." for pid, p in body if p.figure is None]
-    return [("header", panels.header_panel(title, legs, comparison, page_notes))] + body
+    page_notes += [f"Panel '{pid}' omitted: {p.omitted}." for pid, p in first + body if p.figure is None]
+    # The answer first (when there is a comparison), then where the time goes, then the header.
+    return first + [("header", panels.header_panel(title, legs, comparison, page_notes))] + body
 
 
 def render_html(parts: list[tuple[str, panels.Panel]]) -> str:

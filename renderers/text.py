@@ -89,9 +89,15 @@ def checkpoint_lines(analysis, limit: int | None) -> list[str]:
     for i, (k, v) in enumerate(cols.items()):
         if len(shown):
             body = body + (" " if i else "") + v.astype("str").str.rjust(widths[k])
-    lines = [wrap("Checkpoints (ms; d = draft, s = speculative round; fill ~ derived: the growth is inlined in "
-                  "this build, total - copy; fault: the faults' whole cost, * estimated; cpu: on CPU, "
-                  "wait: waiting for a CPU; - = not recorded)"), head, *body.tolist()]
+    # The legend names only the marks this table shows.
+    marks = [("d = draft", shown["draft"].any()), ("s = speculative round", shown["spec"].any()),
+             ("fill ~ derived: the growth is inlined in this build, total - copy",
+              (shown["fill_source"] == "derived").any())]
+    fault = "fault: the faults' whole cost" + (", * estimated" if (shown["fault_source"] == "estimated").any() else "")
+    missing = any(v.eq("-").any() for k, v in cols.items() if k in ("total", "fill", "copy", "fault", "cpu", "wait"))
+    legend = "; ".join(["ms"] + [m for m, on in marks if on] + [fault, "cpu: on CPU, wait: waiting for a CPU"]
+                       + (["- = not recorded"] if missing else []))
+    lines = [wrap(f"Checkpoints ({legend})"), head, *body.tolist()]
     if len(shown) < len(ck):
         lines.append(f"... {len(ck) - len(shown)} more (--all shows every row)")
     return lines

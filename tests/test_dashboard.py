@@ -22,8 +22,8 @@ HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
 HOSTILE_TITLE = "</script><script>document.title='pwned-title'</script>"
 # Tags plotly.js itself would honour in figure text: a label must show them, not become them.
 MARKUP = "<b>pool-on</b> <a href='https://example.com/x'>link</a>"
-ALL_PANELS = {"header", "comparison", "iterations", "timeline", "distributions", "churn", "memory", "whatif", "summary",
-              "metadata"}  # "processes" only for legs of several processes (test_memory.py)
+ALL_PANELS = {"answer", "breakdown", "header", "comparison", "iterations", "timeline", "distributions", "churn",
+              "memory", "whatif", "summary", "metadata"}  # "processes" only for legs of several processes (test_memory.py)
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def test_one_label_has_no_comparison_and_says_so(aba):
     analyses, _ = aba
     parts = build_panels([analyses[0]], None, "t")
     figs = figures(parts)
-    assert set(figs) == ALL_PANELS - {"comparison"}
+    assert set(figs) == ALL_PANELS - {"comparison", "answer"}
     header_text = json.dumps(figs["header"].to_plotly_json()["data"])
     assert "Panel 'comparison' omitted: one label only" in header_text
 
@@ -323,3 +323,64 @@ def test_a_real_recording_renders_its_own_numbers(require_root_ebpf, workload, t
         truth_ns = (prefill["end_ns"] - prefill["start_ns"]).to_numpy()
         assert len(stacked_ns) == len(truth_ns)
         assert within_clock(stacked_ns, truth_ns), (stacked_ns, truth_ns)
+
+
+# -- the answer first (issue 21) ------------------------------------------------------------------
+
+def test_the_answer_card_comes_first_and_shows_the_headline(aba):
+    analyses, comparison = aba
+    parts = build_panels(analyses, comparison, "t")
+    assert [pid for pid, _ in parts][:3] == ["answer", "breakdown", "header"]
+    fig = parts[0][1].figure
+    h = comparison.headline
+    values = [tr.value for tr in fig.data]
+    assert values[0] == pytest.approx(h["checkpoint"]["removed_ms"]) and values[1] == pytest.approx(h["prefill"]["removed_ms"])
+    assert values[2] == pytest.approx(100 * h["hit_rate"]["rate"])
+    title = fig.layout.title.text
+    assert "removes" in title and "per checkpoint" in title and "hit the pool" in title
+
+
+def test_one_stacked_bar_per_arm_adds_up_to_its_mean_warm_checkpoint(aba):
+    from ckptrace.analyzers.warmup import split
+
+    analyses, comparison = aba
+    fig = figures(build_panels(analyses, comparison, "t"))["breakdown"]
+    bars = [tr for tr in fig.data if tr.type == "bar" and tr.xaxis == "x"]  # the checkpoint chart
+    assert {tr.name for tr in bars} <= {"fill (on CPU, excl. faults)", "copy (on CPU, excl. faults)", "page faults",
+                                         "waiting for a CPU", "other (incl. blocked)"}
+    for i, label in enumerate(dict.fromkeys(a.trace.label for a in analyses)):
+        legs = [a for a in analyses if a.trace.label == label]
+        totals = np.concatenate([a.checkpoints["total_ns"].to_numpy()[split(a).warm] for a in legs])
+        assert sum(tr.x[i] for tr in bars) == pytest.approx(totals.mean() / 1e6, rel=1e-6)
+    assert len({tr.xaxis for tr in fig.data}) == 2  # per checkpoint, per prefill iteration: one axis each
+
+
+def test_every_leg_shares_one_scale_and_the_timeline_is_the_median_iteration(aba):
+    from ckptrace.analyzers.warmup import split
+
+    analyses, comparison = aba
+    figs = figures(build_panels(analyses, comparison, "t"))
+    axes = [k for k in figs["iterations"].layout if k.startswith("yaxis")]
+    assert len(axes) == len(analyses) and all(figs["iterations"].layout[k].matches == "y" for k in axes)
+    title = figs["timeline"].layout.annotations[0].text  # the first arm's subplot title
+    a = analyses[0]
+    pre = a.iterations[a.iterations["kind"] == "prefill"].loc[split(a).warm_iterations]
+    spans = np.sort(pre.loc[pre["checkpoints"] > 0, "span_ns"].to_numpy())
+    assert f"({spans[(len(spans) - 1) // 2] / 1e6:.1f} ms," in title and spans[-1] > spans[(len(spans) - 1) // 2]
+
+
+def test_tables_have_units_and_legends_show_only_what_is_drawn():
+    from ckptrace.trace import Trace
+
+    traces = synthetic_aba(checkpoints=20)
+    for t in traces:  # as a format 1 trace: no on-CPU time, no wait
+        ev = t.events.copy()
+        ev[["cpu_ns", "wait_ns"]] = None
+        t.events = ev
+    analyses = [analyze_trace(t) for t in traces]
+    figs = figures(build_panels(analyses, compare(analyses), "t"))
+    cells = json.dumps(figs["summary"].to_plotly_json()["data"][0]["cells"]["values"])
+    assert not re.search(r"\de[+-]\d", cells) and "True" not in cells and "False" not in cells and "None" not in cells
+    assert "MiB" in cells and "%" in cells and "not recorded" in cells
+    names = {tr.name for tr in figs["iterations"].data} | {tr.name for tr in figs["breakdown"].data if tr.name}
+    assert "waiting for a CPU" not in names  # none recorded: no legend for it
