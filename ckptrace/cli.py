@@ -25,6 +25,7 @@ COMMANDS = {
     "export": "Write traces as a timeline for Perfetto (protobuf) or Chrome (Trace Event JSON).",
     "serve": "Serve Prometheus metrics of running servers' checkpoints at /metrics.",
     "whatif": "Predict what a checkpoint-buffer pool would do from a pool-off recording.",
+    "workload": "Print the sample workload's path (built first if needed), for record -- PATH.",
 }
 
 
@@ -60,7 +61,7 @@ class LazyGroup(click.Group):
              epilog="""\b
 Examples:
   ckptrace doctor
-  ckptrace record -o off.parquet --label pool-off -- ckpt-workload --pool off
+  ckptrace record -o off.parquet --label pool-off -- "$(ckptrace workload)" --pool off
   ckptrace record --pid $(pidof llama-server) -o live.parquet --duration 60
   ckptrace analyze off.parquet
   ckptrace compare off1.parquet on.parquet off2.parquet

@@ -16,7 +16,8 @@ from ckptrace.probes.recorder import FAULT_SAMPLE_CHOICES
     epilog="""\b
 Examples:
   # launch: probes are in place before the command's first instruction
-  ckptrace record -o off.parquet --label pool-off -- ckpt-workload --pool off
+  # (the sample workload: its path from `ckptrace workload`)
+  ckptrace record -o off.parquet --label pool-off -- "$(ckptrace workload)" --pool off
   # attach to a running server for 60 s
   ckptrace record --pid $(pidof llama-server) -o live.parquet --duration 60
   # two servers at once, each with its own label (PID=LABEL; a comma list works too)
@@ -24,7 +25,7 @@ Examples:
   # every running llama-server (waits for one if none runs yet)
   ckptrace record --comm llama-server -o fleet.parquet --duration 60
   # also the legacy per-fault service interval, on every fault (costs about 13%: docs/performance.md)
-  ckptrace record --fault-sample 1 -o legacy.parquet -- ckpt-workload
+  ckptrace record --fault-sample 1 -o legacy.parquet -- "$(ckptrace workload)"
 """,
 )
 @click.option("--pid", "pids", multiple=True, metavar="PID[=LABEL]",

@@ -1,0 +1,104 @@
+"""README's quickstart, run as written: its commands on the sample workload, verbatim.
+
+The first block runs whole (bash -eu, `ckptrace` on PATH, in an empty folder). The "your server"
+block runs line by line against the sample workload running as the server: its commands as
+written, the placeholder X replaced by that process's pid, and "Ctrl-C to stop" done by
+SIGINT once the recording holds checkpoints. README stays a front door: under 300 lines, its
+two set-up commands as they are.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import CKPTRACE, ckptrace, wait_until
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+SETUP = ["bash scripts/setup.sh demo    # install everything, then run the demo (record A/B/A, analyze, dashboard)",
+         "bash scripts/setup.sh test    # install everything, then run the whole test suite (what .ci/run does)"]
+
+
+def quickstart_blocks() -> list[str]:
+    """The ```sh blocks of README's Quickstart section, in order."""
+    text = README.read_text()
+    section = text.split("## Quickstart", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```sh\n(.*?)```", section, re.S)
+
+
+def env() -> dict:
+    return {**os.environ, "PATH": f"{CKPTRACE.parent}:{os.environ['PATH']}"}
+
+
+def test_readme_is_a_front_door():
+    text = README.read_text()
+    assert len(text.splitlines()) < 300
+    for line in SETUP:
+        assert line in text
+    blocks = quickstart_blocks()
+    assert "W=$(ckptrace workload)" in blocks[0] and "ckptrace record --pid X" in blocks[1]
+
+
+def test_workload_command_prints_the_sample_path():
+    from ckptrace.samples import workload_binary
+
+    p = ckptrace("workload")
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.strip() == str(workload_binary()) and os.access(p.stdout.strip(), os.X_OK)
+
+
+@pytest.mark.ebpf
+def test_the_sample_block_runs_as_written(require_root_ebpf, tmp_path):
+    block = quickstart_blocks()[0]
+    p = subprocess.run(["bash", "-euo", "pipefail", "-c", block], cwd=tmp_path, env=env(), capture_output=True,
+                       text=True, timeout=900)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = p.stdout
+    assert out.startswith("pool-on removes "), out[:400]  # the answer first
+    assert re.search(r"^ckpt faults .* faster$", out, re.M), out  # exact counts: a wide margin
+    assert "slower" not in out
+    assert (tmp_path / "report.html").stat().st_size > 100_000
+    assert all((tmp_path / f).exists() for f in ("off.parquet", "on.parquet", "off2.parquet"))
+
+
+def _run_line(line: str, cwd: Path, pid: int) -> subprocess.CompletedProcess:
+    """One README command with X as `pid`; a recording that waits for Ctrl-C gets SIGINT once it
+    holds checkpoints."""
+    cmd = re.sub(r"(--pid )X\b", rf"\g<1>{pid}", line.split("#", 1)[0].strip())
+    if "record" not in cmd or "--duration" in cmd:
+        return subprocess.run(["bash", "-c", cmd], cwd=cwd, env=env(), capture_output=True, text=True, timeout=300)
+    rec = subprocess.Popen(["bash", "-c", "exec " + cmd], cwd=cwd, env=env(), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        out = Path(cwd) / re.search(r"-o (\S+)", cmd).group(1)
+        wait_until(lambda: out.exists() and out.stat().st_size > 20_000, f"checkpoints in {out}", 120, watch=rec)
+        rec.send_signal(signal.SIGINT)  # "Ctrl-C to stop"
+        stdout, stderr = rec.communicate(timeout=120)
+    finally:
+        if rec.poll() is None:
+            rec.kill()
+    return subprocess.CompletedProcess(cmd, rec.returncode, stdout, stderr)
+
+
+@pytest.mark.ebpf
+def test_the_your_server_block_runs_as_written(require_root_ebpf, workload, tmp_path):
+    server = subprocess.Popen([str(workload), "--iterations", "100000", "--gap-us", "20000", "--pool", "off"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        results = [_run_line(line, tmp_path, server.pid) for line in quickstart_blocks()[1].splitlines()
+                   if line.startswith("ckptrace ")]
+    finally:
+        server.kill()
+        server.wait()
+    for r in results:
+        assert r.returncode == 0, (r.args, r.stderr[-2000:])
+    analyzed = results[-1].stdout
+    assert analyzed.startswith("trace off.parquet") and re.search(r"^\d+ checkpoints", analyzed, re.M)
+    doc = json.loads(ckptrace("analyze", "--json", tmp_path / "off.parquet").stdout)
+    assert doc["summary"]["checkpoints"] > 0 and doc["trace"]["pid"] == server.pid
+    assert doc["trace"]["machine"]["recorded"]  # what else the machine did, recorded beside it
