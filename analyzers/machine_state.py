@@ -32,16 +32,28 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-# figure -> (what it is, how it is shown, tolerance: the largest spread over the legs that is one state)
+# figure -> (what it is, how it is shown, tolerance: the largest spread over the legs that is one
+# state). The spread is highest less lowest, except for the CPU frequency (of the highest) and the
+# spans' wait (the ratio of the legs' 1 / (1 - wait share): what waiting did to their wall times;
+# at 80% waiting, 5 points more wait is 1.33 times the wall time).
 STATE_FIGURES: dict[str, tuple[str, str, float]] = {
     "others_cores": ("other tasks' CPU", "cores", 0.3),
     "psi_cpu_some": ("time some task waited for a CPU (PSI)", "%", 0.15),
     "psi_memory_some": ("time some task stalled on memory (PSI)", "%", 0.05),
     "steal_share": ("steal", "%", 0.05),
-    "cpu_mhz": ("CPU frequency", "MHz", 0.05),  # relative: of the highest
+    "cpu_mhz": ("CPU frequency", "MHz", 0.05),
     "throttle_events": ("thermal throttling", "events", 0.0),
-    "wait_share": ("the spans' waiting for a CPU", "%", 0.10),  # from the trace's own spans
+    "wait_share": ("the spans' waiting for a CPU", "%", 1.10),  # from the trace's own spans
 }
+
+
+def spread(name: str, lo: float, hi: float) -> float:
+    """How far apart the legs are on a figure, in the unit of its tolerance."""
+    if name == "cpu_mhz":
+        return (hi - lo) / hi if hi else 0.0
+    if name == "wait_share":
+        return math.inf if hi >= 1 else (1 - lo) / (1 - hi)
+    return hi - lo
 CPU_FACTOR = 1.35  # measured: docs/validation.md, "Machine state"
 ALPHA = 0.05
 MAX_SPLITS = 20_000  # above this many splits of the legs, the rank test samples them
@@ -110,8 +122,7 @@ def guard(analyses: list) -> Guard:
         if len(values) < 2:
             continue
         lo, hi = min(v for _, v in values), max(v for _, v in values)
-        spread = (hi - lo) / hi if name == "cpu_mhz" and hi else hi - lo
-        if spread > tol:
+        if spread(name, lo, hi) > tol:
             per_leg = ", ".join(f"leg {i} {_show(name, v)}" for i, v in values)
             extra = f" (of {figures[0]['cpus']} CPUs)" if name == "others_cores" else ""
             diffs.append(f"{what} {per_leg}{extra}")

@@ -147,10 +147,11 @@ def make(image: str, perfetto_cache: Path) -> dict:
             "made": dt.date.today().isoformat()}
 
 
-def stale(stamps: dict) -> list[str]:
-    """Images whose stamp no longer matches: an input changed, or the code renders another file."""
+def stale(stamps: dict, images=None) -> list[str]:
+    """Images (default: all) whose stamp no longer matches: an input changed, or the code renders
+    another file."""
     out = []
-    for image in IMAGES:
+    for image in images or IMAGES:
         s = stamps.get(image)
         if s is None:
             out.append(f"{image}: no stamp")
