@@ -141,8 +141,7 @@ def breakdown_panel(legs: list[Leg], comparison=None) -> Panel:
     notes = []
     if "wait" in missing:
         notes.append("Breakdown: no waiting for a CPU part (none recorded, or none waited).")
-    height = 200 + 60 * len(arms)
-    _layout(fig, "Where the time goes, per arm (the same parts as the prefill iterations below)", max(320, height))
-    fig.update_layout(legend=dict(orientation="h", x=0, y=1.0, yanchor="bottom", yref="container"),
-                      margin=dict(t=110))
+    height = 240 + 60 * len(arms)
+    _layout(fig, "Where the time goes, per arm (the same parts as the prefill iterations below)", max(360, height))
+    fig.update_layout(legend=dict(orientation="h", x=0, y=-0.25, yanchor="top"), margin=dict(b=110))
     return Panel(fig, notes=notes)
