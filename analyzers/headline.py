@@ -125,26 +125,42 @@ def sentence(h: dict, candidate: str, baseline: str, quote=str) -> str:
     return out + f", against {quote(baseline)}."
 
 
-def stacked_parts(checkpoints, warm_mask) -> dict[str, float]:
-    """One arm's mean warm checkpoint split into fill, copy, faults, wait, other (ms, adding up to
-    its mean wall time): fill and copy on CPU less their fault time (wall where on-CPU time was
-    not recorded), fault time, run-queue wait, and the rest (blocked, and what is neither)."""
-    ck = checkpoints.loc[warm_mask]
-    if not len(ck):
-        return {}
+# What a checkpoint's or an iteration's time is split into, bottom to top; the same everywhere.
+PARTS = ("fill", "copy", "faults", "wait", "other")
+
+
+def time_parts(frame, span: str = "span_ns"):
+    """Each row's `span` (wall time) split into PARTS, adding up to it, and how many rows' fault
+    time had to be cut to its phase's time.
+
+    With on-CPU time recorded, fill and copy are their on-CPU time less their fault time, and
+    the run-queue wait is its own part, within what those leave of the wall time (clocks read at
+    slightly different instants can disagree by a little); without it, fill and copy are wall
+    times less their fault time and there is no wait part. Fault time not recorded counts as 0
+    (fill and copy keep it). `other` is the rest: blocked, and what is neither."""
+    import pandas as pd
 
     def col(name):
-        return ck[name].to_numpy(dtype="float64", na_value=np.nan)
+        return frame[name].to_numpy(dtype="float64", na_value=np.nan)
 
     timed = ~np.isnan(col("fill_cpu_ns")) & ~np.isnan(col("copy_cpu_ns")) & ~np.isnan(col("wait_ns"))
     fill = np.where(timed, col("fill_cpu_ns"), col("fill_ns"))
     copy = np.where(timed, col("copy_cpu_ns"), col("copy_ns"))
-    ff, cf = np.minimum(np.nan_to_num(col("fill_fault_ns")), fill), np.minimum(np.nan_to_num(col("copy_fault_ns")), copy)
-    total = col("total_ns")
-    parts = {"fill": fill - ff, "copy": copy - cf, "faults": ff + cf}
-    rest = np.maximum(total - sum(parts.values()), 0.0)
-    # the checkpoint's wait, within what fill, copy and faults leave of its wall time (clocks read
-    # at slightly different instants can disagree by a little): the parts add up to the mean total
+    fill_fault, copy_fault = np.nan_to_num(col("fill_fault_ns")), np.nan_to_num(col("copy_fault_ns"))
+    over = int(((fill_fault > fill) | (copy_fault > copy)).sum())
+    fill_fault, copy_fault = np.minimum(fill_fault, fill), np.minimum(copy_fault, copy)
+    parts = pd.DataFrame({"start_ns": frame["start_ns"].to_numpy(), "fill": fill - fill_fault,
+                          "copy": copy - copy_fault, "faults": fill_fault + copy_fault})
+    rest = np.maximum(col(span) - (parts["fill"] + parts["copy"] + parts["faults"]).to_numpy(), 0.0)
     parts["wait"] = np.minimum(np.where(timed, np.nan_to_num(col("wait_ns")), 0.0), rest)
-    parts["other"] = rest - parts["wait"]
-    return {k: float(np.mean(v)) / 1e6 for k, v in parts.items()}
+    parts["other"] = rest - parts["wait"].to_numpy()
+    return parts, over
+
+
+def stacked_parts(checkpoints, warm_mask) -> dict[str, float]:
+    """One arm's mean warm checkpoint split into PARTS (ms, adding up to its mean wall time)."""
+    ck = checkpoints.loc[warm_mask]
+    if not len(ck):
+        return {}
+    parts, _ = time_parts(ck, "total_ns")
+    return {p: float(parts[p].mean()) / 1e6 for p in PARTS}

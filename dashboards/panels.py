@@ -20,6 +20,7 @@ from ckptrace.meta import TraceMeta
 from ckptrace.trace import time_origin
 from ckptrace.units import MIB
 
+from ckptrace.analyzers.headline import PARTS as TIME_PARTS, time_parts
 from ckptrace.analyzers.warmup import AUTO, split
 
 from .legs import (MAX_BARS, MAX_POINTS, PHASE_COLOURS, VERDICT_COLOURS, Leg, bin_rows,
@@ -45,32 +46,15 @@ def layout(fig: go.Figure, title: str, height: int) -> go.Figure:
 # -- per prefill iteration, stacked over time ---------------------------------------------------
 
 # What a prefill iteration's time is split into, bottom to top; every leg the same way.
-PARTS = {"fill": "fill (on CPU, excl. faults)", "copy": "copy (on CPU, excl. faults)", "faults": "page faults",
-         "wait": "waiting for a CPU", "other": "other (incl. blocked)"}
+PARTS = dict(zip(TIME_PARTS, ("fill (on CPU, excl. faults)", "copy (on CPU, excl. faults)", "page faults",
+                              "waiting for a CPU", "other (incl. blocked)")))
 
 
 def iteration_parts(it: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """Each iteration's span split into PARTS (they add up to it), and how many had to be cut.
+    """Each iteration's span split into PARTS (they add up to it), and how many had to be cut
+    (analyzers/headline.py time_parts: the same split as the per-arm bars)."""
+    return time_parts(it, "span_ns")
 
-    With on-CPU time recorded, fill and copy are their on-CPU time less their fault time, and
-    the iteration's run-queue wait is its own part; without it, fill and copy are wall times less
-    their fault time and there is no wait part. Fault time not recorded draws as 0 (fill keeps it).
-    """
-    def col(name):
-        return it[name].to_numpy(dtype="float64", na_value=np.nan)
-
-    timed = ~np.isnan(col("fill_cpu_ns")) & ~np.isnan(col("copy_cpu_ns")) & ~np.isnan(col("wait_ns"))
-    fill = np.where(timed, col("fill_cpu_ns"), col("fill_ns"))
-    copy = np.where(timed, col("copy_cpu_ns"), col("copy_ns"))
-    fill_fault = np.nan_to_num(col("fill_fault_ns"))
-    copy_fault = np.nan_to_num(col("copy_fault_ns"))
-    over = int(((fill_fault > fill) | (copy_fault > copy)).sum())
-    fill_fault, copy_fault = np.minimum(fill_fault, fill), np.minimum(copy_fault, copy)
-    wait = np.where(timed, np.nan_to_num(col("wait_ns")), 0.0)
-    parts = pd.DataFrame({"start_ns": it["start_ns"].to_numpy(), "fill": fill - fill_fault, "copy": copy - copy_fault,
-                          "faults": fill_fault + copy_fault, "wait": wait})
-    parts["other"] = np.maximum(col("span_ns") - parts[list(PARTS)[:-1]].sum(axis=1).to_numpy(), 0.0)
-    return parts, over
 
 def iterations_panel(legs: list[Leg]) -> Panel:
     shown = [leg for leg in legs if len(leg.prefill)]
