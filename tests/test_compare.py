@@ -421,7 +421,7 @@ def test_legs_in_one_state_are_judged_as_usual():
 
 def test_a_change_of_state_holds_back_what_it_can_explain_and_not_more():
     # Leg 2 ran beside a busy neighbour (1.5 cores against 0.2): a 25% smaller fill is within
-    # what that can explain (on CPU x1.35), a 90% smaller one is not; the fault count is exact.
+    # what that can explain (on CPU x1.5), a 90% smaller one is not; the fault count is exact.
     busy = [mem_leg("A", state(0.2), seed=1), mem_leg("B", state(1.5), seed=2, fill_ms=18), mem_leg("A", state(0.2), seed=3)]
     c = compare(busy)
     assert not c.machine["one_state"]
