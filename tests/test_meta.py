@@ -9,8 +9,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from ckptrace.errors import TraceFormatError
-from ckptrace.meta import (FaultTime, GpuInfo, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, ProcessMemory,
-                           ProfileInfo, SchedCounters, TraceMeta)
+from ckptrace.meta import (FaultTime, GpuInfo, MachineState, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo,
+                           ProcessMemory, ProfileInfo, SchedCounters, TraceMeta)
 from ckptrace.trace import read_meta, read_trace, write_trace
 from helpers import assert_one_line_error, ckptrace
 from test_analyzers import make_events, slots_rows
@@ -36,6 +36,7 @@ def full_meta() -> TraceMeta:
         threads_peak=16,
         profile=ProfileInfo("11434", "g", ["update_tgt", "fill"], ["prompt_save"], {"update_tgt": "11434"}),
         gpu=GpuInfo(["/lib/libcudart.so.12"], ["cudaMemcpyAsync"], ["exceptions:page_fault_user"], 1, 2, False),
+        machine=MachineState(True, "n", 5.0, 2, 5, 0.5, 0.25, 0.75, 1.0, 0.01, 0.2, 0.1, 0.05, 2500.0, 2600.0, 3),
         extra={"from_a_newer_writer": {"x": [1]}})
 
 
