@@ -23,7 +23,7 @@ def interleaved(n: int) -> list[tuple[str, str]]:
 
 
 def legs_said(n: int) -> str:
-    return "/".join("pool-off" if i % 2 == 0 else "pool-on" for i in range(n)) if n <= 3 else \
+    return " / ".join("pool-off" if i % 2 == 0 else "pool-on" for i in range(n)) if n <= 3 else \
         f"{n} legs, pool-off and pool-on in turn"
 
 
