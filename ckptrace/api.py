@@ -245,9 +245,17 @@ class Comparison:
 
     @property
     def headline(self) -> str:
-        """The answer in one sentence: the candidate's checkpoint and prefill time against the baseline."""
+        """The answer in one sentence: what the candidate removes per checkpoint and per prefill
+        iteration (on CPU, with its interval), its hit rate and its memory cost (analyzers/headline.py)."""
         head = getattr(self.result, "headline", None)
+        if isinstance(head, dict) and head.get("sentence"):
+            return head["sentence"]
         return head if isinstance(head, str) and head else self.explanation.split(". ")[0].rstrip(".") + "."
+
+    headline_figures = property(lambda self: self.result.headline or {},
+                                doc="The headline's figures: checkpoint, prefill, ttft_p90, hit_rate, memory.")
+    warmup = property(lambda self: self.result.warmup, doc="Each arm's warm-up, left out of the metrics (--warmup).")
+    machine = property(lambda self: self.result.machine, doc="The machine-state guard: one state or how the legs differ.")
 
     def verdict(self, metric: str) -> str:
         """A metric's verdict: faster, slower, no change, within drift, not judged, not measured or

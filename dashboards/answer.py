@@ -16,7 +16,7 @@ from ckptrace.analyzers.headline import sentence, stacked_parts
 from ckptrace.analyzers.warmup import AUTO, prefill_rows, split
 
 from .legs import PHASE_COLOURS, VERDICT_COLOURS, Leg, plain
-from .panels import PARTS, Panel, _layout, iteration_parts
+from .panels import PARTS, Panel, iteration_parts, layout
 
 
 CARD = "#EEF2F7"  # the answer's background: a card, apart from the panels below
@@ -71,7 +71,7 @@ def answer_panel(comparison, title: str) -> Panel:
                                showarrow=False, font=dict(size=16, color="#777"))
     said = sentence(h, comparison.candidate, comparison.baseline, plain)
     lines = textwrap.wrap(said, 150, break_long_words=False, break_on_hyphens=False)
-    _layout(fig, plain(title) + "<br><span style='font-size:14px'>" + "<br>".join(lines) + "</span>",
+    layout(fig, plain(title) + "<br><span style='font-size:14px'>" + "<br>".join(lines) + "</span>",
             300 + 18 * len(lines))
     fig.update_layout(margin=dict(t=110 + 18 * len(lines), b=20), paper_bgcolor=CARD)
     return Panel(fig)
@@ -142,6 +142,6 @@ def breakdown_panel(legs: list[Leg], comparison=None) -> Panel:
     if "wait" in missing:
         notes.append("Breakdown: no waiting for a CPU part (none recorded, or none waited).")
     height = 240 + 60 * len(arms)
-    _layout(fig, "Where the time goes, per arm (the same parts as the prefill iterations below)", max(360, height))
+    layout(fig, "Where the time goes, per arm (the same parts as the prefill iterations below)", max(360, height))
     fig.update_layout(legend=dict(orientation="h", x=0, y=-0.25, yanchor="top"), margin=dict(b=110))
     return Panel(fig, notes=notes)

@@ -19,7 +19,7 @@ import pandas as pd
 
 from ckptrace.analyzers.checkpoints import CHECKPOINT_COLUMNS
 from ckptrace.analyzers.gpu import GPU_COPY_COLUMNS
-from ckptrace.analyzers.compare import LEG_COLUMNS, MEMORY_COLUMNS, METRIC_COLUMNS, POOL_COLUMNS
+from ckptrace.analyzers.compare import LEG_COLUMNS, MEMORY_COLUMNS, METRIC_COLUMNS, POOL_COLUMNS, WARMUP_COLUMNS
 from ckptrace.analyzers.iterations import ITERATION_COLUMNS
 from ckptrace.analyzers.memory import RELEASE_COLUMNS
 from ckptrace.analyzers.requests import REQUEST_COLUMNS
@@ -118,6 +118,13 @@ def comparison(extra: dict | None = None) -> dict:
         "min_effect_pct": {"type": "number"}, "statistic": {"type": "string"}, "legs": leg,
         "metrics": rows(METRIC_COLUMNS), "pool": rows(POOL_COLUMNS),
         "memory": rows(MEMORY_COLUMNS, legs_mib={"type": "array", "items": NUMBER}),
+        # the answer first (analyzers/headline.py), each arm's warm-up, the machine-state guard
+        "headline": loose(["sentence", "checkpoint", "prefill", "ttft_p90", "hit_rate", "memory"],
+                          {"sentence": {"type": "string"}}),
+        "warmup": strict({"setting": {"type": ["integer", "string"]}, "arms": rows(WARMUP_COLUMNS)}),
+        "machine": loose(["recorded", "one_state", "differences", "said"],
+                         {"recorded": {"type": "boolean"}, "one_state": {"type": "boolean"},
+                          "differences": {"type": "array", "items": {"type": "string"}}, "said": {"type": "string"}}),
         "warnings": {"type": "array", "items": {"type": "string"}}, "explanation": {"type": "string"}})
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
-from ckptrace.commands.compare import warmup_option
+from ckptrace.options import warmup_option
 from ckptrace.output import output_folder
 from ckptrace.terminal import echo
 
