@@ -377,12 +377,14 @@ def test_unwritable_output_is_refused_before_the_command_runs(tmp_path, workload
 
 
 def test_duration(tmp_path, workload):
-    """By construction: the target runs at least 8 s once signalled (its decode spins on the
-    clock: 4 prefills of 2 ubatches and 8 decodes of 1, 0.5 s each) and we ask for 1 s. A recorder
-    that honours --duration stops first and leaves it running; one that did not would stop at
-    the target's exit ("target exited")."""
+    """By construction: the target runs about 130 s once signalled (its compute spins on the
+    clock, 0.5 s a 64-token ubatch: 67 prefills of 2 ubatches and 133 decodes of 1), longer than
+    the 60 s this test waits for the recorder,
+    and we ask for 1 s. A recorder that honours --duration stops first and leaves it running; one
+    that did not would stop at the target's exit ("target exited"). (With 8 s, a recorder whose
+    stop took longer than that on a loaded machine saw the target exit first.)"""
     out = tmp_path / "d.parquet"
-    with waiting_workload(workload, "--iterations", "12", "--decode-us", "500000") as wl, \
+    with waiting_workload(workload, "--iterations", "200", "--decode-us", "500000") as wl, \
             recorder(out, "--pid", wl.pid, "--duration", "1") as rec:
         go(wl)
         _, err = rec.communicate(timeout=60)
