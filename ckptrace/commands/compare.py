@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from ckptrace.options import warmup_option
+from ckptrace.options import Finite, warmup_option
 from ckptrace.terminal import echo, printable
 
 # Exit statuses: 0 compared (gate passed), 1 an error (one line), 2 a usage error, GATE_EXIT the
@@ -82,7 +82,7 @@ times on a busy machine) and none tripped.
 @click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed (same seed, same output).")
 @click.option("--resamples", "n_boot", type=click.IntRange(min=100), default=2000, show_default=True,
               help="Bootstrap resamples per arm and metric.")
-@click.option("--min-effect", "min_effect", type=click.FloatRange(min=0), default=20.0, show_default=True,
+@click.option("--min-effect", "min_effect", type=Finite(min=0, max=1e6), default=20.0, show_default=True,
               help="Changes up to this many percent read 'within drift' even when the baseline legs agree "
                    "more closely (two legs give one drift estimate).")
 @warmup_option

@@ -8,6 +8,7 @@ import json
 import click
 
 from ckptrace.errors import TargetError
+from ckptrace.options import seconds
 
 
 class LocalURL(click.ParamType):
@@ -41,10 +42,10 @@ Examples:
               help="Prompt length, in words of about one token each.")
 @click.option("--n-predict", type=click.IntRange(1, 100000), default=8, show_default=True,
               help="Tokens to generate per request.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=300.0,
+@click.option("--timeout", "timeout_s", type=seconds(), default=300.0,
               show_default=True, help="Hard wall-clock bound on the whole run, in seconds (waiting for "
                                       "/health included): every open request is cut off then.")
-@click.option("--request-timeout", "request_timeout_s", type=click.FloatRange(min=0, min_open=True),
+@click.option("--request-timeout", "request_timeout_s", type=seconds(),
               default=None, help="Hard wall-clock bound on each request, in seconds (default: --timeout).")
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the prompts' words.")
 @click.option("--json", "as_json", is_flag=True, help="Print {schema_version, requests: [...]} as JSON for scripts (-o writes the list alone: the request file).")

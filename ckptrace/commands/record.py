@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ckptrace.options import seconds
 from ckptrace.terminal import printable
 
 from ckptrace.probes.recorder import FAULT_SAMPLE_CHOICES
@@ -39,7 +40,7 @@ Examples:
               required=True, help="Trace file: an Arrow stream while recording (a killed recorder leaves it, cut "
                    "short), replaced by the finished Parquet trace at the end.")
 @click.option("--label", default="", help="Name of this leg, e.g. pool-off (compare groups legs by it).")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--duration", type=seconds(), default=None,
               help="Stop after this many seconds.")
 @click.option("--fault-sample", type=click.Choice([str(n) for n in FAULT_SAMPLE_CHOICES]), default="0", show_default=True,
               help="Legacy: also time each page fault's service interval (a lower bound, about "
@@ -51,7 +52,7 @@ Examples:
 @click.option("--max-threads", type=click.IntRange(min=1, max=1 << 20), default=8192, show_default=True,
               help="Threads of the target the kernel follows at once (an exited thread's entry is "
                    "freed). Events of threads past it are not seen and are counted (map full).")
-@click.option("--hint-after", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+@click.option("--hint-after", type=seconds(), default=30.0, show_default=True,
               help="Say why, if no checkpoint has been seen after this many seconds.")
 @click.option("--rss-step", type=click.IntRange(min=0, max=1 << 20), default=1, show_default=True,
               metavar="MIB", help="Record the process's RSS (kmem:rss_stat) as a row each time it "

@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from ckptrace.exporters.server import DEFAULT_LISTEN
+from ckptrace.options import seconds
 
 
 @click.command(epilog=f"""\b
@@ -29,9 +30,9 @@ Examples:
 @click.option("--label", default="", help="The `label` of every series (default: the process name).")
 @click.option("--ringbuf-pages", type=click.IntRange(min=1, max=1 << 18), default=512, show_default=True,
               help="Size of the BPF ring buffer (one, shared by every process served) in 4 KiB pages, a power of two.")
-@click.option("--hint-after", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+@click.option("--hint-after", type=seconds(), default=30.0, show_default=True,
               help="With --comm: say so if no such process has appeared after this many seconds.")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--duration", type=seconds(), default=None,
               help="Stop after this many seconds (default: until Ctrl-C or SIGTERM).")
 def command(pids, comm, listen, label, ringbuf_pages, hint_after, duration):
     """Serve Prometheus metrics of the checkpoints of running processes at /metrics.
