@@ -2,10 +2,12 @@
 
 What `analyze --requests`, `compare` and `dashboard --requests` join with a trace. A request file
 may come from anyone, so reading it checks, before anything is computed: a regular file of at
-most MAX_BYTES, a JSON list of objects, each with the fields below of the right JSON type (a
-`true` is not a count) and in range, each request ending after its first token and its window
-inside the 64-bit clock. The first problem is one line naming the file, the request
-and the field. Fields a newer drive adds are ignored; `predicted_tokens` (added later) reads as NA
+most MAX_BYTES holding at most MAX_REQUESTS objects and MAX_VALUES values (counted before it is
+parsed, so the memory it takes is bounded: a 256 MiB file of `{},` once took 6 GB), a JSON list
+of objects with no key twice in one (which value would count is anyone's guess), each with the
+fields below of the right JSON type (a `true` is not a count) and in range, each request ending
+after its first token and its window inside the 64-bit clock. The first problem is one line
+naming the file, the request and the field. Fields a newer drive adds are ignored; `predicted_tokens` (added later) reads as NA
 when absent: throughput is then not recorded, never 0.
 """
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from ckptrace.errors import TraceFormatError, UsageError
@@ -22,7 +25,9 @@ from ckptrace.output import write_output
 from ckptrace.terminal import printable
 from ckptrace.validate import NS_MAX, open_regular
 
-MAX_BYTES = 256 << 20  # drive's 100,000 requests take about 25 MiB
+MAX_BYTES = 32 << 20  # drive's most, 100,000 requests, take about 23 MiB
+MAX_REQUESTS = 100_000  # objects and lists in a file: drive --requests' most
+MAX_VALUES = 16 * MAX_REQUESTS  # list items and object entries (drive writes 9 a request)
 # field -> (JSON type, may be null). start_ns is CLOCK_MONOTONIC, the clock of a trace.
 FIELDS = {
     "request": (int, False), "client": (int, False), "prompt_tokens": (int, False),
@@ -65,8 +70,12 @@ def read_requests(path: str | os.PathLike) -> pd.DataFrame:
         raise TraceFormatError(f"{shown}: cannot read it ({e})") from None
     finally:
         source.close()
+    _check_counts(shown, raw)
     try:
-        doc = json.loads(raw, parse_constant=_no_constant)
+        doc = json.loads(raw, parse_constant=_no_constant, object_pairs_hook=_no_key_twice)
+    except _KeyTwice as e:
+        raise TraceFormatError(f"{shown}: an object holds the key {printable(e.key)[:80]!r} twice (which one "
+                               "counts is anyone's guess): not a request file `ckptrace drive` wrote") from None
     except (ValueError, RecursionError):
         raise TraceFormatError(f"{shown}: not a request file (not valid JSON; write one with "
                                "`ckptrace drive URL --json -o FILE`)") from None
@@ -109,6 +118,34 @@ def _check_times(shown: str, i: int, start: int, ttft: int | None, total: int | 
     if start + longest > NS_MAX:
         raise TraceFormatError(f"{shown}: request {i + 1}: 'start_ns' + {'total_ns' if longest == total else 'ttft_ns'} "
                                f"is past {NS_MAX} ns (the latest time a trace holds; its sums stay in 64 bits)")
+
+
+def _check_counts(shown: str, raw: bytes) -> None:
+    """At most MAX_REQUESTS objects and lists and MAX_VALUES values, counted outside strings
+    before anything is parsed: what the parsed file can cost is bounded by these, not its size."""
+    # With escaped backslashes and quotes taken out, every quote opens or closes a string.
+    text = np.frombuffer(raw.replace(b"\\\\", b"").replace(b'\\"', b""), np.uint8)
+    outside = ~np.logical_xor.accumulate(text == ord('"'))
+    containers = int(np.count_nonzero(((text == ord("{")) | (text == ord("["))) & outside))
+    values = int(np.count_nonzero((text == ord(",")) & outside)) + 1  # a key and its value are one
+    if containers > MAX_REQUESTS + 1 or values > MAX_VALUES:
+        what = f"{containers} objects and lists" if containers > MAX_REQUESTS + 1 else f"{values} values"
+        raise TraceFormatError(f"{shown}: {what}, more than a request file holds (at most {MAX_REQUESTS} "
+                               f"requests of {MAX_VALUES // MAX_REQUESTS} values on average): not a request file")
+
+
+class _KeyTwice(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _no_key_twice(pairs: list[tuple[str, object]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen = set()
+        raise _KeyTwice(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out
 
 
 def _no_constant(name: str):

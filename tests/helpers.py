@@ -327,3 +327,17 @@ def validate_json(name: str, doc: dict) -> None:
                         .read_text())
     jsonschema.Draft202012Validator.check_schema(schema)
     jsonschema.Draft202012Validator(schema).validate(doc)
+
+
+# Run argv under a fresh parent, so RUSAGE_CHILDREN's peak is that one command's.
+_PEAK = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:]); "
+         "print(resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss, file=sys.stderr); sys.exit(p.returncode)")
+
+
+def ckptrace_peak(*args, timeout: float = 120) -> tuple[subprocess.CompletedProcess, int]:
+    """`ckptrace ARGS` run to completion and its peak RSS in KiB (the stderr without that figure)."""
+    r = subprocess.run([sys.executable, "-c", _PEAK, str(CKPTRACE), *map(str, args)], capture_output=True,
+                       text=True, timeout=timeout)
+    lines = r.stderr.splitlines()
+    r.stderr = "\n".join(lines[:-1]) + ("\n" if len(lines) > 1 else "")
+    return r, int(lines[-1])

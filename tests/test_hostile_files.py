@@ -1,0 +1,104 @@
+"""Files anyone may hand over, read as hostile input (issue 22): request files bounded before they
+are parsed and with no key twice, a recording's stream whose batches claim more rows than its size
+allows refused before they are decoded, and a mapped file whose name holds a newline.
+
+Memory is judged by the command's peak RSS (a fresh parent's RUSAGE_CHILDREN): the CLI's own
+imports take about 150 MiB here, so each bound below leaves room for them and for the bounded
+work, and is far under what the unbounded read took before (given in each test).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ckptrace.requests_file import MAX_BYTES, MAX_REQUESTS, MAX_VALUES
+from helpers import assert_one_line_error, ckptrace, ckptrace_peak
+
+SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "traces"
+OFF1 = SAMPLES / "1-pool-off.parquet"
+
+
+# --- request files --------------------------------------------------------------------------
+
+def a_request(i: int) -> dict:
+    return {"request": i, "client": 0, "prompt_tokens": 64, "start_unix_ns": 1, "start_ns": 10 ** 12 + i,
+            "ttft_ns": 1000, "total_ns": 2000, "status": "ok", "predicted_tokens": 4}
+
+
+def test_a_request_file_drive_writes_at_its_most_is_read(tmp_path):
+    """drive --requests' most (100,000 requests) fits every bound: the bounds refuse no real file."""
+    from ckptrace.requests_file import read_requests, requests_json
+    import pandas as pd
+
+    rows = [a_request(i) for i in range(MAX_REQUESTS)]
+    for r in rows:  # the widest values drive writes
+        r.update(start_unix_ns=(1 << 62) - 1, total_ns=(1 << 40), status="error: ConnectionResetError, again")
+    f = tmp_path / "most.json"
+    f.write_text(requests_json(pd.DataFrame(rows)))
+    assert f.stat().st_size <= MAX_BYTES
+    assert len(read_requests(f)) == MAX_REQUESTS
+
+
+@pytest.mark.parametrize("doc,key", [
+    ('[{"request": 0, "request": 1, "client": 0, "prompt_tokens": 1, "start_unix_ns": 1, "start_ns": 1, '
+     '"ttft_ns": 1, "total_ns": 2, "status": "ok"}]', "request"),
+    # the second status would win in json.loads: the file says two things
+    ('[{"request": 0, "client": 0, "prompt_tokens": 1, "start_unix_ns": 1, "start_ns": 1, "ttft_ns": 1, '
+     '"total_ns": 2, "status": "ok", "status": "error: x"}]', "status"),
+    ('[{"request": 0, "client": 0, "prompt_tokens": 1, "start_unix_ns": 1, "start_ns": 1, "ttft_ns": 1, '
+     '"total_ns": 2, "status": "ok", "extra": {"a": 1, "a": 2}}]', "a"),  # inside a field drive does not know
+])
+@pytest.mark.parametrize("how", ["analyze", "compare"])
+def test_a_key_twice_in_an_object_is_one_line(tmp_path, doc, key, how):
+    f = tmp_path / "twice.json"
+    f.write_text(doc)
+    args = (["analyze", OFF1, "--requests", f] if how == "analyze" else
+            ["compare", OFF1, SAMPLES / "2-pool-on.parquet", "--requests", f, "--requests", "-"])
+    assert_one_line_error(ckptrace(*args), f"holds the key {key!r} twice", code=1)
+
+
+def test_a_file_past_the_byte_bound_is_refused_unread(tmp_path):
+    f = tmp_path / "big.json"
+    with open(f, "w") as out:
+        out.write('[{"status": "')
+        out.write("x" * MAX_BYTES)
+        out.write('"}]')
+    r, peak_kib = ckptrace_peak("analyze", OFF1, "--requests", f)
+    assert_one_line_error(r, f"is too large for a request file (at most {MAX_BYTES >> 20} MiB)", code=1)
+    assert peak_kib < 300 << 10
+
+
+@pytest.mark.parametrize("shape", ["objects", "lists", "values", "keys"])
+def test_a_small_file_of_many_values_is_refused_before_it_is_parsed(tmp_path, shape):
+    """30 MiB of `{},` parsed took 915 MiB of peak RSS (a 256 MiB file, then allowed, would take
+    about 6 GB); counted first, it is refused at about 260 MiB (the CLI's own 134 and the count)."""
+    n = 30 << 20
+    body = {"objects": b"{}," * (n // 3), "lists": b"[]," * (n // 3), "values": b"0," * (n // 2),
+            "keys": b"{" + b"".join(b'"%x":0,' % i for i in range(n // 10)) + b'"z":0},'}[shape]
+    f = tmp_path / "many.json"
+    f.write_bytes(b"[" + body + b"{}]")
+    r, peak_kib = ckptrace_peak("analyze", OFF1, "--requests", f)
+    assert_one_line_error(r, "more than a request file holds", code=1)
+    assert peak_kib < 400 << 10, peak_kib
+
+
+@pytest.mark.parametrize("shape", ["objects", "keys", "floats"])
+def test_at_the_count_bounds_parsing_costs_bounded_memory(tmp_path, shape):
+    """The most a file may hold of each kind, parsed: a bounded cost (measured 226, 566 and 205
+    MiB of peak RSS), and then one line for what is not a request."""
+    per = MAX_VALUES // MAX_REQUESTS
+    if shape == "objects":  # MAX_REQUESTS objects of `per` keys each: the most of both
+        obj = "{" + ",".join(f'"k{j}":{j}' for j in range(per)) + "}"
+        text = "[" + ",".join([obj] * MAX_REQUESTS) + "]"
+    elif shape == "keys":  # one object of nearly MAX_VALUES distinct keys
+        text = '[{' + ",".join(f'"{i:x}":0' for i in range(MAX_VALUES - 1)) + '}]'
+    else:
+        text = "[" + ",".join(["1.5"] * MAX_VALUES) + "]"
+    f = tmp_path / "bounds.json"
+    f.write_text(text)
+    r, peak_kib = ckptrace_peak("analyze", OFF1, "--requests", f)
+    assert_one_line_error(r, code=1)
+    assert "more than a request file holds" not in r.stderr  # within the bounds: parsed, then refused
+    assert peak_kib < 700 << 10, peak_kib
