@@ -17,6 +17,7 @@ import io
 import json
 import os
 import stat
+import struct
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -168,10 +169,93 @@ def open_stream(path: str | os.PathLike, source: pa.NativeFile) -> pa.ipc.Record
                                f"({_first_line(e)})") from None
 
 
+def check_claims(path: str | os.PathLike, data: pa.Buffer, budget_rows: int, budget_bytes: int) -> None:
+    """Before any batch of the stream in `data` is decoded: the rows its record batches claim and
+    the bytes all its batches' buffers decompress to, summed, stay within the budgets. Read from
+    each message's header (an Arrow flatbuffer) and the length prefix of each compressed buffer;
+    nothing is decompressed. A few KiB of zstd can claim gigabytes of zeros."""
+    shown = printable(path)
+    reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(data))
+    rows = size = 0
+    while True:
+        try:
+            message = reader.read_next_message()
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError):
+            return  # a torn last message: the decoding pass reads up to it and says so
+        if message.type not in ("record batch", "dictionary"):
+            continue
+        try:
+            n, unpacked = _claims(message.metadata, message.body, message.type == "dictionary")
+        except (struct.error, ValueError) as e:
+            raise TraceFormatError(f"{shown}: a batch's header is damaged ({e})") from None
+        rows, size = rows + n, size + unpacked
+        if rows > budget_rows or size > budget_bytes:
+            what = (f"more than {budget_rows} events" if rows > budget_rows else
+                    f"batches that decompress to more than {budget_bytes >> 20} MiB")
+            raise TraceFormatError(f"{shown}: {what} in a stream of {_size(path)}, refused before decoding: "
+                                   "a damaged or hostile trace?")
+
+
+def _claims(meta: pa.Buffer, body: pa.Buffer | None, dictionary: bool) -> tuple[int, int]:
+    """(rows, bytes once decompressed) that a record batch or dictionary message claims.
+
+    The Arrow format's Message.fbs: Message {version, header_type, header, bodyLength, ...};
+    RecordBatch {length, nodes, buffers: [Buffer {offset, length}], compression};
+    DictionaryBatch {id, data: RecordBatch, isDelta}. With compression, each buffer starts with
+    its decompressed length as an int64 (-1: stored as it is)."""
+    m = memoryview(meta)
+    batch = _field_table(m, _field_table(m, struct.unpack_from("<I", m, 0)[0], 2), 1 if dictionary else None)
+    rows = _field_scalar(m, batch, 0, "<q")
+    compressed = _field_pos(m, batch, 3) is not None
+    at = _field_pos(m, batch, 2)
+    total = 0
+    if at is not None:
+        vec = at + struct.unpack_from("<I", m, at)[0]
+        view = memoryview(body) if body is not None else memoryview(b"")
+        for k in range(struct.unpack_from("<I", m, vec)[0]):
+            offset, length = struct.unpack_from("<qq", m, vec + 4 + 16 * k)
+            if offset < 0 or length < 0 or offset + length > len(view):
+                raise ValueError("a buffer lies outside the message's body")
+            raw = struct.unpack_from("<q", view, offset)[0] if compressed and length >= 8 else -1
+            if raw < -1:
+                raise ValueError("a negative decompressed length")
+            total += length if raw == -1 else raw
+    if rows < 0:
+        raise ValueError("a negative row count")
+    return (0 if dictionary else rows), total
+
+
+def _field_pos(m: memoryview, table: int, field: int) -> int | None:
+    """Where a flatbuffer table's field is (None: absent, its default), via the table's vtable."""
+    vtable = table - struct.unpack_from("<i", m, table)[0]
+    if 4 + 2 * field + 2 > struct.unpack_from("<H", m, vtable)[0]:
+        return None
+    off = struct.unpack_from("<H", m, vtable + 4 + 2 * field)[0]
+    return table + off if off else None
+
+
+def _field_scalar(m: memoryview, table: int, field: int, fmt: str) -> int:
+    at = _field_pos(m, table, field)
+    return 0 if at is None else struct.unpack_from(fmt, m, at)[0]
+
+
+def _field_table(m: memoryview, table: int, field: int | None) -> int:
+    """The table a field points to (field None: the table itself)."""
+    if field is None:
+        return table
+    at = _field_pos(m, table, field)
+    if at is None:
+        raise ValueError("a batch message without its header")
+    return at + struct.unpack_from("<I", m, at)[0]
+
+
 def read_stream_table(path: str | os.PathLike, reader: pa.ipc.RecordBatchStreamReader, budget_rows: int
                       ) -> tuple[pa.Table, dict, str | None]:
     """Every complete batch of a stream trace as one table, the last batch's progress record, and
-    a note when the end was cut off mid-batch (read up to the batch before it)."""
+    a note when the end was cut off mid-batch (read up to the batch before it). check_claims has
+    bounded what the batches claim before this decodes them; this bound is the second check."""
     got, progress, torn, rows = [], {}, None, 0
     it = batches(reader)
     while True:

@@ -27,8 +27,8 @@ from ckptrace.meta import TraceMeta
 from ckptrace.output import write_output
 from ckptrace.terminal import printable
 from ckptrace import stream
-from ckptrace.validate import (budget_rows, check_column, check_events, check_ids, check_table, check_types,
-                               open_regular, reversed_error)
+from ckptrace.validate import (STREAM_EXPANSION, budget_rows, check_column, check_events, check_ids, check_table,
+                               check_types, memory_budget, open_regular, reversed_error)
 
 # The tables share columns and rely on copy-on-write, pandas 3's rule: under pandas 2.2 and 2.3
 # it is an option, turned on here (every analysis imports this module), so a write to one table
@@ -367,9 +367,12 @@ def _read_stream(f: TraceFile) -> tuple[pd.DataFrame, TraceMeta]:
     path, shown = f.path, f.shown
     try:
         f.source.seek(0)
-        reader = stream.open_stream(path, f.source)
+        data = f.source.read_buffer()  # both passes read these same bytes, whatever the file does
+        rows, size = budget_rows(data.size, COLUMNS), memory_budget(data.size, STREAM_EXPANSION)
+        reader = stream.open_stream(path, pa.BufferReader(data))
         check_types(reader.schema, COLUMNS, shown)
-        table, progress, torn = stream.read_stream_table(path, reader, budget_rows(f.size, COLUMNS))
+        stream.check_claims(path, data, rows, size)
+        table, progress, torn = stream.read_stream_table(path, reader, rows)
         cols = {}
         for col in COLUMNS:
             if col in table.schema.names:

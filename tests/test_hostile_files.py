@@ -9,6 +9,9 @@ work, and is far under what the unbounded read took before (given in each test).
 from __future__ import annotations
 
 import json
+
+import numpy as np
+import pyarrow as pa
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,85 @@ def test_at_the_count_bounds_parsing_costs_bounded_memory(tmp_path, shape):
     assert_one_line_error(r, code=1)
     assert "more than a request file holds" not in r.stderr  # within the bounds: parsed, then refused
     assert peak_kib < 700 << 10, peak_kib
+
+
+# --- a recording's stream: claims checked before a batch is decoded --------------------------
+
+def stream_file(path: Path, rows: int = 0, kinds: pa.Array | None = None, level: int | None = None) -> Path:
+    """A stream trace, as a killed recorder leaves, of `rows` copies of one real event in one batch
+    (`kinds`: its kind column's dictionary instead), zstd-compressed as the recorder writes it."""
+    from ckptrace.stream import IPC_OPTIONS
+    from ckptrace.trace import read_trace, to_batch, trace_schema
+
+    t = read_trace(OFF1)
+    t.meta.complete = False
+    schema = trace_schema(t.meta, pandas_attrs=False)
+    one = to_batch(t.events.iloc[:1], schema.remove_metadata())
+    if kinds is not None:
+        field = one.schema.field("kind")
+        one = one.set_column(0, field, pa.DictionaryArray.from_arrays(
+            pa.array([0], field.type.index_type), kinds, ordered=field.type.ordered))
+    batch = pa.Table.from_batches([one] * max(rows, 1)).combine_chunks().to_batches(max_chunksize=1 << 40)[0]
+    options = IPC_OPTIONS if level is None else pa.ipc.IpcWriteOptions(
+        compression=pa.Codec("zstd", compression_level=level))
+    with pa.ipc.new_stream(path, schema, options=options) as w:
+        w.write_batch(batch)
+    return path
+
+
+def test_a_small_stream_claiming_millions_of_rows_is_refused_before_its_batch_is_decoded(tmp_path):
+    """4M events in one batch: 5 MiB of zstd stream. Decoded, then found too many, it took 717 MiB
+    of peak RSS; counted from the batch's header first, it is refused at the CLI's own size."""
+    f = stream_file(tmp_path / "bomb.parquet", rows=4_000_000)
+    assert f.stat().st_size < 8 << 20
+    for how in (["analyze", f], ["export", f, "-o", tmp_path / "out.pftrace"]):
+        r, peak_kib = ckptrace_peak(*how)
+        line = assert_one_line_error(r, "more than", "events in a stream of", "refused before decoding", code=1)
+        assert "4000000" not in line  # said before the batch was read whole
+        assert peak_kib < 300 << 10, (how[0], peak_kib)
+    assert not (tmp_path / "out.pftrace").exists()
+
+
+def test_a_stream_whose_dictionary_decompresses_to_gigabytes_is_refused_before_it_is_decoded(tmp_path):
+    """The kind column's dictionary, 50M empty strings: 400 MB of offsets in 24 KB of zstd. Decoded,
+    this file took 2035 MiB of peak RSS (and the line said a column had the wrong type)."""
+    n = 50_000_000
+    kinds = pa.LargeStringArray.from_buffers(n, pa.py_buffer(np.zeros(n + 1, np.int64)), pa.py_buffer(b""))
+    f = stream_file(tmp_path / "dict-bomb.parquet", kinds=kinds, level=19)
+    del kinds
+    assert f.stat().st_size < 64 << 10
+    r, peak_kib = ckptrace_peak("analyze", f)
+    assert_one_line_error(r, "batches that decompress to more than 256 MiB", "refused before decoding", code=1)
+    assert peak_kib < 300 << 10, peak_kib
+
+
+@pytest.mark.parametrize("damage", ["negative rows", "buffer outside the body", "negative length"])
+def test_a_damaged_batch_header_is_one_line(tmp_path, damage):
+    """Batch headers edited in place (their flatbuffer fields found by the reader's own walk).
+    Before, a batch claiming -5 rows or a buffer past its body was analyzed as if whole (exit 0)."""
+    import struct
+
+    from ckptrace import stream
+
+    f = stream_file(tmp_path / "t.parquet", rows=10)
+    data = bytearray(f.read_bytes())
+    reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(bytes(data)))
+    at = 0
+    while True:  # the record batch message: 0xFFFFFFFF, its metadata length, the metadata, its body
+        m = reader.read_next_message()
+        if m.type == "record batch":
+            break
+        at += 8 + m.metadata.size + (m.body.size if m.body is not None else 0)
+    meta_at = at + 8
+    mv = memoryview(bytes(data[meta_at:meta_at + m.metadata.size]))
+    batch = stream._field_table(mv, stream._field_table(mv, struct.unpack_from("<I", mv, 0)[0], 2), None)
+    if damage == "negative rows":
+        struct.pack_into("<q", data, meta_at + stream._field_pos(mv, batch, 0), -5)
+    else:
+        vec = stream._field_pos(mv, batch, 2)
+        vec += struct.unpack_from("<I", mv, vec)[0]
+        field = 0 if damage == "buffer outside the body" else 1
+        struct.pack_into("<q", data, meta_at + vec + 4 + 8 * field + 16, 1 << 40 if field == 0 else -1)
+    f.write_bytes(bytes(data))
+    r = ckptrace("analyze", f)
+    assert_one_line_error(r, "damaged", code=1)
