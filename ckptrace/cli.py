@@ -1,12 +1,13 @@
 """The `ckptrace` command: one group, a subcommand per job, errors printed once as one line."""
 from __future__ import annotations
 
+import errno
 import importlib
 import sys
 
 import click
 
-from ckptrace import __version__
+from ckptrace import __version__, stdio
 from ckptrace.errors import CkptraceError
 from ckptrace.heap import keep_freed_memory
 from ckptrace.terminal import printable
@@ -88,20 +89,31 @@ def usage_line(e: click.ClickException) -> str:
 
 
 def main(argv=None):
+    stdio.guard()
     try:
-        rc = cli.main(args=argv, prog_name="ckptrace", standalone_mode=False)
-        if isinstance(rc, int) and rc:  # a command's ctx.exit(N) / click Exit(N) comes back as a return
-            sys.exit(rc)
-    except CkptraceError as e:
-        click.echo(f"ckptrace: error: {printable(e)}", err=True)
-        sys.exit(e.exit_code)
-    except click.exceptions.Abort:
-        click.echo("ckptrace: interrupted", err=True)
-        sys.exit(130)
-    except click.ClickException as e:
-        click.echo(f"ckptrace: error: {usage_line(e)}", err=True)
-        sys.exit(e.exit_code)
-    except click.exceptions.Exit as e:
-        sys.exit(e.exit_code)
-    except BrokenPipeError:
-        sys.exit(141)
+        try:
+            rc = cli.main(args=argv, prog_name="ckptrace", standalone_mode=False)
+            stdio.finish()
+        except CkptraceError as e:
+            click.echo(f"ckptrace: error: {printable(e)}", err=True)
+            rc = e.exit_code
+        except click.exceptions.Abort:
+            click.echo("ckptrace: interrupted", err=True)
+            rc = 130
+        except click.ClickException as e:
+            click.echo(f"ckptrace: error: {usage_line(e)}", err=True)
+            rc = e.exit_code
+        except click.exceptions.Exit as e:
+            stdio.finish()
+            rc = e.exit_code
+        except stdio.PipeClosed:  # an -o /dev/stdout or FIFO whose reader left
+            rc = stdio.EXIT_PIPE
+    except stdio.StdoutFailed as e:  # the command's result could not be written (stdio.py)
+        if e.errno == errno.EPIPE:
+            rc = stdio.EXIT_PIPE
+        else:
+            click.echo(f"ckptrace: error: cannot write to stdout ({printable(e)})"
+                       + (f"; {printable(e.note)}" if e.note else ""), err=True)
+            rc = 1
+    if isinstance(rc, int) and rc:  # a command's ctx.exit(N) / click Exit(N) comes back as a return
+        sys.exit(rc)

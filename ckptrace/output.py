@@ -27,6 +27,7 @@ import stat
 from pathlib import Path
 from typing import BinaryIO, Callable
 
+from ckptrace import stdio
 from ckptrace.errors import CkptraceError
 from ckptrace.terminal import printable
 
@@ -301,7 +302,7 @@ def _write_direct(fd: int, shown, write: Writer, what: str) -> None:
         with os.fdopen(fd, "wb") as f:
             write(f)
     except BrokenPipeError:
-        raise  # the reader left (`| head`): the CLI exits quietly, as any filter does
+        raise stdio.PipeClosed(printable(shown)) from None  # the reader left (`| head`): exit 141, as a filter
     except OSError as e:
         raise _error(shown, what, e) from None
 
@@ -335,6 +336,9 @@ def _resolve(path: str, what: str) -> tuple[str | int, tuple[int, int] | None]:
         candidate = os.path.join(current, part)
         m = _OUR_FD.match(candidate)
         if m and not todo and _is_ours(candidate):
+            if stdio.closed(int(m.group(1))):  # it holds /dev/null now: the output would vanish
+                raise OutputError(f"{printable(path)}: fd {m.group(1)} was closed when ckptrace started; "
+                                  f"give a file path for the {what}", errno.EBADF)
             return int(m.group(1)), None
         try:
             st = os.lstat(candidate)

@@ -35,6 +35,7 @@ from ckptrace.probes.target import alive, comm_of, process_of, processes_named, 
 from ckptrace.probes.launch import HeldChild
 from ckptrace.probes.machine import MachineSampler
 from ckptrace.output import OutputError, check_output, write_new, write_output
+from ckptrace.stdio import PipeClosed
 from ckptrace.terminal import printable
 from ckptrace.stream import CUT_SHORT, Recording, StreamFull, batches
 from ckptrace.trace import (GPU_COLUMNS, KINDS, OPTIONAL, PARQUET_OPTIONS, PHASES, ROW_GROUP_ROWS, event_schema,
@@ -650,6 +651,8 @@ def _write_or_rescue(path: Path, write, rows: int) -> tuple[Path, str | None]:
         return write_output(path, write, what="trace"), None
     except OutputError as e:
         first = e
+    except PipeClosed:  # -o /dev/stdout or a FIFO whose reader left: keep the recording
+        first = OutputError(f"cannot write the trace {printable(str(path))}: its reader went away (broken pipe)")
     written, failures = _rescue(write)
     if written is None:
         raise TargetError(f"{first}; no copy could be saved either ({'; '.join(failures)}): "

@@ -5,6 +5,8 @@ clear line and a clear exit status, never a traceback, and no recording is lost.
 from __future__ import annotations
 
 import importlib
+import os
+import json
 from pathlib import Path
 
 import click
@@ -67,3 +69,140 @@ def test_a_finite_value_too_large_for_the_code_below_is_one_usage_line(tmp_path,
     """1e300 s overflows a socket timeout's C timeval; every float option has an upper bound."""
     r = ckptrace(*FLOAT_ARGS[command](option, "1e300", tmp_path), timeout=60)
     assert_one_line_error(r, option, "is not in the range", code=2)
+
+
+# --- closed, full or abandoned stdout and stderr -----------------------------------------------
+
+def run_with(args, stdout: str = "pipe", stderr: str = "pipe", timeout: float = 180):
+    """`ckptrace ARGS` with each stream as given: "pipe" (captured), "gone" (a pipe whose reader
+    has left: writes get EPIPE), "full" (/dev/full: ENOSPC) or "closed" (`>&-`). Returns the
+    exit status and what the captured streams got (text)."""
+    import os
+    import subprocess
+
+    from helpers import CKPTRACE
+
+    files, shell = {}, []
+    for fd, how in ((1, stdout), (2, stderr)):
+        if how == "gone":
+            r, w = os.pipe()
+            os.close(r)
+            files[fd] = w
+        elif how == "full":
+            files[fd] = os.open("/dev/full", os.O_WRONLY)
+        elif how == "closed":
+            files[fd] = subprocess.DEVNULL
+            shell.append(f"{fd}>&-")
+        else:
+            files[fd] = subprocess.PIPE
+    argv = [str(CKPTRACE), *map(str, args)]
+    if shell:
+        argv = ["sh", "-c", f'exec "$@" {" ".join(shell)}', "sh", *argv]
+    try:
+        p = subprocess.run(argv, stdout=files[1], stderr=files[2], timeout=timeout)
+    finally:
+        for f in files.values():
+            if isinstance(f, int) and f >= 0:
+                os.close(f)
+    return p.returncode, (p.stdout or b"").decode(errors="replace"), (p.stderr or b"").decode(errors="replace")
+
+
+def stdout_commands(workload, tmp_path):
+    return {"analyze": ["analyze", LEGS[0]], "analyze --json": ["analyze", "--json", LEGS[0]],
+            "compare": ["compare", *LEGS], "symbols": ["symbols", workload], "--help": ["record", "--help"],
+            "--version": ["--version"], "export -o /dev/stdout": ["export", LEGS[0], "-o", "/dev/stdout"]}
+
+
+@pytest.mark.parametrize("how", ["gone", "full", "closed"])
+@pytest.mark.parametrize("name", ["analyze", "analyze --json", "compare", "symbols", "--help", "--version",
+                                  "export -o /dev/stdout"])
+def test_a_stdout_that_fails_is_141_or_one_line(workload, tmp_path, name, how):
+    """`| head -1` whose reader left: 141 and nothing said (a filter's SIGPIPE); /dev/full or a
+    closed stdout: one line and exit 1. Before: a traceback (full), exit 1 with nothing said
+    (gone), exit 0 with the output lost (closed)."""
+    rc, _, err = run_with(stdout_commands(workload, tmp_path)[name], stdout=how)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    if how == "gone":
+        assert (rc, err) == (141, "")
+        return
+    assert rc == 1 and len(err.splitlines()) == 1, (rc, err)
+    if name.startswith("export"):  # written through its own descriptor (ckptrace/output.py)
+        assert err.startswith("ckptrace: error: ") and (
+            "No space left on device" in err if how == "full" else "fd 1 was closed when ckptrace started" in err)
+    else:
+        reason = "No space left on device" if how == "full" else "it was closed when ckptrace started"
+        assert err == f"ckptrace: error: cannot write to stdout ({reason})\n"
+
+
+@pytest.mark.parametrize("how", ["gone", "full", "closed"])
+def test_a_stderr_that_fails_changes_no_result(tmp_path, how):
+    """Progress, notes and errors that can't be shown are dropped; the output and the exit status
+    are the command's own."""
+    _, want, _ = run_with(["analyze", LEGS[0]])
+    assert run_with(["analyze", LEGS[0]], stderr=how)[:2] == (0, want)
+    assert run_with(["analyze", tmp_path / "none.parquet"], stderr=how)[:2] == (1, "")
+    out = tmp_path / "t.html"
+    assert run_with(["dashboard", *LEGS, "-o", out], stderr=how)[:2] == (0, f"{out}\n")
+    assert out.stat().st_size > 0
+
+
+def complete_trace(path: Path, truth: Path):
+    """The finished trace at `path` holds every checkpoint the workload's truth file counts."""
+    from ckptrace.trace import read_trace
+
+    from helpers import truth_count
+
+    t = read_trace(path)
+    assert t.meta.complete and t.meta.stop_reason == "target exited", t.meta
+    assert (t.events["kind"] == "checkpoint").sum() == truth_count(truth) > 0
+    return t
+
+
+@pytest.mark.ebpf
+@pytest.mark.parametrize("stdout,stderr", [("gone", "pipe"), ("full", "pipe"), ("closed", "pipe"),
+                                           ("pipe", "gone"), ("pipe", "full"), ("pipe", "closed")])
+def test_record_keeps_its_trace_whatever_stdout_and_stderr_do(require_root_ebpf, workload, tmp_path, stdout,
+                                                              stderr):
+    """`record --json` with its summary's stdout abandoned, full or closed: the trace is written
+    first, then 141 or one line saying it is; with stderr so, its notes are dropped, exit 0."""
+    out, truth = tmp_path / "t.parquet", tmp_path / "truth.jsonl"
+    rc, got, err = run_with(["record", "--quiet", "--json", "-o", out, "--", workload, "--iterations", "3",
+                             "--truth", truth], stdout=stdout, stderr=stderr)
+    assert "Traceback" not in err and "Exception ignored" not in err, err
+    complete_trace(out, truth)
+    lines = err.splitlines()
+    if stdout == "gone":
+        assert rc == 141 and lines[-1].startswith("ckptrace: wrote "), err
+    elif stdout != "pipe":
+        reason = "No space left on device" if stdout == "full" else "it was closed when ckptrace started"
+        assert rc == 1 and lines[-1] == f"ckptrace: error: cannot write to stdout ({reason}); the trace {out} is written"
+        assert lines[-2].startswith("ckptrace: wrote "), err
+    else:
+        assert rc == 0 and json.loads(got)["checkpoints"] > 0, (rc, err)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet", "truth.jsonl"]
+
+
+@pytest.mark.ebpf
+def test_record_into_a_stdout_whose_reader_left_saves_the_recording_elsewhere(require_root_ebpf, workload,
+                                                                            tmp_path):
+    truth = tmp_path / "truth.jsonl"
+    rc, _, err = run_with(["record", "--quiet", "-o", "/dev/stdout", "--", workload, "--iterations", "3",
+                           "--truth", truth], stdout="gone")
+    line = err.splitlines()[-1]
+    assert rc == 1 and line.startswith("ckptrace: error: cannot write the trace /dev/stdout: its reader went "
+                                       "away (broken pipe); the recording was saved to "), err
+    saved = Path(line.rsplit(" ", 1)[1])
+    try:
+        complete_trace(saved, truth)
+    finally:
+        saved.unlink()
+
+
+@pytest.mark.ebpf
+def test_record_into_a_closed_stdout_is_refused_before_it_starts(require_root_ebpf, workload, tmp_path):
+    marker = tmp_path / "ran"
+    rc, _, err = run_with(["record", "--quiet", "-o", "/dev/stdout", "--", "touch", marker], stdout="closed")
+    assert rc == 1 and err == ("ckptrace: error: /dev/stdout: fd 1 was closed when ckptrace started; give a "
+                               "file path for the trace\n")
+    assert not marker.exists()
+

@@ -82,12 +82,23 @@ def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, ma
     if as_json:
         from ckptrace.renderers.json import versioned
 
-        click.echo(json.dumps(versioned({
+        _summary(versioned({
             "trace": str(result.path), "events": result.events, "checkpoints": result.checkpoints,
             "iterations": result.iterations, "lost_events": result.lost_events,
             "stop_reason": result.stop_reason, "exit_code": result.exit_code,
             "processes": [{"pid": p.pid, "label": p.label, "exited_ns": p.exited_ns} for p in result.meta.processes],
-        })))
+        }), result.path)
+
+
+def _summary(doc: dict, trace: Path) -> None:
+    """The --json summary on stdout; if stdout fails, its one line says the trace is written."""
+    from ckptrace.stdio import StdoutFailed
+
+    try:
+        click.echo(json.dumps(doc))
+    except StdoutFailed as e:
+        e.note = f"the trace {trace} is written"
+        raise
 
 
 def _pid_list(values: tuple[str, ...]) -> list[tuple[int, str | None]]:
