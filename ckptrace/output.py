@@ -15,11 +15,18 @@
   it: the link and its folder belong to us or root, and the folder is not writable by others
   unless sticky. Otherwise one line says so (Linux's fs.protected_symlinks only covers sticky
   world-writable folders).
+- A trace a `ckptrace record` is streaming into is never replaced: the recorder holds an
+  exclusive flock on it from before its name appears until it is replaced by the finished trace,
+  and a second recorder given the same `-o` (by any path to the same file) refuses in one line,
+  before it starts anything; so does any other output of ckptrace pointed at it. A trace no
+  recorder holds (finished, or left by a killed one) is replaced like any other file. Only locks
+  on files of ours or root's count: another user's lock on a file of theirs stops nothing.
 Failures raise OutputError (one line, with errno), and nothing is left behind.
 """
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import re
 import secrets
@@ -48,13 +55,18 @@ class OutputError(CkptraceError):
         self.reason = reason or message
 
 
-def write_output(path: str | os.PathLike, write: Writer, *, what: str = "output") -> Path:
-    """Write `path` with `write(fileobj)` following the rules above; returns the path written."""
+def write_output(path: str | os.PathLike, write: Writer, *, what: str = "output",
+                 own: tuple[int, int] | None = None) -> Path:
+    """Write `path` with `write(fileobj)` following the rules above; returns the path written.
+    `own`: (st_dev, st_ino) of the stream a recorder is replacing with its finished trace (its
+    own lock on it is no reason to refuse)."""
     target, folder_id = _resolve(os.fspath(path), what)
     if isinstance(target, int):
         _write_direct(os.dup(target), path, write, what)
         return Path(path)
     st = _lstat(target, path, what)
+    if st is not None and (st.st_dev, st.st_ino) != own:
+        _not_recording(target, st, path, what, fcntl.LOCK_SH)
     if st is None or stat.S_ISREG(st.st_mode):
         _replace(target, folder_id, write, path, what, None if st is None else stat.S_IMODE(st.st_mode))
     elif _writable_in_place(st):
@@ -95,6 +107,7 @@ def check_output(path: str | os.PathLike, *, what: str = "output") -> None:
         st = os.stat(target, follow_symlinks=False)
     except FileNotFoundError:
         st = None
+    _not_recording(target, st, path, what, fcntl.LOCK_SH)
     if st is None or stat.S_ISREG(st.st_mode):
         folder = os.path.dirname(target)
         if not os.access(folder, os.W_OK | os.X_OK, effective_ids=True):
@@ -199,9 +212,14 @@ def _replace(real: str, folder_id, write: Writer, shown, what: str, mode: int | 
 
 def create_in_place(path: str | os.PathLike, head: bytes, *, what: str = "output") -> int | None:
     """A new regular file starting with `head` put at `path` now, by the rules above (a regular file
-    there is replaced by a rename, nothing is written through a link), and its descriptor for appending.
-    None where `path` is written into directly (a FIFO, a terminal, /dev/null, our stdout): those
-    can't hold a file that grows and is replaced at the end."""
+    there is replaced by a rename, nothing is written through a link), and its descriptor for appending,
+    which holds the file's exclusive flock from before its name appears: the mark of a recording in
+    progress. None where `path` is written into directly (a FIFO, a terminal, /dev/null, our stdout):
+    those can't hold a file that grows and is replaced at the end.
+
+    Race-free between recorders: the file being replaced is held locked (exclusively) until the
+    rename, and where nothing was there the name is made by link(), which fails if another
+    recorder made it meanwhile. Either way the second one refuses."""
     target, folder_id = _resolve(os.fspath(path), what)
     if isinstance(target, int):
         return None
@@ -214,16 +232,28 @@ def create_in_place(path: str | os.PathLike, head: bytes, *, what: str = "output
                               errno.EISDIR)
         raise _refused(path, st, what)
     folder, name = os.path.split(target)
+    held = _not_recording(target, st, path, what, fcntl.LOCK_EX, keep=True)
     dfd = _open_folder(folder, folder_id, path, what)
     try:
         fd, tmp = _new_file(dfd, path, what, f".{name}.", ".tmp")
         try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: no one else can hold it
             view = memoryview(head)
             while view:
                 view = view[os.write(fd, view):]
             os.fchmod(fd, _default_mode() if st is None else stat.S_IMODE(st.st_mode))
             tmp = _named(fd, tmp, dfd, path, what, f".{name}.", ".tmp")
-            os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            if st is None:  # link() never replaces: a file made there meanwhile is not lost
+                try:
+                    os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
+                except FileExistsError:
+                    raise OutputError(f"{printable(path)}: a file appeared there while the {what} was being "
+                                      "created (another `ckptrace record` given the same -o?); give another "
+                                      "path", errno.EEXIST) from None
+                os.unlink(tmp, dir_fd=dfd)
+            else:
+                os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+            tmp = None
         except BaseException as e:
             os.close(fd)
             if tmp is not None:
@@ -233,7 +263,51 @@ def create_in_place(path: str | os.PathLike, head: bytes, *, what: str = "output
             raise
     finally:
         os.close(dfd)
+        if held is not None:
+            os.close(held)
     return fd
+
+
+def _not_recording(target: str, st: os.stat_result | None, shown, what: str, how: int,
+                   keep: bool = False) -> int | None:
+    """Refuse (OutputError, EBUSY) when the regular file at `target` (`st`, its lstat) is held by a
+    `ckptrace record` streaming into it: a flock `how` can't be had. Files of other users don't
+    count. keep: return the descriptor holding the lock (closing it releases it), else None."""
+    if st is None or not stat.S_ISREG(st.st_mode) or st.st_uid not in (os.geteuid(), 0):
+        return None
+    try:
+        fd = os.open(target, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None  # gone or replaced meanwhile: nothing held to keep
+    try:
+        now = os.fstat(fd)
+        if (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+            fcntl.flock(fd, how | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        pid = _lock_holder(now)
+        raise OutputError(f"{printable(shown)}: another `ckptrace record`{f' (pid {pid})' if pid else ''} is "
+                          f"writing its trace there now; give another path for the {what}", errno.EBUSY) from None
+    except OSError:
+        pass
+    if keep:
+        return fd
+    os.close(fd)
+    return None
+
+
+def _lock_holder(st: os.stat_result) -> int | None:
+    """The pid /proc/locks names for an exclusive flock on this file (None: not found)."""
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        with open("/proc/locks") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) > 5 and parts[1] == "FLOCK" and parts[3] == "WRITE" and parts[5] == dev:
+                    return int(parts[4])
+    except (OSError, ValueError):
+        pass
+    return None
 
 
 def _new_file(dfd: int, shown, what: str, prefix: str, suffix: str) -> tuple[int, str | None]:

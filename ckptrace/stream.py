@@ -63,6 +63,8 @@ class Recording:
         fd = create_in_place(path, head, what="trace")  # the header is in before the name points at it
         self.in_place = fd is not None
         self.fd = fd if fd is not None else _spool()
+        st = os.fstat(self.fd)
+        self.identity = (st.st_dev, st.st_ino) if self.in_place else None  # what the finished trace replaces
         try:
             self.writer.start(self.fd, written=len(head) if self.in_place else 0)
         except StreamFull as e:  # the spool's folder is full: say so before recording

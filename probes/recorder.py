@@ -560,7 +560,7 @@ def _calibrate(session: _Session, meta: TraceMeta) -> dict | None:
 def _finish(path: Path, out: Recording, session: _Session, meta: TraceMeta) -> tuple[Path, str | None]:
     """The finished trace from the stream, in place of the stream (or rescued elsewhere)."""
     write, n = _finisher(out, session, meta)
-    return _write_or_rescue(path, write, n)
+    return _write_or_rescue(path, write, n, own=out.identity)
 
 
 def _finisher(out: Recording, session: _Session, meta: TraceMeta):
@@ -644,11 +644,12 @@ def _sorted_table(parts: list[pd.DataFrame], schema: pa.Schema) -> pa.Table:
     return pa.Table.from_batches([to_batch(df, schema.remove_metadata())]).replace_schema_metadata(schema.metadata)
 
 
-def _write_or_rescue(path: Path, write, rows: int) -> tuple[Path, str | None]:
-    """Write the trace; if that fails (disk full, folder gone), write it where there is room.
-    Returns where it went and why not to `path` (None when it did)."""
+def _write_or_rescue(path: Path, write, rows: int, own: tuple[int, int] | None = None) -> tuple[Path, str | None]:
+    """Write the trace; if that fails (disk full, folder gone, another recorder writing at `path`
+    now), write it where there is room. `own`: the stream it replaces (st_dev, st_ino). Returns
+    where it went and why not to `path` (None when it did)."""
     try:
-        return write_output(path, write, what="trace"), None
+        return write_output(path, write, what="trace", own=own), None
     except OutputError as e:
         first = e
     except PipeClosed:  # -o /dev/stdout or a FIFO whose reader left: keep the recording

@@ -206,3 +206,89 @@ def test_record_into_a_closed_stdout_is_refused_before_it_starts(require_root_eb
                                "file path for the trace\n")
     assert not marker.exists()
 
+
+# --- two recorders given the same -o ----------------------------------------------------------
+
+@pytest.mark.ebpf
+def test_a_second_recorder_on_the_same_output_refuses_and_the_first_keeps_its_trace(require_root_ebpf, workload,
+                                                                                    tmp_path):
+    """While one recorder streams into -o, a second `record` given it (by its name, a symlink or
+    a hard link) refuses in one line before its command runs, and so does any other output of
+    ckptrace; the first records to the end. Before: the second renamed its own stream over the
+    first's, which then wrote on unnamed and at its end replaced the second's trace with its own."""
+    from helpers import go, recorder, truth_count, waiting_workload
+
+    out, truth = tmp_path / "t.parquet", tmp_path / "truth.jsonl"
+    (tmp_path / "link.parquet").symlink_to(out)
+    with waiting_workload(workload, "--iterations", "3", truth=truth) as w, recorder(out, "--pid", w.pid) as first:
+        os.link(out, tmp_path / "hard.parquet")
+        for name in ("t.parquet", "link.parquet", "hard.parquet"):
+            ran = tmp_path / f"ran-{name}"
+            r = ckptrace("record", "--quiet", "-o", tmp_path / name, "--", "touch", ran)
+            assert_one_line_error(r, f"another `ckptrace record` (pid {first.pid}) is writing its trace there "
+                                     "now; give another path for the trace", code=1)
+            assert not ran.exists()
+        assert_one_line_error(ckptrace("export", LEGS[0], "-o", out), "another `ckptrace record`", code=1)
+        os.unlink(tmp_path / "hard.parquet")
+        go(w)
+        assert first.wait(120) == 0, first.stderr.read()
+    complete_trace(out, truth)
+    assert truth_count(truth) > 0
+
+
+@pytest.mark.ebpf
+def test_recorders_started_together_on_one_output_record_once(require_root_ebpf, workload, tmp_path):
+    """Three recorders started at once with the same -o: all pass the early check (nothing is
+    there yet) and compile; at the stream's creation one wins (link() makes the name, or the
+    file it replaces is held locked until its rename) and the others refuse: one trace, whole,
+    and one workload run."""
+    import subprocess
+
+    from helpers import CKPTRACE, truth_count
+
+    out = tmp_path / "t.parquet"
+    truths = [tmp_path / f"truth-{i}.jsonl" for i in range(3)]
+    procs = [subprocess.Popen([CKPTRACE, "record", "--quiet", "-o", out, "--", workload, "--iterations", "3",
+                               "--truth", t], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for t in truths]
+    results = [(p.wait(240), p.stderr.read()) for p in procs]
+    for p in procs:
+        p.stdout.close(), p.stderr.close()
+    ok = [i for i, (rc, _) in enumerate(results) if rc == 0]
+    assert len(ok) == 1, results
+    for i, (rc, err) in enumerate(results):
+        if i in ok:
+            continue
+        lines = err.strip().splitlines()
+        assert rc == 1 and len(lines) == 1 and lines[0].startswith("ckptrace: error: "), err
+        assert "another `ckptrace record`" in lines[0] or "a file appeared there" in lines[0], err
+        assert not truths[i].exists()  # its command never ran
+    complete_trace(out, truths[ok[0]])
+
+
+@pytest.mark.ebpf
+def test_another_users_lock_on_a_file_of_theirs_does_not_stop_a_recording(require_root_ebpf, workload,
+                                                                          nobody_dir, tmp_path):
+    """Only locks on files of ours or root's mark a recording: user nobody holding a flock on a
+    file of theirs at -o can't make root's recorder refuse (it replaces the file, as before)."""
+    import subprocess
+
+    from helpers import AS_NOBODY
+
+    out, truth = nobody_dir / "t.parquet", tmp_path / "truth.jsonl"
+    hold = ("import fcntl, sys; f = open(sys.argv[1], 'w'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([*AS_NOBODY, "/usr/bin/python3", "-c", hold, out], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        assert out.stat().st_uid == 65534
+        r = ckptrace("record", "--quiet", "-o", out, "--", workload, "--iterations", "3", "--truth", truth,
+                     timeout=180)
+        assert r.returncode == 0, r.stderr
+    finally:
+        holder.stdin.close()
+        holder.wait(30)
+        holder.stdout.close()
+    complete_trace(out, truth)
+    assert out.stat().st_uid == 0
