@@ -63,19 +63,23 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 
 def bind(host: str, port: int, registry) -> tuple[object, int]:
-    """Start the /metrics HTTP server for a CollectorRegistry; (server, the port it got). One line on failure."""
-    from prometheus_client import start_http_server
+    """Start the /metrics HTTP server (exporters/http.py: one thread, bounded connections) for a
+    CollectorRegistry; (server, the port it got). One line on failure."""
+    from prometheus_client import make_wsgi_app
+
+    from ckptrace.exporters.http import MetricsServer
 
     where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     try:
-        server, _ = start_http_server(port, addr=host, registry=registry)
+        server = MetricsServer(host, port, make_wsgi_app(registry))
     except OSError as e:
         why = {errno.EADDRINUSE: "the port is in use (another exporter or server listens there); "
                                  "choose another with --listen",
                errno.EADDRNOTAVAIL: "the address is not one of this machine's",
                errno.EACCES: "not permitted to listen there"}.get(e.errno, e.strerror or str(e))
         raise ListenError(f"cannot listen on {where}: {why}") from None
-    return server, server.server_address[1]
+    server.start()
+    return server, server.port
 
 
 def serve(opts: ServeOptions) -> None:
@@ -121,8 +125,7 @@ def serve(opts: ServeOptions) -> None:
         _say(f"ckptrace: serving {url} for {what}. Ctrl-C to stop.")
         session.run(stop)
     finally:
-        server.shutdown()
-        server.server_close()
+        server.close()
         if probes is not None:
             probes.close()
         for s, h in old.items():
