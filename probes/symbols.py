@@ -822,16 +822,16 @@ def _maps_objects(pid: int, notes: _Notes) -> list[str]:
         raise unreadable(pid, maps) from None
     except ProcessLookupError:
         raise TargetError(f"no process with PID {pid}") from None
-    mapped: dict[str, tuple[str, int]] = {}  # name -> (all perms seen, inode), in map order
+    mapped: dict[tuple[str, int], str] = {}  # (name as shown, inode) -> all perms seen, in map order
     for line in lines:
         parts = line.split(None, 5)
-        if len(parts) < 6 or not parts[5].startswith("/"):
+        if len(parts) < 6 or not parts[5].startswith("/") or not parts[4].isdigit():
             continue  # anonymous, [heap], [vdso]...
-        name, perms, inode = parts[5], parts[1], int(parts[4])
-        mapped[name] = (mapped.get(name, ("", 0))[0] + perms, inode)
+        key = (parts[5], int(parts[4]))
+        mapped[key] = mapped.get(key, "") + parts[1]
     paths: list[str] = []
-    for name, (perms, inode) in mapped.items():
-        if name.endswith(" (deleted)"):
+    for (name, inode), perms in mapped.items():
+        if name.endswith(" (deleted)") and not _same_inode(name, pid, inode):  # not a live file named so
             real = name[: -len(" (deleted)")]
             if "x" in perms and not real.startswith(("/memfd:", "/dev/")):
                 raise TargetError(
@@ -848,23 +848,36 @@ def _maps_objects(pid: int, notes: _Notes) -> list[str]:
     return paths
 
 
+def _candidates(shown: str, pid: int) -> list[str]:
+    """The paths a name in /proc/PID/maps may stand for, from here and from the process's root.
+    The kernel shows a newline in a path as the four characters \\012 and a backslash as itself,
+    so a shown \\012 is either; the inode decides (a name holding both is not reached: left out)."""
+    names = [shown.replace("\\012", "\n"), shown] if "\\012" in shown else [shown]
+    return [p for n in names for p in (n, f"/proc/{pid}/root{n}")]
+
+
+def _same_inode(shown: str, pid: int, inode: int) -> list[str]:
+    """The candidate paths that are the mapped file itself (its inode)."""
+    same = []
+    for p in _candidates(shown, pid):
+        try:
+            if os.stat(p).st_ino == inode:
+                same.append(p)
+        except (OSError, ValueError):  # ValueError: a NUL can't be in a path
+            pass
+    return same
+
+
 def _reachable(name: str, pid: int, inode: int) -> str | None:
     """The mapped file's path from this mount namespace, or None if it is not an ELF file (a
-    device a GPU driver maps is not opened). BadObject: it can't be reached, or its path is now a
-    FIFO, socket or symbolic link (it was a regular file when mapped: something swapped it since)."""
-    options = [name, f"/proc/{pid}/root{name}"]
-
-    def inode_of(p: str) -> int | None:
-        try:
-            return os.stat(p).st_ino
-        except OSError:
-            return None
-
-    existing = [(p, i) for p in options if (i := inode_of(p)) is not None]
-    same = [p for p, i in existing if i == inode]
-    chosen = (same or [p for p, _ in existing] or [None])[0]
-    if chosen is None:
-        raise BadObject(f"mapped by PID {pid}, it cannot be reached from here")
+    device a GPU driver maps is not opened). BadObject: no path reaches that very file (its
+    inode), or its path is now a FIFO, socket or symbolic link (it was a regular file when
+    mapped: something swapped it since). A path that reaches another file is never taken for it."""
+    same = _same_inode(name, pid, inode)
+    if not same:
+        raise BadObject(f"mapped by PID {pid}, the file (inode {inode}) cannot be reached from here by the "
+                        f"name /proc/{pid}/maps shows")
+    chosen = same[0]
     try:
         f, _ = elfsafe.open_regular(chosen, follow=False)
     except elfsafe.NotRegular as e:

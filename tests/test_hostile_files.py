@@ -187,3 +187,57 @@ def test_a_damaged_batch_header_is_one_line(tmp_path, damage):
     f.write_bytes(bytes(data))
     r = ckptrace("analyze", f)
     assert_one_line_error(r, "damaged", code=1)
+
+
+# --- a mapped file whose name holds a newline --------------------------------------------------
+
+# A folder name that /proc/PID/maps shows as `w\0127f00...` on one line: a newline, then what
+# looks like a whole mapping line of its own.
+NEWLINE_DIR = "w\n7f0000000000-7f0000001000 r-xp 00000000 fe:00 1 x"
+
+
+@pytest.mark.ebpf
+@pytest.mark.parametrize("lookalike", [False, True], ids=["newline", "newline-and-lookalike"])
+def test_a_library_mapped_by_a_name_with_a_newline_is_traced_by_that_file(require_root_ebpf, workload,
+                                                                         nobody_dir, lookalike):
+    """User nobody runs the sample workload from a folder whose name holds a newline (its RUNPATH
+    is $ORIGIN: every library it maps has that name too). record --pid traces every checkpoint
+    its truth counts, from those very files. With `lookalike`, nobody also made the folder named
+    as /proc/PID/maps shows the first (a backslash, 012), holding copies of the same libraries:
+    the shown name reaches them, but they are other files (other inodes) and are never taken for
+    the mapped ones. Before: the first case found no probe points (its libraries 'cannot be
+    reached': one error line); the second resolved every probe point in the lookalike copies."""
+    import shutil
+    import subprocess
+
+    from ckptrace.trace import read_trace
+    from helpers import AS_NOBODY, go, recorder, started, truth_count
+
+    folders = [nobody_dir / NEWLINE_DIR] + ([nobody_dir / NEWLINE_DIR.replace("\n", "\\012")] if lookalike else [])
+    for d in folders:
+        d.mkdir()
+        for f in ("ckpt-workload", "libsample-server.so", "libsample-common.so", "libsample-llama.so"):
+            shutil.copy2(Path(workload).with_name(f), d / f)
+        subprocess.run(["chown", "-R", "65534:65534", d], check=True)
+    truth = nobody_dir / "truth.jsonl"
+    out = nobody_dir.parent / f"{nobody_dir.name}.parquet"
+    ours = lambda objects: {o for o in objects if "libsample" in o or o.endswith("ckpt-workload")}  # noqa: E731
+    try:
+        with started([*AS_NOBODY, folders[0] / "ckpt-workload", "--wait-signal", "--truth", truth, "--iterations",
+                      "3"], ready="ready pid=", cwd="/") as (w, _):
+            maps = Path(f"/proc/{w.pid}/maps").read_text()
+            assert "w\\0127f0000000000-7f0000001000 r-xp 00000000 fe:00 1 x/libsample-server.so" in maps
+            s = ckptrace("symbols", "--pid", w.pid, "--json")
+            assert s.returncode == 0, s.stderr
+            objects = ours(p["object"] for p in json.loads(s.stdout)["points"])
+            assert objects and all(o.startswith(f"{folders[0]}/") for o in objects), objects
+            with recorder(out, "--pid", w.pid) as rec:
+                go(w)
+                assert w.wait(120) == 0
+                assert rec.wait(120) == 0, rec.stderr.read()
+        t = read_trace(out)
+        assert (t.events["kind"] == "checkpoint").sum() == truth_count(truth) > 0
+        objects = ours(o.path for o in t.meta.objects)
+        assert len(objects) == 4 and all(o.startswith(f"{folders[0]}/") for o in objects), objects
+    finally:
+        out.unlink(missing_ok=True)
