@@ -9,6 +9,7 @@ import json
 import os
 import platform
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -77,6 +78,49 @@ def privileges() -> str:
                              "attach uprobes to a process), and this root process has had it dropped",
                              "run it as root with full capabilities (plain sudo)")
     raise error_with_fix(NotPermitted, "recording needs root (CAP_SYS_ADMIN, and tracefs readable)", "run with sudo")
+
+
+OPEN_FILES_HEADROOM = 256  # descriptors besides the uprobes': the program's maps, the trace, /proc files
+
+
+def open_files_for(uprobes: int, what: str) -> None:
+    """Make room for `uprobes` more perf events, one descriptor each (64 processes of 20 uprobes
+    take 1,280; a shell's default soft limit is often 1,024): the soft limit on open files is
+    raised to the hard one, and EbpfUnavailable (one line) says so when even that is too low."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (want, hard))
+            soft = want
+        except (ValueError, OSError):
+            pass
+    try:
+        used = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        used = 0
+    if used + uprobes + OPEN_FILES_HEADROOM > soft:
+        raise EbpfUnavailable(f"{what} takes {uprobes} uprobes, one open file each, and this process may open "
+                              f"{soft} (ulimit -n; {used} open now): raise the limit (ulimit -Hn, or LimitNOFILE= "
+                              "for a service) or trace fewer processes")
+
+
+@contextlib.contextmanager
+def probe_quota(uprobes: int):
+    """bcc refuses to open more than 1,000 probes in one process (its BCC_PROBE_LIMIT, a guard
+    against runaway scripts) and 64 processes of 16 to 20 uprobes pass it: while the block
+    attaches `uprobes` more, its quota is what is open plus those (unless the user set one). Set
+    only meanwhile: a command launched later does not inherit it."""
+    import bcc
+
+    if "BCC_PROBE_LIMIT" in os.environ:
+        yield
+        return
+    os.environ["BCC_PROBE_LIMIT"] = str(max(1000, bcc._get_num_open_probes() + uprobes))
+    try:
+        yield
+    finally:
+        os.environ.pop("BCC_PROBE_LIMIT", None)
 
 
 def require_privileges() -> None:

@@ -86,9 +86,10 @@ class LiveProbes:
         """Resolve the probe points in the live process and attach; a CkptraceError (TargetError,
         SymbolError, EbpfUnavailable) when it can't, also when it exits meanwhile, and nothing
         of it left attached."""
+        if len(self.bpf[b"targets"]) >= recorder.MAX_TARGETS:  # said before its symbols are read
+            raise TargetError(f"PID {pid}: serve follows at most {recorder.MAX_TARGETS} processes at once")
         t = recorder.resolve_process(process_of(pid)[0])
-        if len(self.bpf[b"targets"]) >= recorder.MAX_TARGETS:
-            raise TargetError(f"PID {t.pid}: serve follows at most {recorder.MAX_TARGETS} processes at once")
+        kernel.open_files_for(recorder.uprobe_count(t.plan, gpu=False), f"PID {t.pid}")
         recorder.trace_process(self.bpf, t.pid, t.plan)
         try:
             attached, _ = recorder.attach_probes(self.bpf, t.plan, t.pid, t.start, gpu=False)  # no CUDA series

@@ -226,6 +226,7 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
     sched, sched_note = kernel.sched_offsets()
     child, targets = resolve_targets(pid, command, comm, opts)
     try:
+        kernel.open_files_for(sum(uprobe_count(t.plan) for t in targets), f"tracing {len(targets)} processes")
         bpf = load_program(bcc, targets, offsets, sched, opts, attach=child is None)
         targets.bpf = bpf
         attached, attach_retries = 0, 0
@@ -754,6 +755,11 @@ def _quietly(what: str, call, *args, **kwargs):
     raise EbpfUnavailable(f"{what}: {reason or failure}")
 
 
+def uprobe_count(plan, gpu: bool = True) -> int:
+    """Public API (record and serve): the uprobes attach_probes puts on a process of this plan."""
+    return sum(2 if PROGRAMS[p.point][1] else 1 for p in plan.points if gpu or p.point not in cuda.POINTS)
+
+
 def attach_probes(bpf, plan, target: int, start: int | None = None, gpu: bool = True) -> tuple[int, int]:
     """Public API (record and serve): attach every probe point of `plan` into process `target`
     (start: its start time, so a pid reused meanwhile is not taken for it; gpu False: not the
@@ -777,10 +783,11 @@ def attach_probes(bpf, plan, target: int, start: int | None = None, gpu: bool = 
     points = [p for p in plan.points if gpu or p.point not in cuda.POINTS]
     order = [(p, False) for p in points if PROGRAMS[p.point][1]] + sorted(
         ((p, True) for p in points), key=lambda pe: pe[0].point in OUTER_POINTS)
-    for p, entry in order:
-        enter, ret = PROGRAMS[p.point]
-        what = f"could not attach a uprobe to {p.symbol} in {p.object}"
-        for attach, fn in ((bpf.attach_uprobe, enter),) if entry else ((bpf.attach_uretprobe, ret),):
+    with kernel.probe_quota(len(order)):
+        for p, entry in order:
+            enter, ret = PROGRAMS[p.point]
+            what = f"could not attach a uprobe to {p.symbol} in {p.object}"
+            attach, fn = (bpf.attach_uprobe, enter) if entry else (bpf.attach_uretprobe, ret)
             # The kernel has refused an attach here now and then (libbcc hides the errno) and
             # accepted the same one a moment later: retry with backoff, and count it.
             for delay in (0.1, 0.3, 0.9, 0.0):
