@@ -53,6 +53,7 @@ import pandas as pd
 
 from ckptrace.errors import AnalysisError
 from ckptrace.meta import TraceMeta
+from ckptrace.terminal import shown_label
 from ckptrace.trace import Trace
 from ckptrace.units import MIB
 
@@ -270,7 +271,7 @@ def _probe_points(meta: TraceMeta) -> frozenset:
 
 
 def _leg_name(i: int, a: Analysis) -> str:
-    return f"leg {i + 1} ({a.trace.label})"
+    return f"leg {i + 1} ({shown_label(a.trace.label)})"
 
 
 def _warnings(analyses: list[Analysis], arms: list[str], g) -> list[str]:
@@ -349,7 +350,7 @@ def _explain(m: pd.DataFrame, analyses: list[Analysis], arms: list[str], warm: l
             return f"{_signed_ms(x['diff'])} ({x['verdict']})"
         return "not measured (no samples in an arm)"
 
-    head = (f"{candidate} against {baseline}: {r.loc['checkpoint_total_ns', 'statistic']} checkpoint time "
+    head = (f"{shown_label(candidate)} against {shown_label(baseline)}: {r.loc['checkpoint_total_ns', 'statistic']} checkpoint time "
             f"{said('checkpoint_total_ns')}, "
             f"prefill iteration time {said('prefill_iteration_ns')}.")
     # A busy comparison is explained on CPU, where the waiting is left out.
@@ -592,10 +593,10 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
     analyses = [t if isinstance(t, Analysis) else analyze_trace(t) for t in traces]
     labels = list(dict.fromkeys(a.trace.label for a in analyses))
     if len(labels) == 1:
-        raise AnalysisError(f"all {len(analyses)} traces have the label {labels[0]!r}: compare needs two labels, "
+        raise AnalysisError(f"all {len(analyses)} traces have the label {shown_label(labels[0])!r}: compare needs two labels, "
                             "baseline then candidate (set them with `ckptrace record --label`)")
     if len(labels) > 2:
-        raise AnalysisError(f"the traces have {len(labels)} labels ({', '.join(map(repr, labels))}): compare "
+        raise AnalysisError(f"the traces have {len(labels)} labels ({', '.join(repr(shown_label(x)) for x in labels)}): compare "
                             "takes exactly two, the baseline's first; compare them two labels at a time")
     for a in analyses:
         if not len(a.checkpoints):
@@ -780,7 +781,7 @@ def compare_per_process(traces: list, **kw) -> list[tuple[str, Comparison]]:
     out = []
     for label, legs in by_label.items():
         if len(legs) < 2:
-            raise AnalysisError(f"process {label!r} is in only one leg: --per-process compares each process "
+            raise AnalysisError(f"process {shown_label(label)!r} is in only one leg: --per-process compares each process "
                                 "label across legs (label them alike: record --pid PID=LABEL)")
         out.append((label, compare(legs, **kw)))
     return out

@@ -17,6 +17,8 @@ import math
 
 import numpy as np
 
+from ckptrace.terminal import shown_label
+
 # Each headline figure: (key, the comparison's metric, its wall-time stand-in, what it is on CPU,
 # per what). One table, so the names move together.
 FIGURES = (("checkpoint", "checkpoint_total_cpu_ns", "checkpoint_total_ns", "on CPU", "per checkpoint"),
@@ -100,7 +102,9 @@ def headline(c, analyses, arms, warm) -> dict:
 
 
 def sentence(h: dict, candidate: str, baseline: str, quote=str) -> str:
-    """The headline's figures in one sentence; `quote` shows a label (made printable, code, ...)."""
+    """The headline's figures in one sentence; `quote` shows a label (made printable, code, ...),
+    each cut to LABEL_MAX first (ckptrace/terminal.py)."""
+    candidate, baseline = shown_label(candidate), shown_label(baseline)
     parts = [_time_said(h[key], what, per) for key, _, _, what, per in FIGURES if h.get(key) is not None]
     out = f"{quote(candidate)} " + (" and ".join(parts) if parts else "could not be measured")
     ttft = h.get("ttft_p90")

@@ -1,11 +1,19 @@
 """Text that reaches a terminal: anything from a trace or a user is made printable first.
 
 A trace label, path or command line can hold escape sequences (clear screen, window title,
-OSC 52 clipboard writes) or bidi overrides that reorder what the reader sees. `printable()`
+OSC 52 clipboard writes) or bidi controls that reorder what the reader sees. `printable()`
 shows every character that `str.isprintable()` rejects as a visible escape (`\\x1b`,
-`\\u202e`), on a terminal or not: a pipe or a log file is read on a terminal later.
+`\\u202e`), on a terminal or not: a pipe or a log file is read on a terminal later. Every bidi
+control (U+202A..U+202E, U+2066..U+2069, U+200E, U+200F, U+061C) is a format character, which
+isprintable() rejects. The HTML dashboard, Markdown and the timeline exports use the same function.
+
+A label (from --label, a trace's metadata, a process name) is also cut to LABEL_MAX characters
+where a report shows it (`shown_label()`); the full label stays in the data (--json, CSV, the
+trace).
 """
 from __future__ import annotations
+
+import hashlib
 
 import click
 
@@ -57,3 +65,17 @@ def printable(value, *, lines: bool = False) -> str:
 def echo(text: str = "", *, err: bool = False) -> None:
     """click.echo of a whole rendered text, made printable (newlines kept)."""
     click.echo(printable(text, lines=True), err=err)
+
+
+LABEL_MAX = 48  # characters a label takes in a report, cut or not
+
+
+def shown_label(value) -> str:
+    """A label as reports show it: printable(), and at most LABEL_MAX characters. A longer one
+    keeps its start and ends in `~` and 6 hex digits of its hash, so two long labels that differ
+    only further on still read as two."""
+    text = printable(value)
+    if len(text) <= LABEL_MAX:
+        return text
+    digest = hashlib.sha256(str(value).encode("utf-8", "surrogatepass")).hexdigest()[:6]
+    return f"{text[:LABEL_MAX - 7]}~{digest}"

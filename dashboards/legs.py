@@ -14,6 +14,7 @@ import pandas as pd
 
 from ckptrace.analyzers.state_path import PROMPT_SAVE_COLUMNS, RESTORE_COLUMNS
 from ckptrace.meta import TraceMeta
+from ckptrace.terminal import printable, shown_label
 from ckptrace.trace import empty_frame
 
 # Above this many rows per leg, distributions show evenly spaced order statistics and the
@@ -30,8 +31,9 @@ VERDICT_COLOURS = {"faster": "#2E7D32", "slower": "#C62828", "no change": "#7575
 
 
 def plain(text: object) -> str:
-    """A string plotly.js shows literally: its markup characters escaped as entities."""
-    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    """A string plotly.js shows literally: made printable (control characters and bidi controls
+    shown as escapes, ckptrace/terminal.py), then its markup characters escaped as entities."""
+    return printable(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
 @dataclass
@@ -85,8 +87,8 @@ def make_legs(analyses: list, baseline: str | None = None) -> list[Leg]:
     repeated = {lab for lab in labels if labels.count(lab) > 1}
     legs = []
     for i, (a, lab) in enumerate(zip(analyses, labels), start=1):
-        name = f"{i}: {lab}" if repeated or len(labels) > 1 else lab
-        legs.append(Leg(i, lab, plain(name), plain(lab), colour[lab], a))
+        name = f"{i}: {shown_label(lab)}" if repeated or len(labels) > 1 else shown_label(lab)
+        legs.append(Leg(i, lab, plain(name), plain(shown_label(lab)), colour[lab], a))
     return legs
 
 

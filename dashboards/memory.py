@@ -13,6 +13,7 @@ from plotly.subplots import make_subplots
 
 from ckptrace.analyzers.memory import held_series, rss_series
 from ckptrace.analyzers.processes import process_info, process_label
+from ckptrace.terminal import shown_label
 from ckptrace.trace import time_origin
 from ckptrace.units import MIB
 
@@ -47,7 +48,7 @@ def _names(leg: Leg) -> dict[int, str]:
     infos = process_info(leg.analysis.trace, leg.analysis.rows.per_pid.index)
     if len(infos) <= 1:
         return {p.pid: leg.name for p in infos}
-    return {p.pid: f"{leg.name}: {plain(process_label(p))}" for p in infos}
+    return {p.pid: f"{leg.name}: {plain(shown_label(process_label(p)))}" for p in infos}
 
 
 def memory_panel(legs: list[Leg]) -> Panel:
@@ -98,7 +99,7 @@ def processes_panel(legs: list[Leg]) -> Panel:
         return Panel(None, "every leg recorded one process")
     mib = lambda b: "-" if b is None else f"{b / MIB:.1f}"  # noqa: E731
     ms = lambda s, k: "-" if s["stats"][k]["mean"] is None else f"{s['stats'][k]['mean'] / 1e6:.2f}"  # noqa: E731
-    header = [f"{leg.name}: {plain(p['label'])}" for leg, p in rows]
+    header = [f"{leg.name}: {plain(shown_label(p['label']))}" for leg, p in rows]
     fields = [
         ("pid", lambda p: str(p["pid"])),
         ("executable", lambda p: plain(p["executable"] or "-")),

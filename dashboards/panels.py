@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ckptrace.meta import TraceMeta
+from ckptrace.terminal import shown_label
 from ckptrace.trace import time_origin
 from ckptrace.units import MIB
 
@@ -325,7 +326,7 @@ def comparison_panel(comparison) -> Panel:
     if pool is not None and len(pool):  # pool hits and misses apart, each against the baseline
         m = pd.concat([m, pool.assign(metric=pool["class"] + ": " + pool["metric"], unit="ns")], ignore_index=True)
     stat = plain(comparison.statistic)
-    base, cand = plain(comparison.baseline), plain(comparison.candidate)
+    base, cand = plain(shown_label(comparison.baseline)), plain(shown_label(comparison.candidate))
     names = [plain(x) for x in m["metric"]]
     change = m["change_pct"].astype("float64").to_numpy()
     lo = m["ci_low_pct"].astype("float64").to_numpy()
@@ -563,8 +564,8 @@ def summary_panel(legs: list[Leg]) -> Panel:
 def header_panel(title: str, legs: list[Leg], comparison, notes: list[str]) -> Panel:
     rows = [("traces", [_lines((f"{leg.name} ({len(leg.checkpoints):,} checkpoints)" for leg in legs), escape=False)])]
     if comparison is not None:
-        rows.append(("comparison", [f"{plain(comparison.candidate)} (candidate) against "
-                                    f"{plain(comparison.baseline)} (baseline)"]))
+        rows.append(("comparison", [f"{plain(shown_label(comparison.candidate))} (candidate) against "
+                                    f"{plain(shown_label(comparison.baseline))} (baseline)"]))
         if getattr(comparison, "explanation", ""):
             rows.append(("result", [_wrap(comparison.explanation)]))
         if getattr(comparison, "samples", ""):

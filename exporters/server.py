@@ -147,7 +147,7 @@ class _Serving:
     def attach(self, pid: int) -> None:
         t = self.probes.attach(pid)
         self.targets[t.pid] = t
-        self.metrics.add(t.pid, self.opts.label or t.comm, t.build_id, t.plan.fill_probed, start=t.start)
+        self.metrics.add(t.pid, printable(self.opts.label) or t.comm, t.build_id, t.plan.fill_probed, start=t.start)
 
     def run(self, stop: list[str]) -> None:
         t0 = time.monotonic()

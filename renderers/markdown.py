@@ -14,7 +14,7 @@ import textwrap
 
 import pandas as pd
 
-from ckptrace.terminal import printable
+from ckptrace.terminal import printable, shown_label
 
 from .text import NAMES, POOL_NAMES, fmt_ms, pct, value_text, unjudged_said
 
@@ -63,7 +63,7 @@ def comparison_markdown(c, fail_on: str | None = None, tripped: pd.DataFrame | N
                         unjudged: pd.DataFrame | None = None, judged: pd.DataFrame | None = None) -> str:
     """The verdict table, pool rows, legs, explanation and warnings; with a gate, its outcome first."""
     legs = c.legs.to_dict("records")
-    out = [f"### ckptrace compare: {code(c.candidate)} against {code(c.baseline)}", ""]
+    out = [f"### ckptrace compare: {code(shown_label(c.candidate))} against {code(shown_label(c.baseline))}", ""]
     if c.headline:
         from ckptrace.analyzers.headline import sentence
 
@@ -114,7 +114,7 @@ def comparison_markdown(c, fail_on: str | None = None, tripped: pd.DataFrame | N
                 f"of the change ({c.n_boot} resamples, seed {c.seed}); times in ms.", ""]
     for leg in legs:
         req = "" if leg.get("requests") is None else f", {leg['requests']} requests"
-        out.append(f"- leg {leg['leg']} ({leg['arm']}): {code(leg['label'])}, {leg['checkpoints']} checkpoints, "
+        out.append(f"- leg {leg['leg']} ({leg['arm']}): {code(shown_label(leg['label']))}, {leg['checkpoints']} checkpoints, "
                    f"{leg['prefill_iterations']} prefill iterations{req}")
     machine = [c.machine["said"]] if getattr(c, "machine", None) else []
     out += [""] + code_block(machine + [c.explanation] + [f"warning: {w}" for w in c.warnings])

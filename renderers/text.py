@@ -9,7 +9,7 @@ import pandas as pd
 from ckptrace.analyzers.metrics import CPU, METRICS, POOL
 from ckptrace.analyzers.summary import WAIT_WARN_SHARE
 from ckptrace.meta import TraceMeta
-from ckptrace.terminal import printable
+from ckptrace.terminal import printable, shown_label
 from ckptrace.trace import time_origin
 from ckptrace.units import MIB
 
@@ -48,7 +48,7 @@ def header_lines(analysis) -> list[str]:
     lines = [wrap(f"trace {printable(t.path or '-')}")]
     pid = (f"{len(analysis.processes)} processes" if len(analysis.processes) > 1
            else f"pid {meta.pid if meta.pid is not None else '-'}")
-    parts = [f"label {printable(t.label)}", pid,
+    parts = [f"label {shown_label(t.label)}", pid,
              f"duration {dur:.2f} s" if dur is not None else "duration -",
              f"lost events {s['lost_events']}"]
     lines.append(wrap("   ".join(parts)))
@@ -342,7 +342,7 @@ def _arm_line(c, arm: str) -> str:
     legs = c.legs.loc[c.legs["arm"] == arm]
     nums = ", ".join(str(n) for n in legs["leg"].tolist())
     label = c.baseline if arm == "baseline" else c.candidate
-    return (f"{arm} {printable(label)}: leg{'s' if len(legs) > 1 else ''} {nums} ({int(legs['checkpoints'].sum())} "
+    return (f"{arm} {shown_label(label)}: leg{'s' if len(legs) > 1 else ''} {nums} ({int(legs['checkpoints'].sum())} "
             f"checkpoints, {int(legs['prefill_iterations'].sum())} prefill iterations)")
 
 

@@ -22,6 +22,10 @@ formats show the same slices with the same names and figures.
   slice on request lanes of the process the requests went to (a leg's one process, else the one
   named by --requests-pid), with analyze --requests' breakdown.
 
+Every string from a trace or a request file (labels, process names, paths, hosts, statuses) is
+made printable (ckptrace/terminal.py: control and bidi characters shown as escapes), and a label
+or process name in a track or slice name is cut to LABEL_MAX characters: the viewers show them.
+
 Times stay CLOCK_MONOTONIC nanoseconds, as recorded.
 """
 from __future__ import annotations
@@ -33,6 +37,7 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.analyzers.memory import held_series, rss_series
+from ckptrace.terminal import printable, shown_label
 
 SYNTHETIC_BASE = 1 << 22  # above PID_MAX_LIMIT: no real pid or tid is ever this large
 # Outer before inner when two slices start and end together.
@@ -180,7 +185,7 @@ def _process(analysis, events: pd.DataFrame, path, leg: int, pid: int, pids: np.
     trace = analysis.trace
     events = events.loc[pids == pid]
     tids = set(int(t) for t in events["tid"].unique())
-    comm = _comm(trace.meta, pid)
+    comm = shown_label(_comm(trace.meta, pid))
     slices: dict[int, list[Slice]] = {t: [] for t in tids}
     faults: dict[int, list[tuple[int, int]]] = {t: [] for t in tids}
     for name, frame, cols in (("checkpoint", analysis.checkpoints, CHECKPOINT_ARGS),
@@ -216,14 +221,14 @@ def _process(analysis, events: pd.DataFrame, path, leg: int, pid: int, pids: np.
     # One process: the leg's label; several: each process's own (PID=LABEL, else NAME#RANK).
     label = trace.label if len(set(pids.tolist())) <= 1 else \
         next((p.label for p in trace.meta.processes if p.pid == pid and p.label), f"{comm} {pid}")
-    name = f"{label} ({os.path.basename(str(path))})"
+    name = f"{shown_label(label)} ({printable(os.path.basename(str(path)))})"
     if shift:
         name += f", pid {pid}"
     proc = next((p for p in trace.meta.processes if p.pid == pid), None)
     exe = (proc and proc.executable) or trace.meta.executable
     cmdline = trace.meta.command if trace.meta.command and pid == trace.meta.pid else [exe] if exe else []
     return Process(leg, pid + shift, pid, name, threads, counters, _recording(trace, path, pid, events),
-                   cmdline=[str(c) for c in cmdline])
+                   cmdline=[printable(c) for c in cmdline])
 
 
 def nest(slices: list[Slice]) -> tuple[list[Slice], list[Slice]]:
@@ -252,7 +257,7 @@ def _args(frame: pd.DataFrame, cols: list[str]) -> list[dict]:
         if c == "addr":
             values = [f"0x{int(v):x}" for v in col.tolist()]
         elif isinstance(col.dtype, pd.CategoricalDtype) or col.dtype == object:
-            values = [None if v is None or v is pd.NA else str(v) for v in col.astype(object).tolist()]
+            values = [None if v is None or v is pd.NA else printable(v) for v in col.astype(object).tolist()]
         else:
             values = col.astype(object).where(col.notna(), None).tolist()
         columns.append((c, values))
@@ -281,7 +286,7 @@ def _recording(trace, path, pid: int, events: pd.DataFrame) -> Slice:
         flags.append("cut short")
     if meta.lost_events:
         flags.append(f"{meta.lost_events} lost events")
-    name = f"recording: {trace.label}" + (f" ({', '.join(flags)})" if flags else "")
+    name = f"recording: {shown_label(trace.label)}" + (f" ({', '.join(flags)})" if flags else "")
     args = {"label": trace.label, "file": os.path.basename(str(path)), "pid": pid,
             "build_id": _build_id(meta, pid), "lost_events": meta.lost_events, "complete": complete,
             "cut_short": note if not complete else None, "stop_reason": meta.stop_reason, "mode": meta.mode,
@@ -289,7 +294,7 @@ def _recording(trace, path, pid: int, events: pd.DataFrame) -> Slice:
             "start_time": meta.start_time, "clock": meta.clock, "trace_version": meta.version,
             "tool_version": meta.tool_version, "events": int(len(events))}
     return Slice(int(start), int(max(end, start)), name, "recording",
-                 {k: v for k, v in args.items() if v is not None})
+                 {k: printable(v) if isinstance(v, str) else v for k, v in args.items() if v is not None})
 
 
 def slice_count(timeline: Timeline) -> int:

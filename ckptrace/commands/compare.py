@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from ckptrace.options import Finite, warmup_option
-from ckptrace.terminal import echo, printable
+from ckptrace.terminal import echo, printable, shown_label
 
 # Exit statuses: 0 compared (gate passed), 1 an error (one line), 2 a usage error, GATE_EXIT the
 # gate tripped, UNJUDGED_EXIT (--require-judged) a metric the gate looks at was not judged.
@@ -161,7 +161,7 @@ def _per_process(legs, fmt: str, requests, fail_on, **kw) -> None:
     else:
         from ckptrace.renderers.text import compare_report
 
-        echo("\n\n".join(f"== process {printable(label)}\n{compare_report(c)}" for label, c in parts))
+        echo("\n\n".join(f"== process {shown_label(label)}\n{compare_report(c)}" for label, c in parts))
 
 
 def _gate_lines(fail_on: str, tripped, unjudged, judged, require_judged: bool) -> None:
