@@ -36,8 +36,17 @@ def ckptrace(*args, timeout: float = 120, env: dict | None = None, entry: list |
     """Run `ckptrace ARGS` to completion; `env` adds to this environment, `wrap` goes in front
     (setpriv...), `entry` replaces the console script (NO_BCC)."""
     cmd = [*wrap, *(entry or [str(CKPTRACE)]), *map(str, args)]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
-                          env={**os.environ, **(env or {})}, **kw)
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=cwd,
+                       env={**os.environ, **(env or {})}, **kw)
+    assert_no_traceback(p)
+    return p
+
+
+def assert_no_traceback(p: subprocess.CompletedProcess) -> None:
+    """No input makes a command print a Python traceback (README: one line, never a traceback):
+    held for every run of the CLI through this helper, whatever the test asserts besides."""
+    err = p.stderr if isinstance(p.stderr, str) else (p.stderr or b"").decode(errors="replace")
+    assert "Traceback (most recent call last)" not in err and "Exception ignored" not in err, err[-3000:]
 
 
 def why_nobody_cannot_run_ckptrace() -> str | None:

@@ -361,8 +361,10 @@ def test_markdown_shows_hostile_labels_as_code_only(tmp_path):
             tables.append([])
     tables = [t for t in tables if t]
     assert len(tables) >= 2 and all(len({ln.count("|") for ln in t}) == 1 for t in tables), tables  # no row split
-    # the label, printable (its newline as \n), only inside a code span of a longer fence
-    assert "``A|b `x` <img src=y> @someone **z** [l](http://e.x)\\n# h``" in md
+    # the label, printable (its newline as \n) and cut to LABEL_MAX, only inside a code span of a longer fence
+    from ckptrace.terminal import shown_label
+    assert shown_label(hostile[0]).startswith("A|b `x` <img src=y> @someone **z** [l](ht~")
+    assert f"``{shown_label(hostile[0])}``" in md
     assert "``` B`` ```" in md
     outside = re.sub(r"(`+).+?\1", "", md, flags=re.S)  # every code span and block removed
     assert "@someone" not in outside and "<img" not in outside
