@@ -124,6 +124,7 @@ class LiveProbes:
         self._forget(target.pid, target.plan)
 
     def close(self) -> None:
+        kernel.close_uprobes(self.bpf)
         self.bpf.cleanup()
 
     def _forget(self, pid: int, plan) -> None:

@@ -305,6 +305,7 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
                 written, why_not = _finish(opts.output, out, session, meta)
         finally:
             out.close()
+            kernel.close_uprobes(bpf)
             bpf.cleanup()
             for s, h in old.items():
                 signal.signal(s, h)

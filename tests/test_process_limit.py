@@ -72,7 +72,7 @@ def test_record_traces_64_processes_and_refuses_the_65th(require_root_ebpf, work
                 go(p)
             for p in chosen:
                 assert p.wait(120) == 0
-            assert rec.wait(180) == 0, rec.stderr.read()
+            assert rec.wait(600) == 0, rec.stderr.read()  # see serve's wait below
     t = read_trace(out)
     assert sorted(p.pid for p in t.meta.processes) == sorted(p.pid for p in chosen)
     ck = t.events.loc[(t.events["kind"] == "checkpoint").to_numpy()]
@@ -122,5 +122,6 @@ def test_serve_follows_64_processes_and_notes_the_65th(require_root_ebpf, worklo
                              every_s=0.2, watch=srv)
             assert skipped not in got
             srv.terminate()
-            # the kernel removes each uprobe in its own RCU grace period: 1,024 took 170-230 s here
+            # The kernel removes each uprobe in grace periods of its own: 1,024 closed one by one
+            # took 170-230 s here at loads of 14-30 (kernel.close_uprobes overlaps them: ~3x less)
             assert srv.wait(600) == 0
