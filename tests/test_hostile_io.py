@@ -64,6 +64,15 @@ def test_non_finite_numbers_are_one_usage_line(tmp_path, command, option, value)
     assert not list(tmp_path.iterdir())  # nothing recorded, nothing written
 
 
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "1e999"])
+@pytest.mark.parametrize("option", ["--cap-bytes", "--floor", "--trim-idle", "--sweep cap-bytes=", "--sweep trim-idle="])
+def test_whatifs_number_options_parsed_as_text_refuse_non_finite_values(option, value):
+    """whatif's sizes, fractions and seconds are parsed from text (ckptrace/commands/whatif.py)."""
+    opt, _, prefix = option.partition(" ")
+    r = ckptrace("whatif", LEGS[0], opt, prefix + value)
+    assert_one_line_error(r, opt, code=2)
+
+
 @pytest.mark.parametrize("command,option", float_options())
 def test_a_finite_value_too_large_for_the_code_below_is_one_usage_line(tmp_path, command, option):
     """1e300 s overflows a socket timeout's C timeval; every float option has an upper bound."""
