@@ -255,6 +255,7 @@ class Comparison:
     headline_figures = property(lambda self: self.result.headline or {},
                                 doc="The headline's figures: checkpoint, prefill, ttft_p90, hit_rate, memory.")
     warmup = property(lambda self: self.result.warmup, doc="Each arm's warm-up, left out of the metrics (--warmup).")
+    warmup_setting = property(lambda self: self.result.warmup_setting, doc="The --warmup it ran with (N or auto).")
     machine = property(lambda self: self.result.machine, doc="The machine-state guard: one state or how the legs differ.")
 
     def verdict(self, metric: str) -> str:

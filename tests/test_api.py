@@ -102,7 +102,9 @@ def test_the_api_gives_typed_frames_with_units_in_their_names():
     assert c.verdict("checkpoint_fill_cpu_ns") == "faster"  # -90% on CPU, far from any threshold
     with pytest.raises(AnalysisError, match="no metric 'ttft_p50_ms'"):
         c.verdict("ttft_p50_ms")
-    assert c.headline.startswith("pool-on against pool-off")
+    head = c.headline  # the answer's sentence, as compare prints it first
+    assert head == c.headline_figures["sentence"] and head.startswith("pool-on removes ")
+    assert head.rstrip(".").endswith("against pool-off")
 
 
 def test_a_trace_is_opened_and_checked_once(monkeypatch):

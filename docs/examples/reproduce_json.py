@@ -68,10 +68,12 @@ def compare_doc(paths: list[str]) -> dict:
     legs = rows(c.legs)
     for leg in legs:
         leg["build_ids"] = [b for b in leg["build_ids"].split(",") if b]
-    return {"schema_version": ckptrace.SCHEMA_VERSION, "baseline": c.baseline, "candidate": c.candidate,
-            "samples": c.samples, "seed": c.seed, "n_boot": c.n_boot, "min_effect_pct": c.min_effect_pct,
-            "statistic": c.statistic, "legs": legs, "metrics": rows(c.metrics), "pool": rows(c.pool),
-            "memory": rows(c.memory), "warnings": c.warnings, "explanation": c.explanation}
+    warmup = {"setting": c.warmup_setting, "arms": rows(c.warmup) if c.warmup is not None else []}
+    return {"schema_version": ckptrace.SCHEMA_VERSION, "headline": c.headline_figures, "baseline": c.baseline,
+            "candidate": c.candidate, "samples": c.samples, "seed": c.seed, "n_boot": c.n_boot,
+            "min_effect_pct": c.min_effect_pct, "statistic": c.statistic, "legs": legs, "metrics": rows(c.metrics),
+            "pool": rows(c.pool), "memory": rows(c.memory), "warmup": warmup, "machine": c.machine,
+            "warnings": c.warnings, "explanation": c.explanation}
 
 
 # %%
