@@ -275,16 +275,21 @@ def test_requests_count_whole_create_spans_once(upstream, tmp_path):
 
 
 def test_dashboard_draws_restores_and_state_saves_like_checkpoints(upstream):
-    # the timeline's iteration is the longest that restored; each restore, speculative state and prompt save
-    # in it is a row with its span and, inside, its copies, at the analysis's own times
+    # the timeline's iteration is the median (the lower middle one) of those after the warm-up that made a
+    # checkpoint and restored; each restore, speculative state and prompt save in it is a row with its span
+    # and, inside, its copies, at the analysis's own times
     from ckptrace.dashboards.report import build_panels
 
     a = analyze_trace(upstream.trace)
     panels = dict(build_panels([a]))
     bars = {t.name: t for t in panels["timeline"].figure.data}
-    it = a.iterations
-    held = it[(it["kind"] == "prefill") & (it["checkpoints"] > 0) & it["iter"].isin(set(a.restores["iter"]))]
-    it = held.loc[held["span_ns"].idxmax()]  # the longest of them
+    it = a.iterations[a.iterations["kind"] == "prefill"].sort_values("start_ns", kind="stable")
+    first = it[it["checkpoints"] > 0].groupby("tid")["start_ns"].min()  # each thread's warm-up ends there
+    warm = it[it["start_ns"] > it["tid"].map(first).fillna(np.inf)]
+    held = warm[(warm["checkpoints"] > 0) & warm["iter"].isin(set(a.restores["iter"]))]
+    held = held.sort_values(["span_ns", "start_ns"], kind="stable")
+    assert len(held) >= 2  # so the lower middle one is not the longest
+    it = held.iloc[(len(held) - 1) // 2]
     t0, t1 = int(it["start_ns"]), int(it["end_ns"])
     assert np.isclose(bars["iteration"].x[0] * 1e6, t1 - t0, rtol=1e-6)
     ev = upstream.trace.events
