@@ -405,21 +405,78 @@ def _first_error_line(log: str, exc: BaseException) -> str:
     return lines[0] if lines else str(exc)
 
 
+# LLVM's C API (llvm-c/ErrorHandling.h): void (*LLVMFatalErrorHandler)(const char *reason)
+_LLVM_FATAL_HANDLER = ctypes.CFUNCTYPE(None, ctypes.c_char_p)
+
+
+def _exit_on_fatal_compile_error(reason: bytes | None, terminal: int) -> None:
+    """LLVM's fatal error handler while bcc compiles. LLVM aborts the process when a handler
+    returns, and its stderr is captured_output's file, so without this the user saw nothing.
+    Here the captured output is kept in a new file (mkstemp: a fresh name, never through a
+    link), one line says so on the real stderr, and the process exits 1."""
+    why = (reason or b"").decode(errors="replace").strip() or "no reason given"
+    try:
+        os.write(2, f"LLVM ERROR: {why}\n".encode())  # where LLVM would have written it: the log
+        os.lseek(2, 0, os.SEEK_SET)
+        chunks = []
+        while chunk := os.read(2, 1 << 16):
+            chunks.append(chunk)
+        fd, path = tempfile.mkstemp(prefix="ckptrace-bpf-compile-", suffix=".log")
+        with os.fdopen(fd, "wb") as log:
+            log.write(b"".join(chunks))
+        where = f"its output is in {path}"
+    except OSError as e:
+        where = f"its output could not be kept ({e.strerror})"
+    from ckptrace.terminal import printable  # the reason is LLVM's text; the path TMPDIR's
+
+    line = (f"ckptrace: error: the BPF program's compile failed: LLVM stopped on a fatal error "
+            f"({why}); {where}")
+    try:
+        os.write(terminal, (printable(line) + "\n").encode(errors="replace"))
+    finally:
+        os._exit(EbpfUnavailable.exit_code)  # a return here is LLVM's abort()
+
+
+@contextlib.contextmanager
+def fatal_compile_errors_reported(bcc, terminal: int):
+    """While the block runs, an LLVM fatal error exits with one line on fd `terminal`
+    (_exit_on_fatal_compile_error) instead of aborting silently; LLVM's default after."""
+    try:
+        install, reset = bcc.lib.LLVMInstallFatalErrorHandler, bcc.lib.LLVMResetFatalErrorHandler
+    except AttributeError:  # an LLVM linked without its C API: its own abort, as before
+        yield
+        return
+    handler = _LLVM_FATAL_HANDLER(lambda reason: _exit_on_fatal_compile_error(reason, terminal))
+    install.argtypes, install.restype = [_LLVM_FATAL_HANDLER], None
+    reset.argtypes, reset.restype = [], None
+    install(handler)
+    try:
+        yield
+    finally:
+        reset()
+
+
 def load_bpf(**bpf_kwargs):
     """bcc.BPF(**bpf_kwargs) with libbcc's stderr chatter captured and failures as one-line errors.
 
     EPERM becomes NotPermitted; a compile error becomes EbpfUnavailable with clang's first
-    error line.
+    error line; a fatal error inside LLVM exits the process with one line
+    (fatal_compile_errors_reported).
     """
     bcc = import_bcc()
     if isinstance(bpf_kwargs.get("text"), str):  # bcc wants bytes and warns otherwise
         bpf_kwargs["text"] = bpf_kwargs["text"].encode()
     failure = None
-    with captured_output() as out:
-        try:
-            return bcc.BPF(**bpf_kwargs)
-        except Exception as e:  # bcc raises bare Exception for compile and load failures
-            failure = e
+    sys.stderr.flush()
+    terminal = os.dup(2)  # the real stderr, for the fatal error's line while fd 2 is captured
+    try:
+        with captured_output() as out, fatal_compile_errors_reported(bcc, terminal):
+            try:
+                return bcc.BPF(**bpf_kwargs)
+            except Exception as e:  # bcc raises bare Exception for compile and load failures
+                failure = e
+    finally:
+        os.close(terminal)
     text = out[0]
     line = _first_error_line(text, failure)
     if "Operation not permitted" in text + str(failure) or "super-user" in str(failure):

@@ -6,12 +6,14 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from ckptrace.errors import EbpfUnavailable
 from ckptrace.probes import kernel
-from helpers import AS_NOBODY, NO_BCC, assert_one_line_error, ckptrace, why_nobody_cannot_run_ckptrace
+from helpers import (AS_NOBODY, NO_BCC, assert_one_line_error, ckptrace, wait_until,
+                     why_nobody_cannot_run_ckptrace)
 
 REPO = Path(__file__).resolve().parents[1]
 # Run the CLI as user nobody, or as uid 0 with every capability dropped.
@@ -157,6 +159,47 @@ def test_scheduler_counters_are_found_in_btf():
 def test_compile_error_names_the_first_clang_error(require_root_ebpf):
     with pytest.raises(EbpfUnavailable, match=r"error: use of undeclared identifier 'nosuch'"):
         kernel.load_bpf(text="int f(void *ctx) { return nosuch; }\n")
+
+
+# Our own fixed C that bcc's LLVM cannot compile and stops on with a fatal error (a variable-length
+# array: "Unsupported dynamic stack allocation"); LLVM aborts the process after printing it.
+LLVM_FATAL = ("int f(void *ctx) { int n = bpf_get_prandom_u32() & 7; char b[n + 1]; b[0] = 1;\n"
+              "  bpf_trace_printk(\"%d\", b[n]); return 0; }\n")
+# record with its BPF source swapped for another file (the recorder's own module attribute).
+WITH_BPF_SOURCE = [sys.executable, "-c", "import sys; from pathlib import Path; from ckptrace.probes import recorder; "
+                   "recorder.BPF_SOURCE = Path(sys.argv.pop(1)); from ckptrace.cli import main; main()"]
+
+
+@pytest.mark.ebpf
+def test_record_says_in_one_line_that_llvm_stopped_the_compile(require_root_ebpf, tmp_path, workload):
+    """A fatal error in bcc's LLVM used to abort `record` with nothing said (LLVM exits from
+    inside the compile, whose output ckptrace captures): now one line, the compiler's output
+    kept in a new file in TMPDIR, exit 1, no trace and no held command left behind."""
+    source = tmp_path / "fatal.bpf.c"
+    source.write_text(LLVM_FATAL)
+    out = tmp_path / "t.parquet"
+    r = ckptrace(source, "record", "-o", out, "--", workload, "--iterations", "1",
+                 entry=WITH_BPF_SOURCE, env={"TMPDIR": str(tmp_path)})
+    line = assert_one_line_error(r, "compile failed", "Unsupported dynamic stack allocation", code=1)
+    logs = list(tmp_path.glob("ckptrace-bpf-compile-*.log"))
+    assert len(logs) == 1 and line.endswith(f"its output is in {logs[0]}"), (line, logs)
+    assert "LLVM ERROR: Unsupported dynamic stack allocation" in logs[0].read_text()
+    assert logs[0].stat().st_mode & 0o777 == 0o600
+    assert not out.exists() and r.stdout == ""
+    # The held command dies with its recorder (PR_SET_PDEATHSIG): no process still names the source.
+    wait_until(lambda: not any(str(source) in cmdline for cmdline in _cmdlines()),
+               "the held command to go with its recorder", timeout_s=30)
+
+
+def _cmdlines() -> list[str]:
+    found = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                found.append((d / "cmdline").read_bytes().decode(errors="replace"))
+            except OSError:  # exited meanwhile
+                pass
+    return found
 
 
 def test_setup_links_the_newest_debian_headers(tmp_path):
