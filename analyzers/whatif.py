@@ -540,14 +540,15 @@ def memory_limit_check(inp: ReplayInput, r: Replay) -> dict | None:
 
 
 def limit_warning(label: str, r: Replay) -> str | None:
-    """One line when pooled bytes plus RSS would come near the cgroup limit, else None."""
+    """One line when pooled bytes plus RSS would come near the cgroup limit, else None (printable:
+    the cgroup's path comes from the trace)."""
     lim = r.limit
     if not lim or not lim["near"]:
         return None
     cap = f"its byte cap ({r.policy.describe(r.cap_bytes).split(', ')[0].removeprefix('byte cap ')})"
     return (f"{label}: with a {r.policy.name} pool, pooled bytes plus RSS would reach "
             f"{mib_text(lim['predicted_peak_bytes'])}, {lim['share'] * 100:.0f}% of its cgroup memory limit "
-            f"({mib_text(lim['limit_bytes'])}, {lim['limit_from']}): the pool could be OOM-killed with it; "
+            f"({mib_text(lim['limit_bytes'])}, {printable(lim['limit_from'])}): the pool could be OOM-killed with it; "
             f"{cap} does not look at that limit")
 
 

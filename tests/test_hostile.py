@@ -122,6 +122,31 @@ def test_no_escape_byte_from_a_trace_reaches_the_terminal(nasty_legs, how):
         assert "\\x1b]52;" in r.stdout  # shown, visibly
 
 
+@pytest.fixture(scope="module")
+def nasty_limit(tmp_path_factory):
+    """A sample pool-off trace whose process ran under a cgroup memory limit named with escapes and
+    a forged line (a cgroup's path is any name its creator chose), small enough for the warning."""
+    from ckptrace.meta import ProcessInfo, ProcessMemory
+    from ckptrace.trace import read_meta
+
+    meta = read_meta(SAMPLES / "1-pool-off.parquet")
+    memory = ProcessMemory(rss_bytes=200 << 20, rss_peak_bytes=200 << 20, cgroup=NASTY, cgroup_version=2,
+                           limit_bytes=256 << 20, limit_from=f"memory.max of /{NASTY}")
+    return relabeled(SAMPLES / "1-pool-off.parquet", tmp_path_factory.mktemp("limit") / "1.parquet", NASTY,
+                     host_memory_bytes=16 << 30, processes=[ProcessInfo(pid=meta.pid, label=NASTY, memory=memory)])
+
+
+@pytest.mark.parametrize("how", [["whatif"], ["whatif", "--json"], ["analyze"], ["analyze", "--json"]])
+def test_a_cgroup_limit_s_name_reaches_the_terminal_printable(nasty_limit, how):
+    """The cgroup memory limit warning quotes where the limit came from: from the trace, so escaped."""
+    r = run([*how, nasty_limit])
+    assert r.returncode == 0, r.stderr
+    out = r.stdout + r.stderr
+    assert "cgroup memory limit" in r.stderr and "ckptrace: warning:" in r.stderr, r.stderr
+    assert ESC not in out and "\x07" not in out and "\u202e" not in out and "\x9b" not in out
+    assert not [ln for ln in out.splitlines() if ln.strip().startswith("verdict: faster")]  # no forged line
+
+
 # --- writing: only what was asked, never through someone else's symlink ----------------------
 
 ROOT = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (as ckptrace runs in production)")

@@ -133,7 +133,7 @@ def command(traces, policy_name, cap_bytes, count, floor, evict, trim_idle, fit,
                               choices[0] if len(choices) == 1 else (choices[i] if choices else None))
     for p in results:
         for w in p.warnings:
-            click.echo(f"ckptrace: warning: {w}", err=True)
+            click.echo(f"ckptrace: warning: {printable(w)}", err=True)
     if as_json:
         click.echo(dumps(versioned(whatif_json(results))))
     else:
