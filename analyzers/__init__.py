@@ -115,7 +115,7 @@ def _analyze_rows(trace: Trace, rows: KindRows, per_process: bool) -> Analysis:
     done("iteration", "decode")
     checkpoints = checkpoint_table(rows, spans, fill_probed(trace))
     prompt_saves = prompt_save_table(rows.of_group("memory"), rows.of("copy"), spans)
-    gpu = gpu_copy_table(rows.of("copy")) if trace.meta.gpu is not None else None
+    gpu = gpu_copy_table(rows.of("copy"), printable(trace.path or "the trace")) if trace.meta.gpu is not None else None
     done("fill", "copy")
     restores = restore_table(rows.of_group("memory"), spans)
     evictions = eviction_table(rows.state_events())

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from ckptrace.errors import TraceFormatError
 from ckptrace.trace import empty_frame
 
 from .spans import NA_INT
@@ -54,15 +55,22 @@ GPU_COPY_COLUMNS: dict[str, object] = {
 MEDIANS = ("copy_ns", "enqueue_ns", "sync_ns", "host_ns")
 
 
-def gpu_copy_table(copies: pd.DataFrame) -> pd.DataFrame:
+GPU_FIELDS = ("copies", "bytes", "pinned_bytes", "pageable_bytes", "enqueue_ns", "syncs", "sync_ns", "dst_faults",
+              "driver_faults")
+
+
+def gpu_copy_table(copies: pd.DataFrame, where: str = "the trace") -> pd.DataFrame:
     """One row per copy row (the analysis' `copy` rows, with the gpu_* columns) that made a CUDA
-    call (GPU_COPY_COLUMNS), in trace order."""
+    call (GPU_COPY_COLUMNS), in trace order. The recorder writes every gpu_* figure of such a row:
+    one missing is a damaged trace (TraceFormatError naming `where`), not a 0."""
     rows = copies.loc[(copies["gpu_copies"].fillna(0) > 0).to_numpy()]
     if not len(rows):
         return empty_frame(GPU_COPY_COLUMNS)
-    g = {c: rows[f"gpu_{c}"].to_numpy("int64") for c in
-         ("copies", "bytes", "pinned_bytes", "pageable_bytes", "enqueue_ns", "syncs", "sync_ns", "dst_faults",
-          "driver_faults")}
+    missing = [f"gpu_{c}" for c in GPU_FIELDS if rows[f"gpu_{c}"].isna().any()]
+    if missing:
+        raise TraceFormatError(f"{where}: {int(rows[missing].isna().any(axis=1).sum())} copy rows with CUDA calls "
+                               f"lack {', '.join(missing)} (the recorder writes them all): trace is damaged")
+    g = {c: rows[f"gpu_{c}"].to_numpy("int64") for c in GPU_FIELDS}
     span = rows["end_ns"].to_numpy() - rows["start_ns"].to_numpy()
     pinned, pageable = g["pinned_bytes"] > 0, g["pageable_bytes"] > 0
     dst = np.select([pinned & pageable, pinned, pageable & (g["dst_faults"] > 0), pageable], [4, 1, 3, 2], default=0)

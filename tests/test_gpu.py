@@ -205,6 +205,28 @@ def test_gpu_columns_written_only_with_cuda_metadata(tmp_path):
     assert "gpu" not in cpu.meta.to_json() and "gpu" in gpu.meta.to_json()
 
 
+def test_a_cuda_copy_row_missing_a_figure_is_one_line(tmp_path):
+    """A trace of a CUDA target whose copy rows made CUDA calls but lack one gpu_* figure (the
+    recorder writes them all: a damaged or hand-made file) is one error line, not a traceback."""
+    import dataclasses
+
+    from ckptrace.samples import SAMPLE_DIR
+    from helpers import assert_one_line_error
+
+    t = read_trace(SAMPLE_DIR / "traces" / "1-pool-off.parquet")
+    ev = t.events.copy()
+    copy = (ev["kind"] == "copy").to_numpy()
+    for c in GPU_COLUMNS:
+        ev[c] = pd.array(np.where(copy, 1, 0), dtype="Int64")
+        ev.loc[~copy, c] = pd.NA
+    ev.loc[copy, "gpu_sync_ns"] = pd.NA
+    bad = tmp_path / "damaged.parquet"
+    write_trace(bad, ev, dataclasses.replace(t.meta, gpu=GpuInfo(libraries=["libcudart.so.12"])))
+    for args in (["analyze"], ["analyze", "--json"], ["dashboard", "-o", tmp_path / "r.html"]):
+        assert_one_line_error(ckptrace(*args, bad), "lack gpu_sync_ns", "damaged", code=1)
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_destination_classes_and_phases():
     n = 6
     copies = pd.DataFrame({
