@@ -78,13 +78,14 @@ class ProfileInfo:
 class ProcessMemory:
     """A process's memory and its cgroup's limit, as the recorder last read them while it ran
     (probes/process_memory.py). Each None: not read (e.g. the process had gone)."""
-    rss_bytes: int | None = None  # /proc/PID/status VmRSS
-    rss_peak_bytes: int | None = None  # VmHWM: the most it has held resident since it started
+    rss_bytes: int | None = field(default=None, metadata={"min": 0})  # /proc/PID/status VmRSS
+    # VmHWM: the most it has held resident since it started
+    rss_peak_bytes: int | None = field(default=None, metadata={"min": 0})
     cgroup: str | None = None  # its memory cgroup, as /proc/PID/cgroup names it
     cgroup_version: int | None = None  # 2 (memory.max) or 1 (memory.limit_in_bytes)
     # The smallest memory limit on the way from its cgroup up to the root (a parent's binds a
     # child's too); None: no limit is set.
-    limit_bytes: int | None = None
+    limit_bytes: int | None = field(default=None, metadata={"min": 1})  # what shares are taken of
     limit_from: str | None = None  # the file that set it: "memory.max of /path" (cgroup paths)
     read_ns: int | None = None  # CLOCK_MONOTONIC of this reading
 
@@ -133,8 +134,10 @@ class GpuInfo:
     libraries: list[str] = field(default_factory=list)  # the CUDA runtime/driver libraries probed
     points: list[str] = field(default_factory=list)  # their probe points (probes/cuda.py)
     fault_tracepoints: list[str] = field(default_factory=list)  # where destination faults were counted
-    ranges_full: int = 0  # copy spans whose destination range found no free slot: their faults not counted
-    pinned_full: int = 0  # pinned ranges not remembered (too many at once): copies into them count as pageable
+    # copy spans whose destination range found no free slot: their faults not counted
+    ranges_full: int = field(default=0, metadata={"min": 0})
+    # pinned ranges not remembered (too many at once): copies into them count as pageable
+    pinned_full: int = field(default=0, metadata={"min": 0})
     # attach mode: memory pinned before the probes were attached is not known to be pinned
     pinned_known_from_start: bool = True
 
@@ -155,7 +158,7 @@ class TraceMeta:
     host: str | None = None
     # Physical memory, sysconf(_SC_PHYS_PAGES) x page size: what a pool's byte cap of a
     # fraction of host memory reads (llama.cpp PR #201). None: not recorded.
-    host_memory_bytes: int | None = None
+    host_memory_bytes: int | None = field(default=None, metadata={"min": 1})
     clock: str = "CLOCK_MONOTONIC"  # of every *_ns figure
     start_time: str | None = None  # UTC, ISO 8601
     attach_ns: int | None = None  # probes in place
@@ -241,6 +244,10 @@ def _build(cls, data: dict, where: str):
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("json", True)}
     kwargs = {k: _convert(v, hints[k], f"{where}.{k}") for k, v in data.items() if k in known}
+    for k, v in kwargs.items():  # a size or count the analysis divides by or subtracts from
+        low = known[k].metadata.get("min")
+        if low is not None and v is not None and v < low:
+            raise TraceFormatError(f"{where}.{k} is {v}, below {low}")
     missing = [f.name for f in known.values() if f.name not in data
                and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
     if missing:

@@ -104,7 +104,8 @@ def smallest_limit(point: Path, root: str, path: str, version: int) -> tuple[int
     best = None
     for depth in range(len(parts), -1, -1):
         value = _read(point.joinpath(*parts[:depth]) / name).strip()
-        if value.isdigit() and int(value) < V1_UNLIMITED and (best is None or int(value) < best[0]):
+        # 0 (no memory at all) is left out as a reader of the trace takes a limit of 1 byte or more
+        if value.isdigit() and 0 < int(value) < V1_UNLIMITED and (best is None or int(value) < best[0]):
             best = (int(value), f"{name} of {top + ''.join('/' + p for p in parts[:depth]) or '/'}")
     return best
 

@@ -601,6 +601,12 @@ META_CASES = {
     "deeply nested": b'{"format": "ckptrace-trace", "version": 1, "x": ' + b"[" * 100000 + b"]" * 100000 + b"}",
     "version a string": {"version": "1"},
     "not JSON": b"\xff\xfe{",
+    # sizes the analysis divides by or subtracts from (a cgroup limit of 0 was a ZeroDivisionError)
+    "cgroup limit 0": {"host_memory_bytes": 1 << 34,
+                       "processes": [{"pid": 1, "memory": {"limit_bytes": 0, "limit_from": "memory.max of /"}}]},
+    "host memory negative": {"host_memory_bytes": -1},
+    "rss negative": {"processes": [{"pid": 1, "memory": {"rss_peak_bytes": -5}}]},
+    "gpu count negative": {"gpu": {"ranges_full": -1}},
 }
 
 
