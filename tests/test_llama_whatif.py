@@ -99,8 +99,16 @@ def test_the_prediction_matches_the_pool_on_servers_log_and_recording(legs):
     assert s["pooled_hwm_buffers"] >= before
     assert abs(s["pooled_hwm_bytes"] - before * mib) <= 0.01 * before * mib, (s["pooled_hwm_bytes"], before)
     assert abs(s["held_hwm_bytes"] - on.memory["peak_held_bytes"]) <= 0.01 * on.memory["peak_held_bytes"]
-    measured = int(off.checkpoints["fill_cpu_ns"].sum() - on.checkpoints["fill_cpu_ns"].sum())
-    assert abs(s["fill_cpu_saved_ns"] - measured) <= 0.10 * measured, (s["fill_cpu_saved_ns"], measured)
+    # Fill time saved on CPU, held to what the pool-on server's hits cost. The replay keeps each miss's
+    # recorded cost, so the two runs' misses differ only by run-to-run noise, which the difference of
+    # all their fills would add to the comparison: a fresh 48 MiB fill took 40 to 180 ms on CPU here as
+    # a neighbour's memory traffic came and went (docs/validation.md), and one slow miss of 12 moves a
+    # 24-hit saving past 10%. So the saving compared is the hits': the pool-off fills of the checkpoints
+    # predicted to hit, less the fills of the pool-on server's hits (its checkpoints that mapped nothing).
+    hits_off = sum(o["fill_cpu_ns"] for o in pred["outcomes"] if o["outcome"] == "hit")
+    on_hits = int(on.checkpoints.loc[(on.checkpoints["mmaps"] == 0).to_numpy(), "fill_cpu_ns"].sum())
+    measured = hits_off - on_hits
+    assert abs(s["fill_cpu_saved_ns"] - measured) <= 0.10 * measured, (s["fill_cpu_saved_ns"], measured, on_hits)
     # with its request file, each request's predicted TTFT: no more than its own fill time saved
     assert pred["requests"]["summary"]["with_breakdown"] == FIRST + CLIENTS + SECOND
     assert all(r["saved_ns"] >= 0 and r["predicted_ttft_ns"] <= r["ttft_ns"] for r in pred["requests"]["rows"])
