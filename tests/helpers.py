@@ -31,7 +31,7 @@ AS_NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--i
 NO_BCC = [sys.executable, "-c", "import sys; sys.modules['bcc'] = None; from ckptrace.cli import main; main()"]
 
 
-def ckptrace(*args, timeout: float = 120, env: dict | None = None, entry: list | None = None,
+def ckptrace(*args, timeout: float = 300, env: dict | None = None, entry: list | None = None,
              wrap: list | tuple = (), cwd=None, **kw) -> subprocess.CompletedProcess:
     """Run `ckptrace ARGS` to completion; `env` adds to this environment, `wrap` goes in front
     (setpriv...), `entry` replaces the console script (NO_BCC)."""
