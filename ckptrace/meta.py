@@ -67,11 +67,12 @@ class FaultTime:
 @dataclass
 class ProfileInfo:
     """The llama.cpp generation the target's probe points matched (probes/symbols.py PROFILES)."""
-    name: str = "unknown"  # "llama_decode", "0.3.36", "11434" or "unknown"
+    name: str = "unknown"  # "llama_decode", "0.3.36", "11434", "ik-0.1.5" or "unknown"
     generation: str = "not matched"  # in words
     matched: list[str] = field(default_factory=list)  # the profile's points found ("fill": any growth)
     missing: list[str] = field(default_factory=list)  # the profile's points not found
     source: dict[str, str] = field(default_factory=dict)  # each point found -> the profile describing it
+    nearest: str = ""  # name "unknown": the profile nearest to what was found (its points are probed)
 
 
 @dataclass

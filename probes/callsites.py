@@ -7,7 +7,7 @@ a uprobe on the call instruction sees the fill begin (dst in rdi, bytes in rdx) 
 instruction after it sees the fill end. The callee is named the way the dynamic linker binds it:
 a PLT stub's GOT slot and its relocation (JUMP_SLOT; GLOB_DAT for -fno-plt calls; IRELATIVE for
 a static binary's IFUNC), or a function symbol at a direct call's target. The same finds the
-state copy of a prompt save inlined into its caller (SAVE_CALLEES)."""
+state copy of a prompt save inlined into its caller (symbols.Profile.save_callee)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -17,7 +17,6 @@ import numpy as np
 from ckptrace.probes import elfsafe
 
 FILL_CALLEES = ("memset", "__memset_chk")
-SAVE_CALLEES = ("llama_state_seq_get_data_ext",)
 _EM_X86_64 = "EM_X86_64"
 _R_GLOB_DAT, _R_JUMP_SLOT, _R_IRELATIVE = 6, 7, 37  # x86-64 relocation types that fill a GOT slot
 _PLT_SCAN = 4  # instructions of a PLT stub read before its jmp *slot (endbr64, bnd, push...)

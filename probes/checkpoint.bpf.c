@@ -57,6 +57,7 @@ struct tstate {
     u32 ax_in_copy;    /* a prompt save's state copy is open: 1 in a prompt_save span, 2 at a call site */
     u32 rc_open;
     u32 ck_spec;
+    u32 ck_in_create;  /* opened by the size query inside create_checkpoint: the copy's return closes it */
     u64 ck_bytes;
     u64 ph_bytes;
     u64 ph_addr;
@@ -437,6 +438,20 @@ static __always_inline void emit_syscall(u32 kind, u32 tid, struct tstate *s, u6
 
 /* ---- checkpoints: common_prompt_checkpoint::update_tgt / update_dft ---- */
 
+static __always_inline void open_ckpt(struct tstate *s, u32 draft, u32 in_create)
+{
+    if (s->ckpt)
+        count(C_ABANDONED);
+    s->ckpt = new_id();
+    s->ck_draft = draft;
+    s->ck_in_create = in_create;
+    /* the server's speculative rounds call update_tgt directly, not from create_checkpoint */
+    s->ck_spec = (target_flags() & TARGET_CREATE) && !s->cr_open;
+    s->ck_bytes = 0;
+    s->phase = P_NONE;
+    open_span(&s->ck, s);
+}
+
 static __always_inline int ckpt_enter(u32 draft)
 {
     u32 tid;
@@ -445,20 +460,41 @@ static __always_inline int ckpt_enter(u32 draft)
     struct tstate *s = state_of(tid);
     if (!s)
         return 0;
-    if (s->ckpt)
-        count(C_ABANDONED);
-    s->ckpt = new_id();
-    s->ck_draft = draft;
-    /* the server's speculative rounds call update_tgt directly, not from create_checkpoint */
-    s->ck_spec = (target_flags() & TARGET_CREATE) && !s->cr_open;
-    s->ck_bytes = 0;
-    s->phase = P_NONE;
-    open_span(&s->ck, s);
+    open_ckpt(s, draft, 0);
     return 0;
 }
 
 int ckpt_enter_tgt(struct pt_regs *ctx) { return ckpt_enter(0); }
 int ckpt_enter_dft(struct pt_regs *ctx) { return ckpt_enter(1); }
+
+/* ik_llama.cpp: no update_tgt. server_context::create_checkpoint asks llama_state_seq_get_size,
+ * builds the buffer (std::vector<uint8_t>(n): operator new, then memset) and copies into it with
+ * llama_state_seq_get_data: the checkpoint is that size query's entry to that copy's return, the
+ * same calls update_tgt makes. A size query anywhere else (a prompt save) opens nothing. */
+int ckpt_enter_size(struct pt_regs *ctx)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->cr_open || s->ckpt)
+        return 0;
+    open_ckpt(s, 0, 1);
+    return 0;
+}
+
+static __always_inline void close_ckpt(u32 tid, struct tstate *s, u64 now)
+{
+    s->phase = P_CHECKPOINT; /* so the row's phase says what it is, whatever was open */
+    emit_span(K_CHECKPOINT, tid, s, &s->ck, now, s->ck_bytes, 0);
+    if (s->cr_open)
+        s->cr_bytes += s->ck_bytes;
+    s->ckpt = 0;
+    s->phase = P_NONE;
+    s->ck_draft = 0;
+    s->ck_spec = 0;
+    s->ck_in_create = 0;
+}
 
 int ckpt_return(struct pt_regs *ctx)
 {
@@ -471,14 +507,7 @@ int ckpt_return(struct pt_regs *ctx)
         count(C_PARTIAL);
         return 0;
     }
-    s->phase = P_CHECKPOINT; /* so the row's phase says what it is, whatever was open */
-    emit_span(K_CHECKPOINT, tid, s, &s->ck, now, s->ck_bytes, 0);
-    if (s->cr_open)
-        s->cr_bytes += s->ck_bytes;
-    s->ckpt = 0;
-    s->phase = P_NONE;
-    s->ck_draft = 0;
-    s->ck_spec = 0;
+    close_ckpt(tid, s, now);
     return 0;
 }
 
@@ -596,6 +625,8 @@ int copy_return(struct pt_regs *ctx)
     s->ck_bytes += copied;
     emit_span(K_COPY, tid, s, &s->ph, now, copied, s->ph_addr);
     s->phase = P_NONE;
+    if (s->ck_in_create)
+        close_ckpt(tid, s, now); /* ik_llama.cpp: the copy ends the checkpoint */
     return 0;
 }
 
@@ -815,6 +846,12 @@ int create_return(struct pt_regs *ctx)
     if (!s || !s->cr_open) {
         count(C_PARTIAL);
         return 0;
+    }
+    if (s->ckpt && s->ck_in_create) {
+        count(C_ABANDONED); /* a size query whose copy never came (the allocation threw) */
+        s->ckpt = 0;
+        s->phase = P_NONE;
+        s->ck_in_create = 0;
     }
     emit_span(K_CREATE, tid, s, &s->cr, now, s->cr_bytes, 0);
     s->cr_open = 0;

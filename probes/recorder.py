@@ -47,6 +47,7 @@ BPF_SOURCE = Path(__file__).with_name("checkpoint.bpf.c")
 PROGRAMS = {
     "update_tgt": ("ckpt_enter_tgt", "ckpt_return"),
     "update_dft": ("ckpt_enter_dft", "ckpt_return"),
+    "state_size": ("ckpt_enter_size", None),  # ik_llama.cpp: opens the checkpoint; the copy's return closes it
     "resize_grow": ("fill_enter", "fill_return"),
     "state_copy": ("copy_enter", "copy_return"),
     "update_slots": ("iter_enter", "iter_return"),

