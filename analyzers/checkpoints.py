@@ -24,6 +24,12 @@
 - `mmaps`/`munmaps`: syscalls made while the checkpoint was open on its thread.
 - `iter`: the iteration it falls in (see spans.py), 0 when none.
 - `spec`: made for a speculative round (an update_tgt outside create_checkpoint, trace format 3).
+- `on_device`: a copy of it was made with LLAMA_STATE_SEQ_FLAGS_ON_DEVICE (trace format 4): its
+  state stays in device buffers and the host buffer holds only their headers, so its `bytes` are
+  not host memory (the server's checkpoints copy to the host: PARTIAL_ONLY).
+- `create_bytes`: what the create_checkpoint span it lies in saved in all (its update_tgt and
+  update_dft copies and the speculative state, data_spec): what the server logs as the
+  checkpoint's size; NA outside a create span.
 - `fill_source`: "measured" (the growth was probed: a fill row, or none for a pool hit) or
   "derived" (a build with the growth inlined, no probe point: see the trace's `profile`). A derived
   fill is the checkpoint's total minus its copy, in wall time, on-CPU time, wait and faults; its
@@ -36,7 +42,7 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.errors import AnalysisError
-from ckptrace.trace import empty_frame
+from ckptrace.trace import STATE_FLAG_ON_DEVICE, empty_frame
 from ckptrace.validate import increasing
 
 from .events import KindRows, kind_rows
@@ -71,6 +77,8 @@ CHECKPOINT_COLUMNS: dict[str, object] = {
     "pool_hit": np.dtype("bool"),
     "spec": np.dtype("bool"),
     "fill_source": pd.CategoricalDtype(FILL_SOURCES),
+    "on_device": np.dtype("bool"),
+    "create_bytes": NA_INT,
 }
 
 
@@ -121,9 +129,11 @@ def checkpoint_rules(total_ns: np.ndarray, faults: np.ndarray, copy_ns: np.ndarr
             "pool_hit": (derived_faults == 0) & (mmaps == 0), "other_ns": np.zeros_like(total_ns)}
 
 
-def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_probed: bool = True) -> pd.DataFrame:
+def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_probed: bool = True,
+                     creates: pd.DataFrame | None = None) -> pd.DataFrame:
     """One row per checkpoint (CHECKPOINT_COLUMNS), sorted by start_ns; `spans` from iteration_spans(rows);
-    `fill_probed` False (no growth probe in the build) derives the fill (see the docstring)."""
+    `fill_probed` False (no growth probe in the build) derives the fill (see the docstring); `creates`:
+    the create rows (tid, start_ns, end_ns, bytes) for create_bytes (None: the rows' own)."""
     rows = kind_rows(rows)
     ck = rows.of("checkpoint")
     if not len(ck):
@@ -186,6 +196,9 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
     t.update(checkpoint_rules(t["total_ns"], ck["faults"].to_numpy(), t["copy_ns"], t["copy_faults"], fill_rows,
                               t["fill_ns"], t["fill_faults"], t["mmaps"], fill_probed))
     t["fill_source"] = pd.Categorical.from_codes(np.zeros(n, "int8"), dtype=CHECKPOINT_COLUMNS["fill_source"])
+    flags = rows.of("copy")["state_flags"].to_numpy("int64")
+    t["on_device"] = Groups(copy_at, n).any((flags & STATE_FLAG_ON_DEVICE) != 0)
+    t["create_bytes"] = _create_bytes(ck, rows.of_group("memory") if creates is None else creates)
     t["iter"] = assign_iterations(t, spans)
     t = pd.DataFrame({c: t[c] for c in CHECKPOINT_COLUMNS}, copy=False)
     if not fill_probed:
@@ -193,6 +206,17 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
         bound_table(t, DERIVED, "checkpoints")
     bound_table(t, SUMMED, "checkpoints")
     return by_start(t)
+
+
+def _create_bytes(ck: pd.DataFrame, events: pd.DataFrame) -> pd.arrays.IntegerArray:
+    """Each checkpoint's enclosing create span's bytes (on its thread), NA when none encloses it."""
+    from .state_path import enclosing
+
+    cr = events.loc[kind_mask(events, "create"), ["tid", "start_ns", "end_ns", "bytes"]].reset_index(drop=True)
+    if not len(cr):
+        return pd.arrays.IntegerArray(np.zeros(len(ck), "int64"), np.ones(len(ck), bool))
+    at = enclosing(ck, cr)
+    return pd.arrays.IntegerArray(cr["bytes"].to_numpy("int64")[np.maximum(at, 0)], at < 0)
 
 
 # The columns of the table that later sums read (summary.py, iterations.py, the renderers and

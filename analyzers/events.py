@@ -36,11 +36,11 @@ GROUPS: dict[str, tuple[tuple[str, ...], list[str]]] = {
     "decode": (("decode",), [*SPAN, "tokens", "prompt_tokens", "faults", "pid"]),
     "checkpoint": (("checkpoint",), ["ckpt", "iter", *SPAN, "bytes", "draft", "faults", *CLOCKS, "pid", "spec"]),
     "fill": (("fill",), PART),
-    "copy": (("copy",), [*PART, *GPU]),
+    "copy": (("copy",), [*PART, *GPU, "state_flags"]),
     # memory.py's syscalls and RSS, and state_path.py's restores, creates and prompt saves
     "memory": (("mmap", "munmap", "mremap", "rss", "create", "restore", "restore_copy", "prompt_save"),
                ["kind", "pid", *SPAN, "ckpt", "iter", "addr", "bytes", "phase", "draft", "faults", *CLOCKS,
-                "fault_ns", "old_addr", "old_bytes"]),
+                "fault_ns", "old_addr", "old_bytes", "state_flags", "outcome"]),
 }
 GROUP_OF = {k: g for g, (kinds, _) in GROUPS.items() for k in kinds}
 READ = [c for c in COLUMNS if c in {"kind", "iter", "pid"} or any(c in cols for _, cols in GROUPS.values())]

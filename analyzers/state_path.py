@@ -1,10 +1,13 @@
 """The rest of the checkpoint state path (trace format 3): restores, prompt saves and evictions.
 
-- Restores, one row each: a `restore` span (`load_tgt`/`load_dft`, `draft` true for dft) with the
-  `restore_copy` rows (`llama_state_seq_set_data_ext`) inside it on its thread, `source`
-  "checkpoint"; and a `restore_copy` made outside any restore (the prompt cache, a slot restore),
-  `source` "other", its own copy. A restore that copied nothing (`load_dft` without a draft model
-  returns at once) restored nothing and is left out. `copy_ns`, `copy_cpu_ns`, `copy_faults`,
+- Restores, one row each: a `restore` span (`load_tgt`/`load_dft`, `draft` true for dft; ik_llama.cpp's
+  `apply_checkpoint`) with the `restore_copy` rows (`llama_state_seq_set_data_ext`, ik's
+  `llama_state_seq_set_data`) inside it on its thread, `source` "checkpoint"; and a `restore_copy`
+  made outside any restore (the prompt cache, a slot restore), `source` "other", its own copy. A
+  restore that copied nothing (`load_dft` without a draft model returns at once) restored nothing
+  and is left out. `restored` (trace format 4): what the call reported: load_*'s bool where it
+  returns one (build 11549 on), else whether every copy read all it was given (set_data returns
+  the bytes it read, 0 on failure); NA when nothing reported it. `copy_ns`, `copy_cpu_ns`, `copy_faults`,
   `copy_fault_ns` are the copies'; `cpu_ns`, `wait_ns`, `faults` the whole span's (NA when not
   recorded). `iter`: the iteration it falls in (spans.py), 0 when none.
 - Prompt saves, one row each: a `prompt_save` span (`server_slot::prompt_save`, the prompt cache)
@@ -13,7 +16,10 @@
   (no span: its copy, a `copy` row of ckpt 0 outside any prompt_save, taken at the call site),
   `source` "inlined", its own copy. `bytes`: what its copies wrote.
 - Evictions: the `munmap` rows made inside a `create` span (`create_checkpoint`) on its thread
-  before that create's first checkpoint began: old checkpoints erased to make room.
+  before that create's first checkpoint began: old checkpoints erased to make room; and those
+  made inside a `restore` span outside its copies (ik_llama.cpp's `apply_checkpoint` erases the
+  checkpoints a shorter prompt invalidated; upstream's load_tgt frees nothing). `why`: "room" or
+  "invalidated".
 """
 from __future__ import annotations
 
@@ -42,19 +48,23 @@ RESTORE_COLUMNS: dict[str, object] = {
     "cpu_ns": NA_INT,
     "wait_ns": NA_INT,
     "faults": np.dtype("int64"),
+    "restored": pd.BooleanDtype(),
 }
 PROMPT_SAVE_SOURCES = ["call", "inlined"]
 PROMPT_SAVE_COLUMNS: dict[str, object] = {c: (pd.CategoricalDtype(PROMPT_SAVE_SOURCES) if c == "source" else t)
-                                          for c, t in RESTORE_COLUMNS.items() if c != "draft"}
+                                          for c, t in RESTORE_COLUMNS.items() if c not in ("draft", "restored")}
+EVICTION_WHY = ["room", "invalidated"]
 EVICTION_COLUMNS: dict[str, object] = {
     "tid": np.dtype("int32"),
     "start_ns": np.dtype("int64"),
     "bytes": np.dtype("int64"),
     "addr": np.dtype("uint64"),
     "create_start_ns": np.dtype("int64"),
+    "why": pd.CategoricalDtype(EVICTION_WHY),
 }
 _SPAN_COLS = ["tid", "iter", "start_ns", "end_ns", "bytes", "draft", "faults", "cpu_ns", "wait_ns", "fault_ns",
-              "phase"]
+              "phase", "outcome"]
+O_OK, O_FAILED = 1, 2  # trace.OUTCOMES
 
 
 def enclosing(inner, outer) -> np.ndarray:
@@ -83,7 +93,18 @@ def restore_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     rs = select(events, kind_mask(events, "restore"), _SPAN_COLS).reset_index(drop=True)
     spans_part, rc = _with_copies(rs, rc)  # a restore without a copy restored nothing
     parts = [spans_part.assign(source="checkpoint"), _alone(rc, "other")]
-    return _finish(pd.concat(parts, ignore_index=True), spans, RESTORE_COLUMNS)
+    t = pd.concat(parts, ignore_index=True)
+    # its own report where it made one (a bool load_*), else its copies' (each read all it was given)
+    g = rc[rc["parent"] >= 0].groupby("parent")["outcome"]
+    by_copies = pd.Series(np.where(g.max() == O_FAILED, O_FAILED, np.where(g.min() == O_OK, O_OK, 0)), index=g.max().index)
+    own = t["outcome"].to_numpy("int64")
+    from_copies = np.zeros(len(t), "int64")
+    n_spans = len(spans_part)
+    from_copies[:n_spans] = by_copies.reindex(spans_part.index).fillna(0).to_numpy("int64")
+    outcome = np.where(own > 0, own, from_copies)
+    t["restored"] = pd.array(np.where(outcome == O_OK, True, False), dtype="boolean")
+    t.loc[outcome == 0, "restored"] = pd.NA
+    return _finish(t, spans, RESTORE_COLUMNS)
 
 
 def prompt_save_table(events: pd.DataFrame, copies: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
@@ -143,21 +164,41 @@ def _finish(t: pd.DataFrame, spans: pd.DataFrame, columns: dict[str, object]) ->
 
 
 def eviction_table(events: pd.DataFrame) -> pd.DataFrame:
-    """The munmaps each create_checkpoint made before its first checkpoint (EVICTION_COLUMNS)."""
+    """The munmaps each create_checkpoint made before its first checkpoint, and each restore span
+    outside its copies (EVICTION_COLUMNS; `create_start_ns`: the enclosing span's start)."""
+    parts = [_room(events), _invalidated(events)]
+    t = pd.concat([p for p in parts if len(p)], ignore_index=True) if any(len(p) for p in parts) else None
+    if t is None:
+        return empty_frame(EVICTION_COLUMNS)
+    bound("the evictions' bytes", t["bytes"].to_numpy())  # summed by the report: exact (sums.py)
+    return t[list(EVICTION_COLUMNS)].astype(EVICTION_COLUMNS).sort_values("start_ns", kind="stable") \
+        .reset_index(drop=True)
+
+
+def _room(events: pd.DataFrame) -> pd.DataFrame:
     cr = events.loc[kind_mask(events, "create"), ["tid", "start_ns", "end_ns"]].reset_index(drop=True)
     if not len(cr):  # read first: the munmaps (many in a pool-off trace) matter only within creates
-        return empty_frame(EVICTION_COLUMNS)
+        return cr
     mu = events.loc[kind_mask(events, "munmap") & (events["phase"] == "create").to_numpy(),
                     ["tid", "start_ns", "end_ns", "bytes", "addr"]].reset_index(drop=True)
     if not len(mu):
-        return empty_frame(EVICTION_COLUMNS)
+        return mu
     parent = enclosing(mu, cr)
     ck = events.loc[kind_mask(events, "checkpoint"), ["tid", "start_ns", "end_ns"]].reset_index(drop=True)
     ck_parent = enclosing(ck, cr)
     first_ck = pd.Series(ck["start_ns"].to_numpy()).groupby(ck_parent).min()
     before = np.array([p >= 0 and s < first_ck.get(p, np.iinfo("int64").max)
                        for p, s in zip(parent, mu["start_ns"].to_numpy())], dtype=bool)
-    t = mu[before].assign(create_start_ns=cr["start_ns"].to_numpy()[parent[before]])
-    bound("the evictions' bytes", t["bytes"].to_numpy())  # summed by the report: exact (sums.py)
-    return t[list(EVICTION_COLUMNS)].astype(EVICTION_COLUMNS).sort_values("start_ns", kind="stable") \
-        .reset_index(drop=True)
+    return mu[before].assign(create_start_ns=cr["start_ns"].to_numpy()[parent[before]], why="room")
+
+
+def _invalidated(events: pd.DataFrame) -> pd.DataFrame:
+    """munmaps in a restore span's own time (phase restore: outside its copies)."""
+    rs = events.loc[kind_mask(events, "restore"), ["tid", "start_ns", "end_ns"]].reset_index(drop=True)
+    if not len(rs):
+        return rs
+    mu = events.loc[kind_mask(events, "munmap") & (events["phase"] == "restore").to_numpy(),
+                    ["tid", "start_ns", "end_ns", "bytes", "addr"]].reset_index(drop=True)
+    parent = enclosing(mu, rs) if len(mu) else np.zeros(0, "int64")
+    inside = parent >= 0
+    return mu[inside].assign(create_start_ns=rs["start_ns"].to_numpy()[parent[inside]], why="invalidated")

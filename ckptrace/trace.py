@@ -37,7 +37,7 @@ if int(pd.__version__.split(".")[0]) < 3:
     pd.set_option("mode.copy_on_write", True)
 
 FORMAT = "ckptrace-trace"
-VERSION = 4
+VERSION = 5
 # Oldest reader that can read what this version writes. Bump VERSION for additions; bump this
 # only for changes an old reader would misread. Never reuse a removed column name.
 MIN_READER_VERSION = 1
@@ -89,12 +89,19 @@ COLUMNS: dict[str, object] = {
     "gpu_sync_ns": pd.Int64Dtype(),  # time inside them
     "gpu_dst_faults": pd.Int64Dtype(),  # page faults on the pageable destination range, any thread
     "gpu_driver_faults": pd.Int64Dtype(),  # of those, taken by other threads than the span's
+    # Version 5.
+    "state_flags": np.dtype("int64"),  # copy, restore_copy: the llama_state_seq_flags of the call (2: ON_DEVICE)
+    "outcome": np.dtype("int8"),  # restore, restore_copy: 1 restored, 2 failed, 0 not reported (OUTCOMES)
 }
+# `outcome` values (checkpoint.h enum ckpt_outcome)
+OUTCOMES = ["not recorded", "ok", "failed"]
+STATE_FLAG_PARTIAL_ONLY, STATE_FLAG_ON_DEVICE = 1, 2  # llama.h LLAMA_STATE_SEQ_FLAGS_*
 GPU_COLUMNS = [c for c in COLUMNS if c.startswith("gpu_")]
 # Columns a trace may lack (older versions; a trace of no CUDA target): read as NA, never as zeros.
 OPTIONAL = {"cpu_ns", "wait_ns", "nvcsw", "nivcsw", "fault_ns", *GPU_COLUMNS}
 # Version 3 columns an older trace lacks: read as their "none" value (pid: the trace's meta.pid).
 ADDED_IN_3 = {"pid", "spec", "old_addr", "old_bytes"}  # old_*: added within version 3, read as 0 (not recorded)
+ADDED_IN_5 = {"state_flags", "outcome"}  # read as 0: not recorded
 # Rows per batch iter_batches yields: ~20 MiB of decoded columns, whatever the row groups.
 BATCH_ROWS = 1 << 18
 # Rows per Parquet row group of a finished trace: readers skip or read a trace a group at a time.
@@ -314,7 +321,7 @@ def _checked_meta(schema: pa.Schema, path) -> TraceMeta:
             f"{path}: trace format version {version} needs a reader of version >= {min_reader}; "
             f"this ckptrace reads up to {VERSION}: upgrade ckptrace"
         )
-    missing = [c for c in COLUMNS if c not in schema.names and c not in OPTIONAL | ADDED_IN_3]
+    missing = [c for c in COLUMNS if c not in schema.names and c not in OPTIONAL | ADDED_IN_3 | ADDED_IN_5]
     if missing:
         raise TraceFormatError(f"{path}: trace lacks columns {', '.join(missing)}")
     try:

@@ -49,6 +49,7 @@ RANGES = {
     "gpu_copies": (0, COUNT_MAX), "gpu_bytes": (0, 1 << 48), "gpu_pinned_bytes": (0, 1 << 48),
     "gpu_pageable_bytes": (0, 1 << 48), "gpu_enqueue_ns": (0, NS_MAX), "gpu_syncs": (0, COUNT_MAX),
     "gpu_sync_ns": (0, NS_MAX), "gpu_dst_faults": (0, COUNT_MAX), "gpu_driver_faults": (0, COUNT_MAX),
+    "state_flags": (0, (1 << 32) - 1), "outcome": (0, 2),
 }
 TEXT_COLUMNS = {"kind", "phase"}
 BOOL_COLUMNS = {"draft", "spec"}

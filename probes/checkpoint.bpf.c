@@ -61,6 +61,9 @@ struct tstate {
     u64 ck_bytes;
     u64 ph_bytes;
     u64 ph_addr;
+    u64 rc_size;       /* the open set_data_ext call's size argument: what it was given to read */
+    u32 ph_flags;      /* the open copy's llama_state_seq_flags (its fifth argument) */
+    u32 rc_flags;      /* the open set_data_ext call's */
     u64 it_tokens;
     u64 it_prompt;
     u64 timed;         /* faults timed so far on this thread, and their summed ns */
@@ -366,8 +369,9 @@ static __always_inline void gpu_fields(u32 kind, struct tstate *s, struct ckpt_e
     gpu_close_range(s, e);
 }
 
-static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struct span *sp, u64 now,
-                                      u64 bytes, u64 addr)
+/* A span's row; `flags`: the call's llama_state_seq_flags (copies), `outcome`: enum ckpt_outcome. */
+static __always_inline void emit_call(u32 kind, u32 tid, struct tstate *s, struct span *sp, u64 now,
+                                      u64 bytes, u64 addr, u32 flags, u32 outcome)
 {
     struct ckpt_event *e = events.ringbuf_reserve(sizeof(struct ckpt_event));
     if (!e) {
@@ -399,6 +403,8 @@ static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struc
     e->phase = phase_of(s);
     e->draft = (kind == K_RESTORE || kind == K_RESTORE_COPY) ? s->ax_draft : s->ck_draft;
     e->spec = kind == K_CHECKPOINT ? s->ck_spec : 0;
+    e->state_flags = flags;
+    e->outcome = outcome;
     if (kind == K_DECODE) {
         e->tokens = s->dec_tokens;
         e->prompt_tokens = s->dec_prompt;
@@ -410,6 +416,12 @@ static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struc
     e->old_bytes = 0;
     gpu_fields(kind, s, e);
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struct span *sp, u64 now,
+                                      u64 bytes, u64 addr)
+{
+    emit_call(kind, tid, s, sp, now, bytes, addr, 0, O_NOT_RECORDED);
 }
 
 static __always_inline void emit_syscall(u32 kind, u32 tid, struct tstate *s, u64 start, u64 bytes, u64 addr,
@@ -592,6 +604,7 @@ int copy_enter(struct pt_regs *ctx)
         s->ax_in_copy = 1; /* a prompt save's copy: a copy row of its own (ckpt 0, phase prompt_save) */
         s->ph_addr = PT_REGS_PARM2(ctx);
         gpu_reset(s);
+        s->ph_flags = (u32)PT_REGS_PARM5(ctx);
         open_span(&s->ph, s);
         return 0;
     }
@@ -601,6 +614,7 @@ int copy_enter(struct pt_regs *ctx)
     s->ph_bytes = PT_REGS_PARM3(ctx);
     s->ph_addr = PT_REGS_PARM2(ctx);
     gpu_reset(s);
+    s->ph_flags = (u32)PT_REGS_PARM5(ctx); /* (ctx, dst, size, seq_id, flags), with or without _ext */
     open_span(&s->ph, s);
     return 0;
 }
@@ -616,14 +630,14 @@ int copy_return(struct pt_regs *ctx)
         s->ax_in_copy = 0;
         u64 saved = PT_REGS_RC(ctx);
         s->ax_bytes += saved;
-        emit_span(K_COPY, tid, s, &s->ph, now, saved, s->ph_addr);
+        emit_call(K_COPY, tid, s, &s->ph, now, saved, s->ph_addr, s->ph_flags, O_NOT_RECORDED);
         return 0;
     }
     if (!s || !s->ckpt || s->phase != P_COPY)
         return 0;
     u64 copied = PT_REGS_RC(ctx);
     s->ck_bytes += copied;
-    emit_span(K_COPY, tid, s, &s->ph, now, copied, s->ph_addr);
+    emit_call(K_COPY, tid, s, &s->ph, now, copied, s->ph_addr, s->ph_flags, O_NOT_RECORDED);
     s->phase = P_NONE;
     if (s->ck_in_create)
         close_ckpt(tid, s, now); /* ik_llama.cpp: the copy ends the checkpoint */
@@ -644,6 +658,7 @@ int save_call_enter(struct pt_regs *ctx)
     s->ax_in_copy = 2;
     s->ph_addr = PT_REGS_PARM2(ctx);
     gpu_reset(s);
+    s->ph_flags = (u32)PT_REGS_PARM5(ctx); /* at the call instruction the arguments are in place */
     open_span(&s->ph, s);
     return 0;
 }
@@ -658,7 +673,7 @@ int save_call_return(struct pt_regs *ctx)
     if (!s || s->ax_in_copy != 2)
         return 0;
     s->ax_in_copy = 0;
-    emit_span(K_COPY, tid, s, &s->ph, now, PT_REGS_RC(ctx), s->ph_addr);
+    emit_call(K_COPY, tid, s, &s->ph, now, PT_REGS_RC(ctx), s->ph_addr, s->ph_flags, O_NOT_RECORDED);
     return 0;
 }
 
@@ -896,13 +911,18 @@ int aux_return(struct pt_regs *ctx)
         return 0;
     }
     u64 bytes = s->ax_bytes;
+    u32 outcome = O_NOT_RECORDED;
     if (s->ax_kind == K_SPEC_STATE) {
         u64 be[2] = {};
         bytes = 0; /* the vector's size after the call: what the state takes */
         if (s->ax_vec && bpf_probe_read_user(be, sizeof(be), (void *)s->ax_vec) == 0 && be[1] >= be[0])
             bytes = be[1] - be[0];
+        if (s->cr_open)
+            s->cr_bytes += bytes; /* part of the checkpoint the server makes (its size() counts data_spec) */
+    } else if (s->ax_kind == K_RESTORE && (target_flags() & TARGET_LOAD_BOOL)) {
+        outcome = (PT_REGS_RC(ctx) & 0xff) ? O_OK : O_FAILED; /* bool load_tgt/load_dft */
     }
-    emit_span(s->ax_kind, tid, s, &s->ax, now, bytes, 0);
+    emit_call(s->ax_kind, tid, s, &s->ax, now, bytes, 0, 0, outcome);
     s->ax_kind = 0;
     s->ax_draft = 0;
     s->ax_in_copy = 0;
@@ -923,6 +943,8 @@ int restore_copy_enter(struct pt_regs *ctx)
         count(C_ABANDONED);
     s->rc_open = 1;
     gpu_reset(s);
+    s->rc_size = PT_REGS_PARM3(ctx);
+    s->rc_flags = (u32)PT_REGS_PARM5(ctx);
     open_span(&s->rc, s);
     return 0;
 }
@@ -941,7 +963,8 @@ int restore_copy_return(struct pt_regs *ctx)
     u64 n = PT_REGS_RC(ctx);
     if (s->ax_kind == K_RESTORE)
         s->ax_bytes += n;
-    emit_span(K_RESTORE_COPY, tid, s, &s->rc, now, n, 0);
+    /* llama_state_seq_set_data(_ext) returns the bytes it read, 0 when it failed */
+    emit_call(K_RESTORE_COPY, tid, s, &s->rc, now, n, 0, s->rc_flags, n == s->rc_size ? O_OK : O_FAILED);
     s->rc_open = 0;
     return 0;
 }

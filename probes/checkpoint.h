@@ -39,6 +39,14 @@ enum ckpt_target_flag {
     TARGET_TRACED = 1,
     TARGET_CREATE = 2, /* create_checkpoint is probed: an update_tgt outside it is speculative */
     TARGET_LIBCXX = 4, /* built with libc++: llama_batch_ext's token is TOKEN_SIZE_LIBCXX bytes */
+    TARGET_LOAD_BOOL = 8, /* load_tgt/load_dft return whether the state was restored (build 11549 on) */
+};
+
+/* A call's outcome as it reported it (ckpt_event.outcome). */
+enum ckpt_outcome {
+    O_NOT_RECORDED = 0, /* the call reports nothing (a void load_tgt) */
+    O_OK = 1,           /* restored: load_* returned true; a set_data copy read all it was given */
+    O_FAILED = 2,       /* load_* returned false; a set_data copy read less than it was given */
 };
 
 /* Kernel-side counters, index into the `counters` array. */
@@ -94,6 +102,8 @@ struct ckpt_event {
     u64 gpu_driver_faults;  /* of those, taken by other threads than the span's (the driver's) */
     u32 gpu_copies;
     u32 gpu_syncs;
+    u32 state_flags; /* copy, restore_copy: the llama_state_seq_flags the call was given */
+    u32 outcome;     /* restore, restore_copy: enum ckpt_outcome */
 };
 
 #endif

@@ -87,13 +87,14 @@ OUTER_POINTS = ("update_tgt", "update_dft", "update_slots", "create_checkpoint",
 # libstdc++, 40 in libc++); measured by compiling the struct with g++ and clang++ -stdlib=libc++.
 BATCH_TOKENS_OFF, BATCH_OUTPUT_OFF = 64, 16
 TOKEN_SIZE = {"libstdc++": 96, "libc++": 80}
-TARGET_TRACED, TARGET_CREATE, TARGET_LIBCXX = 1, 2, 4  # checkpoint.h enum ckpt_target_flag
+TARGET_TRACED, TARGET_CREATE, TARGET_LIBCXX, TARGET_LOAD_BOOL = 1, 2, 4, 8  # checkpoint.h enum ckpt_target_flag
 
 
 def target_flags(plan) -> int:
     """The `targets` map value for a process with this probe plan (checkpoint.h TARGET_*)."""
     return (TARGET_TRACED | (TARGET_CREATE if plan.by_point("create_checkpoint") else 0)
-            | (TARGET_LIBCXX if plan.stdlib == "libc++" else 0))
+            | (TARGET_LIBCXX if plan.stdlib == "libc++" else 0)
+            | (TARGET_LOAD_BOOL if plan.load_returns_bool else 0))
 
 
 def trace_process(bpf, pid: int, plan) -> None:

@@ -112,6 +112,7 @@ class Profile:
     save_caller: str = "get_available_slot"  # where a prompt save may be inlined
     save_callee: str = "llama_state_seq_get_data_ext"  # the copy it makes there
     family: str = "llama.cpp"  # generations of one code base: points of another family are never probed
+    load_bool: bool = False  # load_tgt/load_dft return whether they restored (else void)
 
 
 _STATE_PATH = ("update_tgt", "update_dft", "fill", "state_copy", "update_slots", "create_checkpoint",
@@ -204,6 +205,7 @@ class ProbePlan:
     markers: list[ProbePoint] = field(default_factory=list)
     fill: str = "not probed"  # how the fill is measured (format_plan's `fill:` line)
     not_searched: list[str] = field(default_factory=list)  # "PATH: why" of each object left out
+    load_returns_bool: bool = False  # the profile's load_tgt/load_dft report success (the recorder reads it)
 
     def to_dict(self) -> dict:
         return {
@@ -770,6 +772,7 @@ def _plan(target: str, pid: int | None, objects: list[_Object], notes: _Notes | 
                                or any(os.path.basename(o.path).startswith("libc++.so") for o in objects)) \
         else "libstdc++"
     plan.missing_optional = [m for m in plan.profile.missing if m != "fill"]
+    plan.load_returns_bool = profile.load_bool
     plan.fill = _fill_description(plan, profile)
     if not plan.fill_probed:
         plan.missing_optional.append(NO_DISASSEMBLER_NOTE if no_disassembler else NO_FILL_NOTE)

@@ -49,5 +49,5 @@ def test_recorder_counter_and_kind_indices_match_the_header():
 
 def test_recorder_target_flags_match_the_header():
     flags = c_enum("ckpt_target_flag")
-    python = {k: v for k, v in vars(recorder).items() if re.fullmatch(r"TARGET_[A-Z]+", k)}
+    python = {k: v for k, v in vars(recorder).items() if re.fullmatch(r"TARGET_[A-Z_]+", k)}
     assert python == flags
