@@ -94,9 +94,24 @@ def test_upstream_generation_every_state_kind_matches_the_workload(upstream):
     assert_checkpoints_match(a, t)
     assert a.checkpoints["spec"].sum() == 12 and not a.checkpoints.loc[a.checkpoints["spec"], "draft"].any()
 
-    # restores: load_tgt spans, their llama_state_seq_set_data_ext copy inside, the bytes put back
+    # each copy's flags as the workload passed them (trace format 4): its checkpoints PARTIAL_ONLY,
+    # its prompt saves none; a checkpoint's size as the server logs it counts the speculative state
+    copies = ev[ev["kind"] == "copy"]
+    assert (copies.loc[copies["ckpt"] > 0, "state_flags"] == 1).all()
+    assert (copies.loc[copies["ckpt"] == 0, "state_flags"] == 0).all() and (copies["ckpt"] == 0).any()
+    assert not a.checkpoints["on_device"].any()
+    own = a.checkpoints[~a.checkpoints["spec"]]  # made inside create_checkpoint: its whole size
+    assert sorted(own["create_bytes"]) == sorted(by_start(t["create"])["bytes"])
+    assert (own["create_bytes"] == own["bytes"] + 512 * 1024).all()
+    assert a.checkpoints.loc[a.checkpoints["spec"], "create_bytes"].isna().all()
+
+    # restores: load_tgt spans, their llama_state_seq_set_data_ext copy inside, the bytes put back;
+    # restored: the copies read all they were given (this generation's load_tgt returns nothing)
     rs, tr = a.restores, by_start(t["restore"])
     assert len(rs) == len(tr) == 4 and (rs["source"] == "checkpoint").all()
+    assert rs["restored"].eq(True).all()
+    rc = ev[ev["kind"] == "restore_copy"]
+    assert (rc["state_flags"] == 1).all() and (rc["outcome"] == 1).all()
     assert (rs["bytes"] == tr["bytes"]).all() and (rs["tid"] == tr["tid"]).all()
     assert (rs["start_ns"] <= tr["start_ns"]).all() and (tr["end_ns"] <= rs["end_ns"]).all()
     assert within_cpu(rs["copy_cpu_ns"], tr["copy_cpu_ns"])

@@ -94,6 +94,7 @@ __attribute__((noinline)) void server_context_impl::create_checkpoint(server_slo
         st.t.end_ns = now_ns();
         st.t.bytes = cur.data_spec.size();
         last_states.push_back(st);
+        create.t.bytes += st.t.bytes;  // the server's checkpoint size() counts data_spec too
     }
 #endif
     create.t.end_ns = now_ns();
