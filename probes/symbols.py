@@ -799,15 +799,20 @@ def _has(name: str, found: set[str]) -> bool:
 
 
 def _rank(found: set[str]) -> tuple[Profile, bool]:
-    """The generation whose distinguishing points agree with `found` (its `present` found, its
-    `absent` not), with most of its required and then other points found; when none agrees, the
-    nearest (the same order). The fill is not counted: it is found per profile, afterwards."""
-    def score(p: Profile) -> tuple[bool, int, int]:
-        agrees = all(x in found for x in p.present) and not any(x in found for x in p.absent)
-        return agrees, sum(r in found for r in p.required), sum(r in found for r in p.points)
+    """(profile, agrees): the generation whose distinguishing points agree with `found` (its
+    `present` found, its `absent` not) and whose required points are all there; else the nearest:
+    most required points found, then agreeing, then most points found (the first of equals in
+    PROFILES' order). The fill is not counted: it is found per profile, afterwards."""
+    def agrees(p: Profile) -> bool:
+        return all(x in found for x in p.present) and not any(x in found for x in p.absent)
 
-    best = max(PROFILES, key=score)  # the first of equals: PROFILES' order
-    return best, score(best)[0]
+    def score(p: Profile) -> tuple[bool, int, bool, int]:
+        required = sum(r in found for r in p.required)
+        return (agrees(p) and required == len(p.required), required, agrees(p),
+                sum(r in found for r in p.points))
+
+    best = max(PROFILES, key=score)
+    return best, agrees(best)
 
 
 def _probed(profile: Profile, found: set[str]) -> set[str]:

@@ -283,6 +283,59 @@ def test_rpath_origin_and_shared_library_link_address(rpath_tree):
     assert "- llama_decode: no batch token counts" in text  # what each missing point costs
 
 
+# A fork between generations: ik_llama.cpp's checkpoint path (create_checkpoint sizes, builds and
+# copies the buffer itself) with upstream's llama_process batches, which ik 0.1.5 lacks.
+FORK = r"""
+#include <cstddef>
+#include <cstring>
+#include <vector>
+struct llama_context; struct llama_batch_ext;
+extern "C" __attribute__((noinline)) size_t llama_state_seq_get_size(llama_context *, int, unsigned) { asm(""); return 4096; }
+extern "C" __attribute__((noinline)) size_t llama_state_seq_get_data(llama_context *, unsigned char *d, size_t n, int, unsigned) {
+    asm(""); return d ? n : 0; }
+extern "C" __attribute__((noinline)) int llama_process(llama_context *, int, llama_batch_ext *) { asm(""); return 0; }
+struct server_slot { std::vector<unsigned char> data; };
+struct server_context { bool create_checkpoint(server_slot &); };
+__attribute__((noinline)) bool server_context::create_checkpoint(server_slot & s) {
+    size_t n = llama_state_seq_get_size(nullptr, 0, 1);
+    s.data = std::vector<unsigned char>(n);
+    return llama_state_seq_get_data(nullptr, s.data.data(), n, 0, 1) == n; }
+int main(int c, char **) { server_context ctx; server_slot s; llama_process(nullptr, c, nullptr);
+    return ctx.create_checkpoint(s) ? 0 : 1; }
+"""
+
+
+def test_an_unknown_generation_names_its_nearest_and_records_with_its_points(tmp_path):
+    exe = compile_cpp(tmp_path, "fork", FORK)
+    plan = resolve_binary(str(exe))
+    prof = plan.profile
+    # ik's points, but llama_process, which ik lacks: no generation agrees; ik is the nearest
+    assert prof.name == "unknown" and prof.nearest == "ik-0.1.5"
+    assert "no known generation agrees (nearest: ik-0.1.5" in prof.generation
+    assert {"ik_create_checkpoint", "ik_state_size", "fill", "ik_state_copy"} <= set(prof.matched)
+    assert {p.point for p in plan.points} >= {"create_checkpoint", "state_size", "state_copy", "fill_call"}
+    assert not plan.by_point("llama_process")  # upstream's batch call is not the nearest profile's
+    costs = plan.costs()
+    assert set(costs) == set(prof.missing) and "ik_update_slots" in costs
+    assert "iterations come from batch boundaries" in costs["ik_update_slots"]
+    r = ckptrace("symbols", str(exe))
+    assert r.returncode == 0, r.stderr
+    assert "profile: unknown (no known generation agrees (nearest: ik-0.1.5" in r.stdout
+    assert "- ik_apply_checkpoint: restores are not spans of their own" in r.stdout
+    assert "inlined" not in r.stdout.split("fill:", 1)[0]
+
+
+def test_a_fork_without_its_copy_says_so_and_guesses_nothing(tmp_path):
+    exe = compile_cpp(tmp_path, "fork", FORK.replace("llama_state_seq_get_data", "llama_state_seq_read_data"))
+    with pytest.raises(SymbolError) as e:
+        resolve_binary(str(exe))
+    msg = str(e.value)
+    assert msg.startswith("ik_state_copy: llama_state_seq_get_data not found in fork, ")
+    assert "nearest generation: ik-0.1.5 (3 of its 9 points found: ik_create_checkpoint, ik_state_size, fill)" in msg
+    assert "without ik_state_copy no checkpoint is seen, nothing can be recorded" in msg
+    assert "inlined" not in msg and "no .symtab in fork" not in msg
+
+
 def test_missing_library_and_ld_library_path(rpath_tree, tmp_path, monkeypatch):
     # A copy of prog elsewhere: $ORIGIN/sub no longer holds the library.
     prog = tmp_path / "prog"
