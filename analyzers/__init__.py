@@ -22,7 +22,7 @@ from .iterations import ITERATION_COLUMNS, iteration_table
 from .memory import memory_summary
 from .processes import process_info, process_label, process_trace, process_traces
 from .spans import iteration_spans
-from .state_path import eviction_table, prompt_save_table, restore_table
+from .state_path import eviction_table, prompt_save_table, restore_table, slot_file_table
 from .summary import summarize
 from .whatif import limit_report
 from .sums import SumOutOfRange
@@ -45,6 +45,7 @@ class Analysis:
     evictions: pd.DataFrame | None = None
     prompt_saves: pd.DataFrame | None = None  # state_path.py: prompt-cache saves and their copies
     gpu: pd.DataFrame | None = None  # gpu.py: the CUDA copies (None: no CUDA target was recorded)
+    slot_files: pd.DataFrame | None = None  # state_path.py: slot saves and restores (trace format 4)
 
     def events_between(self, t0: int, t1: int) -> pd.DataFrame:
         """Every event lying within [t0, t1] ns: from memory, or read from the trace file."""
@@ -118,6 +119,7 @@ def _analyze_rows(trace: Trace, rows: KindRows, per_process: bool) -> Analysis:
     gpu = gpu_copy_table(rows.of("copy"), printable(trace.path or "the trace")) if trace.meta.gpu is not None else None
     done("fill", "copy")
     restores = restore_table(rows.of_group("memory"), spans)
+    slot_files = slot_file_table(rows.of_group("memory"), spans)
     evictions = eviction_table(rows.state_events())
     done("checkpoint")
     iterations = iteration_table(rows, spans, checkpoints)
@@ -127,7 +129,7 @@ def _analyze_rows(trace: Trace, rows: KindRows, per_process: bool) -> Analysis:
                                 per_process=False)) for info in infos] if several else []
     rows.release(keep="memory")
     a = Analysis(trace, checkpoints, iterations, summary, memory, rows, restores=restores, evictions=evictions,
-                 prompt_saves=prompt_saves, gpu=gpu)
+                 prompt_saves=prompt_saves, gpu=gpu, slot_files=slot_files)
     memory["limit"] = limit_report(a)  # None unless the trace recorded a cgroup memory limit
     if per_process:
         subs = subs or [(infos[0] if infos else ProcessInfo(pid=0, label=trace.label), a)]

@@ -38,7 +38,8 @@ GROUPS: dict[str, tuple[tuple[str, ...], list[str]]] = {
     "fill": (("fill",), PART),
     "copy": (("copy",), [*PART, *GPU, "state_flags"]),
     # memory.py's syscalls and RSS, and state_path.py's restores, creates and prompt saves
-    "memory": (("mmap", "munmap", "mremap", "rss", "create", "restore", "restore_copy", "prompt_save"),
+    "memory": (("mmap", "munmap", "mremap", "rss", "create", "restore", "restore_copy", "prompt_save",
+                "slot_save", "slot_restore"),
                ["kind", "pid", *SPAN, "ckpt", "iter", "addr", "bytes", "phase", "draft", "faults", *CLOCKS,
                 "fault_ns", "old_addr", "old_bytes", "state_flags", "outcome"]),
 }

@@ -15,6 +15,11 @@
   `prompt_save`), their figures as a restore's, `source` "call"; and a save inlined into its caller
   (no span: its copy, a `copy` row of ckpt 0 outside any prompt_save, taken at the call site),
   `source` "inlined", its own copy. `bytes`: what its copies wrote.
+- Slot files, one row each (trace format 4): a `slot_save` (`llama_state_seq_save_file`) or
+  `slot_restore` (`llama_state_seq_load_file`) span, `action` save|restore, `bytes` what the call
+  wrote or read (a restore's first call reads only the file's token count), `ok` whether it
+  returned any. Build 11549 then appends (on save) or reads (on restore) the slot's checkpoints
+  after that payload, outside the call: the server's own `n_written`/`n_read` counts both.
 - Evictions: the `munmap` rows made inside a `create` span (`create_checkpoint`) on its thread
   before that create's first checkpoint began: old checkpoints erased to make room; and those
   made inside a `restore` span outside its copies (ik_llama.cpp's `apply_checkpoint` erases the
@@ -54,6 +59,19 @@ PROMPT_SAVE_SOURCES = ["call", "inlined"]
 PROMPT_SAVE_COLUMNS: dict[str, object] = {c: (pd.CategoricalDtype(PROMPT_SAVE_SOURCES) if c == "source" else t)
                                           for c, t in RESTORE_COLUMNS.items() if c not in ("draft", "restored")}
 EVICTION_WHY = ["room", "invalidated"]
+SLOT_FILE_COLUMNS: dict[str, object] = {
+    "tid": np.dtype("int32"),
+    "iter": np.dtype("int64"),
+    "start_ns": np.dtype("int64"),
+    "end_ns": np.dtype("int64"),
+    "total_ns": np.dtype("int64"),
+    "action": pd.CategoricalDtype(["save", "restore"]),
+    "bytes": np.dtype("int64"),
+    "ok": np.dtype("bool"),
+    "cpu_ns": NA_INT,
+    "wait_ns": NA_INT,
+    "faults": np.dtype("int64"),
+}
 EVICTION_COLUMNS: dict[str, object] = {
     "tid": np.dtype("int32"),
     "start_ns": np.dtype("int64"),
@@ -160,6 +178,21 @@ def _finish(t: pd.DataFrame, spans: pd.DataFrame, columns: dict[str, object]) ->
     # Summed later (the report, compare): exact (sums.py).
     bound_table(t, [("bytes",), ("total_ns",), ("cpu_ns",), ("wait_ns",)],
                 "restores" if columns is RESTORE_COLUMNS else "prompt saves")
+    return t.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)
+
+
+def slot_file_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
+    """One row per slot file save or load (SLOT_FILE_COLUMNS), sorted by start_ns."""
+    mask = kind_mask(events, "slot_save") | kind_mask(events, "slot_restore")
+    if not mask.any():
+        return empty_frame(SLOT_FILE_COLUMNS)
+    t = select(events, mask, [*_SPAN_COLS, "kind"]).reset_index(drop=True)
+    t["total_ns"] = t["end_ns"] - t["start_ns"]
+    t["action"] = np.where(t["kind"].astype(str) == "slot_save", "save", "restore")
+    t["ok"] = t["outcome"].to_numpy("int64") == O_OK
+    t["iter"] = assign_iterations(t, spans)
+    t = t[list(SLOT_FILE_COLUMNS)].astype(SLOT_FILE_COLUMNS)
+    bound_table(t, [("bytes",), ("total_ns",), ("cpu_ns",), ("wait_ns",)], "slot files")
     return t.sort_values(["start_ns", "tid"], kind="stable").reset_index(drop=True)
 
 

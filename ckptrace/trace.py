@@ -45,10 +45,12 @@ META_KEY = "ckptrace"
 
 # What a row is. Spans have start_ns < end_ns; mmap/munmap/mremap are syscalls (enter..exit).
 KINDS = ["checkpoint", "fill", "copy", "iteration", "decode", "mmap", "munmap", "mremap",
-         "create", "restore", "restore_copy", "spec_state", "prompt_save", "rss"]  # version 3
+         "create", "restore", "restore_copy", "spec_state", "prompt_save", "rss",  # version 3
+         "slot_save", "slot_restore"]  # version 4
 # What the thread was doing when the event happened (the innermost open span).
 PHASES = ["none", "iteration", "checkpoint", "fill", "copy",
-          "create", "restore", "restore_copy", "spec_state", "prompt_save"]  # version 3
+          "create", "restore", "restore_copy", "spec_state", "prompt_save",  # version 3
+          "slot_save", "slot_restore"]  # version 4
 
 # Column -> dtype. Units are in the names; 0 means "none" for ids.
 COLUMNS: dict[str, object] = {
@@ -91,7 +93,7 @@ COLUMNS: dict[str, object] = {
     "gpu_driver_faults": pd.Int64Dtype(),  # of those, taken by other threads than the span's
     # Version 5.
     "state_flags": np.dtype("int64"),  # copy, restore_copy: the llama_state_seq_flags of the call (2: ON_DEVICE)
-    "outcome": np.dtype("int8"),  # restore, restore_copy: 1 restored, 2 failed, 0 not reported (OUTCOMES)
+    "outcome": np.dtype("int8"),  # restore, restore_copy, slot_*: 1 ok, 2 failed, 0 not reported (OUTCOMES)
 }
 # `outcome` values (checkpoint.h enum ckpt_outcome)
 OUTCOMES = ["not recorded", "ok", "failed"]

@@ -48,6 +48,8 @@ struct tstate {
     u64 ckpt;          /* open update_tgt/update_dft call, 0 = none */
     struct span it, ck, ph, dec;
     struct span cr, ax, rc; /* create_checkpoint; restore/spec_state/prompt_save; set_data_ext */
+    struct span sl;    /* a slot file's save or load (llama_state_seq_save_file / _load_file) */
+    u32 sl_kind;       /* 0, K_SLOT_SAVE or K_SLOT_RESTORE */
     u64 cr_bytes;      /* state bytes the checkpoints inside the open create_checkpoint copied */
     u64 ax_bytes;      /* bytes the open restore / prompt save copied */
     u64 ax_vec;        /* common_speculative_get_state's std::vector<uint8_t> & (its size at return) */
@@ -288,6 +290,8 @@ static __always_inline u32 phase_of(struct tstate *s)
 {
     if (s->ckpt)
         return s->phase ? s->phase : P_CHECKPOINT;
+    if (s->sl_kind)
+        return s->sl_kind == K_SLOT_SAVE ? P_SLOT_SAVE : P_SLOT_RESTORE;
     if (s->rc_open)
         return P_RESTORE_COPY;
     if (s->ax_kind == K_RESTORE)
@@ -966,6 +970,45 @@ int restore_copy_return(struct pt_regs *ctx)
     /* llama_state_seq_set_data(_ext) returns the bytes it read, 0 when it failed */
     emit_call(K_RESTORE_COPY, tid, s, &s->rc, now, n, 0, s->rc_flags, n == s->rc_size ? O_OK : O_FAILED);
     s->rc_open = 0;
+    return 0;
+}
+
+/* ---- slot files: llama_state_seq_save_file / llama_state_seq_load_file (POST /slots/ID?action=...) ----
+ * Each returns the bytes it wrote or read (load_file without a token buffer only reads the header:
+ * the server asks it for the token count first), 0 on failure. */
+
+static __always_inline int slot_enter(u32 kind)
+{
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = state_of(tid);
+    if (!s)
+        return 0;
+    if (s->sl_kind)
+        count(C_ABANDONED);
+    s->sl_kind = kind;
+    open_span(&s->sl, s);
+    return 0;
+}
+
+int slot_save_enter(struct pt_regs *ctx) { return slot_enter(K_SLOT_SAVE); }
+int slot_restore_enter(struct pt_regs *ctx) { return slot_enter(K_SLOT_RESTORE); }
+
+int slot_return(struct pt_regs *ctx)
+{
+    u64 now = bpf_ktime_get_ns();
+    u32 tid;
+    if (!target_tid(&tid))
+        return 0;
+    struct tstate *s = threads.lookup(&tid);
+    if (!s || !s->sl_kind) {
+        count(C_PARTIAL);
+        return 0;
+    }
+    u64 n = PT_REGS_RC(ctx);
+    emit_call(s->sl_kind, tid, s, &s->sl, now, n, 0, 0, n ? O_OK : O_FAILED);
+    s->sl_kind = 0;
     return 0;
 }
 

@@ -18,6 +18,8 @@ enum ckpt_kind {
     K_SPEC_STATE = 11,
     K_PROMPT_SAVE = 12,
     K_RSS = 13,
+    K_SLOT_SAVE = 14,
+    K_SLOT_RESTORE = 15,
 };
 
 /* Innermost open span of a thread; the order is ckptrace.trace.PHASES. */
@@ -32,6 +34,8 @@ enum ckpt_phase {
     P_RESTORE_COPY = 7,
     P_SPEC_STATE = 8,
     P_PROMPT_SAVE = 9,
+    P_SLOT_SAVE = 10,
+    P_SLOT_RESTORE = 11,
 };
 
 /* Flags in the `targets` map's value, per traced process, from its probe plan. */

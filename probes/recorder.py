@@ -61,6 +61,8 @@ PROGRAMS = {
     "state_restore": ("restore_copy_enter", "restore_copy_return"),
     "spec_state": ("spec_state_enter", "aux_return"),
     "prompt_save": ("prompt_save_enter", "aux_return"),
+    "slot_save": ("slot_save_enter", "slot_return"),
+    "slot_restore": ("slot_restore_enter", "slot_return"),
     # call sites, not functions: plain uprobes on the call and on the instruction after it
     "fill_call_end": ("fill_return", None),
     "fill_call": ("fill_enter_call", None),
@@ -81,7 +83,7 @@ PROGRAMS.update({point: GPU_PROGRAMS[role] for point, role in cuda.POINTS.items(
 GPU_FAULT_PROGRAM = "gpu_fault"  # on cuda.FAULT_TRACEPOINTS, while a CUDA target is traced
 # spans other probed calls nest in: attached last (see attach_probes)
 OUTER_POINTS = ("update_tgt", "update_dft", "update_slots", "create_checkpoint", "load_tgt", "load_dft",
-                "prompt_save")
+                "prompt_save", "slot_save", "slot_restore")
 # llama_batch_ext (llama-batch.h, the same in 0.3.36 and 11434): its token vector's offset,
 # offsetof(token, output), and sizeof(token) by standard library (unordered_set is 56 bytes in
 # libstdc++, 40 in libc++); measured by compiling the struct with g++ and clang++ -stdlib=libc++.

@@ -63,6 +63,8 @@ POINTS = (
     Point("state_restore", "llama_state_seq_set_data_ext", b"llama_state_seq_set_data"),
     Point("spec_state", "common_speculative_get_state", b"common_speculative_get_state"),
     Point("prompt_save", "server_slot::prompt_save", b"prompt_save"),
+    Point("slot_save", "llama_state_seq_save_file", b"llama_state_seq_save_file"),
+    Point("slot_restore", "llama_state_seq_load_file", b"llama_state_seq_load_file"),
     Point("decision_order", "llama_batch_ext::set_decision_order", b"set_decision_order", probed=False),
     Point("get_available_slot", "server_context_impl::get_available_slot", b"get_available_slot", probed=False),
     # ik_llama.cpp 0.1.5: the same roles under its own names. create_checkpoint builds the buffer
@@ -116,7 +118,7 @@ class Profile:
 
 
 _STATE_PATH = ("update_tgt", "update_dft", "fill", "state_copy", "update_slots", "create_checkpoint",
-               "load_tgt", "load_dft", "state_restore", "spec_state", "prompt_save")
+               "load_tgt", "load_dft", "state_restore", "spec_state", "prompt_save", "slot_save", "slot_restore")
 _UPSTREAM_REQUIRED = ("update_tgt", "state_copy")
 PROFILES = (
     Profile("llama_decode", "llama.cpp batching through llama_decode(llama_batch) (before llama_batch_ext)",
@@ -131,7 +133,7 @@ PROFILES = (
     Profile("ik-0.1.5", "ik_llama.cpp as vendored by ik-llama-cpp-python 0.1.5: server_context::create_checkpoint "
             "builds the buffer, llama_state_seq_get_data copies (no _ext), llama_decode batches",
             ("ik_create_checkpoint", "ik_state_size", "fill", "ik_state_copy", "ik_update_slots",
-             "ik_apply_checkpoint", "ik_state_restore", "prompt_save", "llama_decode"),
+             "ik_apply_checkpoint", "ik_state_restore", "prompt_save", "slot_save", "slot_restore", "llama_decode"),
             ("ik_create_checkpoint", "ik_state_size", "ik_state_copy"),
             present=("ik_create_checkpoint",), absent=("update_tgt", "llama_process"),
             growth=False, fill_sites=("ik_create_checkpoint",), save_caller="ik_get_available_slot",
@@ -155,6 +157,8 @@ COSTS = {
     "state_restore": "restore copy time and bytes are not recorded",
     "spec_state": "the speculative state buffer is not recorded",
     "prompt_save": "prompt-cache saves are not recorded",
+    "slot_save": "slot saves (POST /slots/ID?action=save) are not spans of their own",
+    "slot_restore": "slot restores (POST /slots/ID?action=restore) are not spans of their own",
 }
 
 

@@ -58,7 +58,7 @@ def analysis_doc(analysis) -> dict:
             "iterations": analysis.iterations, "summary": analysis.summary, "memory": analysis.memory,
             "processes": [{**p, "memory": memory_json(p["memory"])} for p in analysis.processes],
             "restores": analysis.restores, "evictions": analysis.evictions, "prompt_saves": analysis.prompt_saves,
-            **_gpu_doc(analysis)}
+            "slot_files": analysis.slot_files, **_gpu_doc(analysis)}
 
 
 def _gpu_doc(analysis) -> dict:

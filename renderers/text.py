@@ -104,9 +104,9 @@ def checkpoint_lines(analysis, limit: int | None) -> list[str]:
 
 
 def state_path_lines(analysis) -> list[str]:
-    """Restores, prompt saves and evictions (trace format 3), when the recording saw any."""
-    rs, ev, ps = analysis.restores, analysis.evictions, analysis.prompt_saves
-    if all(t is None or not len(t) for t in (rs, ev, ps)):
+    """Restores, prompt saves, evictions (trace format 3) and slot files (4), when the recording saw any."""
+    rs, ev, ps, sf = analysis.restores, analysis.evictions, analysis.prompt_saves, analysis.slot_files
+    if all(t is None or not len(t) for t in (rs, ev, ps, sf)):
         return []
     lines = ["State path"]
     if rs is not None and len(rs):
@@ -121,8 +121,19 @@ def state_path_lines(analysis) -> list[str]:
             f"{fmt_ms(ps['total_ns'].mean())} ms, of which copy {fmt_ms(ps['copy_ns'].mean())} ms, "
             f"{ps['copy_faults'].sum()} copy faults", "  "))
     if ev is not None and len(ev):
-        lines.append(wrap(f"evictions: {len(ev)} buffers unmapped in create_checkpoint before its checkpoint, "
-                          f"{ev['bytes'].sum() / MIB:.1f} MiB", "  "))
+        room = int((ev["why"] == "room").sum())
+        lines.append(wrap(f"evictions: {len(ev)} buffers unmapped ({room} in create_checkpoint before its "
+                          f"checkpoint, {len(ev) - room} invalidated in a restore), {ev['bytes'].sum() / MIB:.1f} MiB",
+                          "  "))
+    if sf is not None and len(sf):
+        parts = []
+        for action, verb in (("save", "written"), ("restore", "read")):
+            rows = sf[sf["action"] == action]
+            if len(rows):
+                failed = int((~rows["ok"]).sum())
+                parts.append(f"{len(rows)} {action} calls, {rows['bytes'].sum() / MIB:.1f} MiB {verb}, mean "
+                             f"{fmt_ms(rows['total_ns'].mean())} ms" + (f", {failed} failed" if failed else ""))
+        lines.append(wrap("slot files: " + "; ".join(parts), "  "))
     return lines
 
 

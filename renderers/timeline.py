@@ -42,11 +42,13 @@ from ckptrace.terminal import printable, shown_label
 SYNTHETIC_BASE = 1 << 22  # above PID_MAX_LIMIT: no real pid or tid is ever this large
 # Outer before inner when two slices start and end together.
 NEST_RANK = {"iteration": 0, "create": 1, "checkpoint": 2, "restore": 2, "prompt_save": 2,
+             "slot_save": 2, "slot_restore": 2,
              "decode": 3, "spec_state": 3, "fill": 4, "copy": 4, "restore_copy": 4,
              "mmap": 5, "munmap": 5, "mremap": 5}
 SLICE_NAMES = {"fill": "fill", "copy": "copy", "decode": "llama_decode", "create": "create_checkpoint",
                "restore": "restore", "restore_copy": "restore copy", "spec_state": "speculative state",
-               "prompt_save": "prompt save", "mmap": "mmap", "munmap": "munmap", "mremap": "mremap"}
+               "prompt_save": "prompt save", "slot_save": "slot save", "slot_restore": "slot restore",
+               "mmap": "mmap", "munmap": "munmap", "mremap": "mremap"}
 # Row columns shown as a raw slice's arguments, by kind (others: DEFAULT_ARGS).
 RAW_ARGS = {
     "fill": ["ckpt", "bytes", "faults", "cpu_ns", "wait_ns", "fault_ns"],

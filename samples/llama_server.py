@@ -10,6 +10,7 @@ logs it at every verbosity, with its own `took X ms`).
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -375,6 +376,28 @@ def reuse_prompt(url: str, prompt_tokens: int = 64, seed: int = 0, n_predict: in
     return pd.DataFrame(rows)
 
 
+def slot_round_trip(url: str, folder: Path, slot: int = 0, timeout_s: float = 120.0) -> list[dict]:
+    """Save slot `slot` to a file (POST /slots/ID?action=save) and restore it (action=restore), as a
+    user of --slot-save-path does; the server's two answers (n_written / n_read, their timings).
+    The file is written by the server under `folder` (its --slot-save-path)."""
+    import urllib.request
+
+    base = local_url(url)
+    out = []
+    for action in ("save", "restore"):
+        req = urllib.request.Request(f"{base}/slots/{slot}?action={action}", method="POST",
+                                     data=json.dumps({"filename": f"slot{slot}.bin"}).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            out.append(json.loads(resp.read()))
+    return out
+
+
+def slots_path(trace: Path) -> Path:
+    """The server's answers to run_legs' slot save and restore, kept next to a trace (JSON)."""
+    return Path(trace).with_suffix(".slots.json")
+
+
 def log_path(trace: Path) -> Path:
     """The server log run_legs keeps next to a trace."""
     return Path(trace).with_suffix(".log")
@@ -393,7 +416,7 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
              model: Path | None = None, fault_sample: int | None = None, timeout_s: float = 600.0,
              say: Callable[[str], None] | None = None, version: str = DEFAULT_VERSION,
              libcxx: bool = False, reuse: bool = False, server_args: tuple[str, ...] = (),
-             verbosity: int = 4, cache_ram: int = 0) -> list[Path]:
+             verbosity: int = 4, cache_ram: int = 0, slot_files: bool = False) -> list[Path]:
     """Record each (label, pool) leg in turn against a fresh server; return the trace paths.
 
     Per leg i (from 1): `{i}-{label}.parquet`, its server log (log_path) and the driver's
@@ -401,7 +424,9 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
     `version`/`libcxx`: which build (build_argv). `reuse`: after the load, reuse_prompt()'s two
     requests, so the leg records a restore (they are not in the TTFT table). `server_args`,
     `verbosity`, `cache_ram`: llama_server's `extra`, `verbosity` (e.g. SPEC_ARGS at 5) and
-    `cache_ram` (a prompt cache of that many MiB: prompt saves).
+    `cache_ram` (a prompt cache of that many MiB: prompt saves). `slot_files`: the server gets a
+    --slot-save-path in `out_dir`, and after the load slot 0 is saved and restored
+    (slot_round_trip; the answers in slots_path).
     `fault_sample`: record's legacy --fault-sample (None: its default, off; every span's fault
     time is measured without it). Every process started is stopped before this returns or
     raises."""
@@ -421,7 +446,12 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
         trace = out_dir / f"{i}-{label}.parquet"
         say(f"leg {i}/{len(legs)}: {label}: start the server, attach, drive {requests} requests"
             f"{', then reuse a prompt' if reuse else ''}")
-        with llama_server(binaries[pool], model, log_path(trace), slots=clients, extra=server_args,
+        extra = server_args
+        if slot_files:
+            folder = out_dir / f"{i}-slots"
+            folder.mkdir(exist_ok=True)
+            extra = (*extra, "--slot-save-path", str(folder))
+        with llama_server(binaries[pool], model, log_path(trace), slots=clients, extra=extra,
                           verbosity=verbosity, version=version, cache_ram=cache_ram) as srv:
             with recorder(srv.pid, trace, label, fault_sample):
                 df = run_load(srv.url, clients, requests, prompt_tokens, n_predict, timeout_s, seed=i)
@@ -430,6 +460,10 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
                     if (reused["status"] != "ok").any():
                         raise TargetError(f"leg {i} ({label}): the prompt-reuse requests failed "
                                           f"({reused['status'].iloc[-1]}): see {log_path(trace)}")
+                if slot_files:
+                    answers = slot_round_trip(srv.url, folder)
+                    write_output(slots_path(trace), lambda f: f.write(json.dumps(answers).encode()),
+                                 what="slot answers")
         write_requests(ttft_path(trace), df)
         bad = df[df["status"] != "ok"]
         if len(df) < requests or len(bad):

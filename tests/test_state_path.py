@@ -78,7 +78,8 @@ def test_create_spans_hold_their_checkpoints_and_evictions(tmp_path, workload):
 
 @pytest.fixture(scope="module")
 def upstream(tmp_path_factory):
-    return record_with_truth(tmp_path_factory.mktemp("up"), [variant("upstream"), *UPSTREAM_ARGS], "--label", "up")
+    tmp = tmp_path_factory.mktemp("up")
+    return record_with_truth(tmp, [variant("upstream"), *UPSTREAM_ARGS, "--slot-file", tmp / "slot.bin"], "--label", "up")
 
 
 @pytest.fixture(scope="module")
@@ -167,6 +168,30 @@ def test_prompt_saves_have_their_copies(upstream):
     doc = json.loads(ckptrace("analyze", "--json", r.path).stdout)
     assert len(doc["prompt_saves"]) == len(want)
     assert f"prompt saves: {len(want)}, " in ckptrace("analyze", r.path).stdout
+
+
+def test_slot_files_are_spans_with_their_bytes(upstream):
+    """Each save to a slot file and each load from it (the token count first, then the rest) is a
+    span of its own (trace format 4) inside the workload's clocks around the call, with the bytes
+    the call returned."""
+    r = upstream
+    t = r.truth
+    want = by_start(pd.concat([t["slot_save"].assign(action="save"), t["slot_restore"].assign(action="restore")]))
+    sf = analyze_trace(r.trace).slot_files
+    assert len(sf) == len(want) > 0
+    assert (sf["action"].astype(str) == want["action"]).all()
+    assert (sf["bytes"] == want["bytes"]).all() and sf["ok"].all() and (sf["tid"] == want["tid"]).all()
+    assert (want["start_ns"] <= sf["start_ns"]).all() and (sf["end_ns"] <= want["end_ns"]).all()
+    assert (sf["iter"] > 0).all()
+    restores = sf[sf["action"] == "restore"]
+    assert (restores["bytes"].iloc[0::2] == 4).all()  # the first load reads the token count only
+    ev = r.trace.events
+    assert (ev.loc[ev["kind"].isin(["slot_save", "slot_restore"]), "outcome"] == 1).all()
+    doc = json.loads(ckptrace("analyze", "--json", r.path).stdout)
+    assert len(doc["slot_files"]) == len(want)
+    text = ckptrace("analyze", r.path).stdout
+    saves = t["slot_save"]
+    assert f"slot files: {len(saves)} save calls, {saves['bytes'].sum() / 2**20:.1f} MiB written" in text
 
 
 def test_libcxx_build_measures_fill(tmp_path):

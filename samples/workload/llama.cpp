@@ -227,6 +227,46 @@ __attribute__((noinline)) size_t llama_state_seq_set_data_ext(llama_context * ct
     memcpy(ctx->state[seq_id], src, size);
     return size;
 }
+
+// The file: the token count, the tokens, the state; each call returns the bytes it wrote or read.
+__attribute__((noinline)) size_t llama_state_seq_save_file(llama_context * ctx, const char * filepath,
+                                                           llama_seq_id seq_id, const int32_t * tokens,
+                                                           size_t n_token_count) {
+    if (seq_id < 0 || seq_id >= ctx->n_seq) {
+        return 0;
+    }
+    FILE * f = fopen(filepath, "wb");
+    if (!f) {
+        return 0;
+    }
+    const uint32_t n = (uint32_t) n_token_count;
+    bool ok = fwrite(&n, sizeof(n), 1, f) == 1 && fwrite(tokens, sizeof(int32_t), n, f) == n &&
+              fwrite(ctx->state[seq_id], 1, ctx->state_bytes, f) == ctx->state_bytes;
+    ok = fclose(f) == 0 && ok;
+    return ok ? sizeof(n) + n * sizeof(int32_t) + ctx->state_bytes : 0;
+}
+
+__attribute__((noinline)) size_t llama_state_seq_load_file(llama_context * ctx, const char * filepath,
+                                                           llama_seq_id dest_seq_id, int32_t * tokens_out,
+                                                           size_t n_token_capacity, size_t * n_token_count_out) {
+    if (dest_seq_id < 0 || dest_seq_id >= ctx->n_seq) {
+        return 0;
+    }
+    FILE * f = fopen(filepath, "rb");
+    if (!f) {
+        return 0;
+    }
+    uint32_t n = 0;
+    size_t got = fread(&n, sizeof(n), 1, f) == 1 ? sizeof(n) : 0;
+    *n_token_count_out = n;
+    if (got && tokens_out) {
+        const size_t state = ctx->state_bytes;
+        got = n <= n_token_capacity && fread(tokens_out, sizeof(int32_t), n, f) == n &&
+              fread(ctx->state[dest_seq_id], 1, state, f) == state ? got + n * sizeof(int32_t) + state : 0;
+    }
+    fclose(f);
+    return got;
+}
 #endif
 
 }  // extern "C"

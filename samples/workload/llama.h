@@ -55,6 +55,12 @@ void sample_llama_free(struct llama_context * ctx);
 
 size_t llama_state_seq_set_data_ext(struct llama_context * ctx, const uint8_t * src, size_t size,
                                     llama_seq_id seq_id, llama_state_seq_flags flags);
+// Slot files (POST /slots/ID?action=save|restore): the tokens and the sequence's state. load_file
+// with no token buffer reads only the header (the token count), as the server asks first.
+size_t llama_state_seq_save_file(struct llama_context * ctx, const char * filepath, llama_seq_id seq_id,
+                                 const int32_t * tokens, size_t n_token_count);
+size_t llama_state_seq_load_file(struct llama_context * ctx, const char * filepath, llama_seq_id dest_seq_id,
+                                 int32_t * tokens_out, size_t n_token_capacity, size_t * n_token_count_out);
 
 #ifdef SAMPLE_CUDA
 // The CUDA build (ckpt-workload-cuda): each sequence's state lives in device memory and the state

@@ -93,6 +93,8 @@ static void usage(FILE * f) {
             "  --prompt-save           each prefill: slot 0 saves its prompt state (prompt cache)\n"
             "  --prompt-save-inlined   each prefill: the last slot saves it too, in get_available_slot\n"
             "                          (the save inlined there, as upstream's GCC build has it)\n"
+            "  --slot-file PATH        each prefill: slot 0 saved to PATH and restored from it\n"
+            "                          (llama_state_seq_save_file, then load_file twice: the count, the rest)\n"
             "CUDA build (ckpt-workload-cuda, against the stub libcudart) only:\n"
             "  --cuda-dst MODE         where each checkpoint's state copy goes: pageable (the filled\n"
             "                          buffer), fresh (no fill: never-touched memory), pinned (the\n"
@@ -130,7 +132,7 @@ static options parse_options(int argc, char ** argv) {
         O_SLOTS = 1000, O_ITER, O_DPP, O_CKPT, O_GROW, O_POOL, O_KEEP, O_PROMPT, O_DECODE_US,
         O_NOISE, O_TRUTH, O_WAIT, O_PAUSE, O_MREMAP, O_EXIT, O_DRAFT, O_HELP, O_REQUEST, O_GAP, O_CHURN, O_RESTORE, O_SPEC,
         O_SPEC_STATE, O_PROMPT_SAVE, O_PROMPT_SAVE_INLINED, O_CUDA_DST, O_CUDA_TENSORS, O_CUDA_API, O_POOL_CAP,
-        O_POOL_COUNT, O_POOL_TRIM
+        O_POOL_COUNT, O_POOL_TRIM, O_SLOT_FILE
     };
     static const struct option longopts[] = {
         {"slots", required_argument, nullptr, O_SLOTS},
@@ -164,6 +166,7 @@ static options parse_options(int argc, char ** argv) {
         {"pool-cap-mib", required_argument, nullptr, O_POOL_CAP},
         {"pool-count", required_argument, nullptr, O_POOL_COUNT},
         {"pool-trim-idle-ms", required_argument, nullptr, O_POOL_TRIM},
+        {"slot-file", required_argument, nullptr, O_SLOT_FILE},
         {nullptr, 0, nullptr, 0},
     };
     options o;
@@ -234,6 +237,7 @@ static options parse_options(int argc, char ** argv) {
             case O_POOL_CAP: o.pool_cap_mib = parse_int("--pool-cap-mib", optarg, 0, 1 << 20); break;
             case O_POOL_COUNT: o.pool_count = parse_int("--pool-count", optarg, 0, 1 << 20); break;
             case O_POOL_TRIM: o.pool_trim_idle_ms = parse_int("--pool-trim-idle-ms", optarg, 0, 1000000); break;
+            case O_SLOT_FILE: o.sp.slot_file = optarg; break;
             case ':': usage_error("%s needs a value", argv[optind - 1]);
             default: usage_error("unknown option '%s'", argv[optind - 1]);
         }
@@ -247,9 +251,10 @@ static options parse_options(int argc, char ** argv) {
     }
 #endif
 #ifndef SAMPLE_UPSTREAM
-    if (o.sp.restore_every || o.sp.spec || o.sp.spec_state_bytes || o.sp.prompt_save || o.sp.prompt_save_inlined) {
-        usage_error("--restore-every, --spec, --spec-state-kib and --prompt-save(-inlined) need the upstream build "
-                    "(ckpt-workload-upstream)");
+    if (o.sp.restore_every || o.sp.spec || o.sp.spec_state_bytes || o.sp.prompt_save || o.sp.prompt_save_inlined ||
+        o.sp.slot_file) {
+        usage_error("--restore-every, --spec, --spec-state-kib, --prompt-save(-inlined) and --slot-file need the "
+                    "upstream build (ckpt-workload-upstream)");
     }
 #endif
     if (o.sp.n_slots * o.sp.n_prompt_tokens > 1 << 20) {

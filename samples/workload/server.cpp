@@ -106,6 +106,26 @@ __attribute__((noinline)) void server_context_impl::create_checkpoint(server_slo
     last_states.push_back(create);
 }
 
+#ifdef SAMPLE_UPSTREAM
+// As the server's slot save and restore tasks: save the slot's tokens and state to the file, then
+// ask the file for its token count and load it back. Each call timed around it, its bytes its own.
+void server_context_impl::slot_file_round_trip(server_slot & slot) {
+    std::vector<int32_t> tokens(params.n_prompt_tokens, 1);
+    auto timed = [&](const char * type, auto call) {
+        server_state_truth st{type, n_iter, slot.id, {}};
+        st.t.tid = (int) syscall(SYS_gettid);
+        st.t.start_ns = now_ns();
+        st.t.bytes = call();
+        st.t.end_ns = now_ns();
+        last_states.push_back(st);
+    };
+    timed("slot_save", [&] { return llama_state_seq_save_file(ctx, params.slot_file, slot.id, tokens.data(), tokens.size()); });
+    size_t n = 0;
+    timed("slot_restore", [&] { return llama_state_seq_load_file(ctx, params.slot_file, slot.id, nullptr, 0, &n); });
+    timed("slot_restore", [&] { return llama_state_seq_load_file(ctx, params.slot_file, slot.id, tokens.data(), tokens.size(), &n); });
+}
+#endif
+
 __attribute__((noinline)) void server_context_impl::update_slots() {
     const int64_t start = now_ns();
     const int64_t cpu_start = thread_cpu_ns();
@@ -150,6 +170,9 @@ __attribute__((noinline)) void server_context_impl::update_slots() {
             server_state_truth st{"prompt_save_inlined", n_iter, slots.back().id, {}};
             get_available_slot(slots.back(), st.t);
             last_states.push_back(st);
+        }
+        if (params.slot_file) {
+            slot_file_round_trip(slots[0]);
         }
 #endif
         for (auto & slot : slots) {

@@ -24,6 +24,7 @@ struct server_params {
     size_t spec_state_bytes = 0;  // create_checkpoint stashes this much speculative state
     bool prompt_save = false;   // each prefill: slot 0 saves its prompt state to the cache
     bool prompt_save_inlined = false;  // each prefill: the last slot saves it in get_available_slot, inlined
+    const char * slot_file = nullptr;  // each prefill: slot 0 saved to this file and restored from it
 };
 
 struct server_iteration_truth {
@@ -48,7 +49,8 @@ struct server_checkpoint_truth {
 
 // A restore (load_tgt), a prompt save, a speculative state or a whole create_checkpoint call.
 struct server_state_truth {
-    const char * type;  // "restore", "prompt_save", "prompt_save_inlined", "spec_state", "create"
+    const char * type;  // "restore", "prompt_save", "prompt_save_inlined", "spec_state", "create",
+                        // "slot_save", "slot_restore" (its two load_file calls: the count, then the rest)
     int64_t iter;
     int32_t slot;
     common_restore_truth t;
@@ -74,6 +76,7 @@ struct server_context_impl {
     void create_checkpoint(server_slot & slot);
 #ifdef SAMPLE_UPSTREAM
     void get_available_slot(server_slot & slot, common_restore_truth & t);
+    void slot_file_round_trip(server_slot & slot);
 #endif
 
     static size_t max_state_bytes(const server_params & params, int64_t n_iterations);
