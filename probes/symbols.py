@@ -841,7 +841,8 @@ def _profile_info(profile: Profile, agrees: bool, found: set[str]) -> ProfileInf
     origin = {}
     for name in sorted(found):
         key = "fill" if name in FILL_POINTS else "prompt_save" if name in SAVE_POINTS else name
-        origin[name] = next((p.name for p in order if key in p.points or name in p.present), "none")
+        origin[name] = next((p.name for p in order if key in p.points or name in p.present or name == p.save_caller),
+                            "none")
     if agrees:
         return ProfileInfo(profile.name, profile.generation, matched, missing, origin)
     return ProfileInfo("unknown", f"no known generation agrees (nearest: {profile.name}, {profile.generation})",

@@ -370,10 +370,26 @@ def reuse_prompt(url: str, prompt_tokens: int = 64, seed: int = 0, n_predict: in
     deadline = time.monotonic() + timeout_s
     rows = []
     for i, prompt in enumerate((first, second)):
+        if i:  # the first one's slot released (ik_llama.cpp answers before it releases the slot)
+            settle(url, timeout_s=max(1.0, deadline - time.monotonic()))
         body = {"prompt": prompt, "n_predict": n_predict, "stream": True, "temperature": 0.0,
                 "seed": seed, "cache_prompt": True}
         rows.append({**one_request(base, body, deadline), "request": i, "client": 0})
     return pd.DataFrame(rows)
+
+
+def settle(url: str, timeout_s: float = 300.0) -> None:
+    """Return once the server's task loop has finished what it was doing: GET /slots is a task the
+    loop answers only after its current update_slots (ik_llama.cpp makes a checkpoint there after
+    a request's last token was sent). An error answer settles as well."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"{local_url(url)}/slots", timeout=timeout_s) as resp:
+            resp.read()
+    except urllib.error.HTTPError:
+        pass
 
 
 def slot_round_trip(url: str, folder: Path, slot: int = 0, timeout_s: float = 120.0) -> list[dict]:
@@ -464,6 +480,7 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
                     answers = slot_round_trip(srv.url, folder)
                     write_output(slots_path(trace), lambda f: f.write(json.dumps(answers).encode()),
                                  what="slot answers")
+                settle(srv.url)  # the recorder stops after the server's last checkpoint
         write_requests(ttft_path(trace), df)
         bad = df[df["status"] != "ok"]
         if len(df) < requests or len(bad):
