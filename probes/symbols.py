@@ -879,7 +879,10 @@ def _missing_message(profile: Profile, agrees: bool, missing: list[str], found: 
                 f"{', '.join(have)}); without {', '.join(missing)} no checkpoint is seen, nothing can be recorded")
     else:
         msg += "; no point of any known llama.cpp generation's checkpoint path was found"
-    stripped = [os.path.basename(o.path) for o in objects if not o.has_symtab]
+    # stripping explains a missing name only where it could have been: the program itself, or an
+    # object whose exported names are llama.cpp's (the C runtime has no .symtab and no such names)
+    stripped = [os.path.basename(o.path) for i, o in enumerate(objects)
+                if not o.has_symtab and (i == 0 or o.found or any("llama" in c for c in o.candidates))]
     if stripped:
         more = f" and {len(stripped) - 3} more" if len(stripped) > 3 else ""
         msg += f"; stripped? no .symtab in {', '.join(stripped[:3])}{more}"

@@ -146,3 +146,33 @@ def test_iterations_and_batches(leg):
     ck = checkpoint_rows(leg)
     assert set(ck["iter"]) <= set(it["iter"])
     assert pd.Series(it.set_index("iter").loc[ck["iter"], "kind"]).notna().all()
+
+
+@pytest.mark.llama
+def test_symbols_on_a_generation_it_does_not_know_names_the_nearest(monkeypatch):
+    """The real ik server, as a ckptrace without the ik profile sees it (what issue 23 found: a
+    refusal hinting at stripping and inlining, while the functions simply do not exist there): the
+    nearest known generation is named with what was found of it, what the missing points cost, and
+    no guess. Then the CLI, which knows ik: the profile and no missing point."""
+    from ckptrace.errors import SymbolError
+    from ckptrace.probes import symbols
+    from ckptrace.samples.llama_server import build_server
+    from helpers import ckptrace
+
+    binary = str(build_server(False, version="ik-0.1.5"))
+    known = tuple(p for p in symbols.PROFILES if p.family != "ik_llama.cpp")
+    monkeypatch.setattr(symbols, "PROFILES", known)
+    with pytest.raises(SymbolError) as e:
+        symbols.resolve_binary(binary)
+    msg = str(e.value)
+    assert msg.startswith("update_tgt: common_prompt_checkpoint::update_tgt not found in llama-server, "), msg
+    assert "(also missing: state_copy)" in msg
+    m = re.search(r"nearest generation: (\S+) \((\d+) of its (\d+) points found: ([^)]*)\)", msg)
+    assert m and m.group(1) == "llama_decode", msg  # ik batches through llama_decode, as upstream once did
+    assert {"llama_decode", "slot_save", "slot_restore"} <= set(m.group(4).split(", ")), msg
+    assert "without update_tgt, state_copy no checkpoint is seen, nothing can be recorded" in msg
+    assert "inlined" not in msg and "stripped" not in msg  # every object with llama.cpp names has its .symtab
+    monkeypatch.undo()
+    r = ckptrace("symbols", binary)
+    assert r.returncode == 0, r.stderr
+    assert "profile: ik-0.1.5 (" in r.stdout and "missing optional: none" in r.stdout
