@@ -868,6 +868,8 @@ def _missing_message(profile: Profile, agrees: bool, missing: list[str], found: 
     pool |= {pp.symbol for o in objects for _, pp in o.found}
     pool.discard(p.qualified)
     nearest = difflib.get_close_matches(p.qualified, sorted(pool), n=3, cutoff=0.0)
+    if pid is not None:
+        where = f"PID {pid}'s objects ({where})"
     msg = f"{p.name}: {p.qualified} not found in {where}"
     if len(missing) > 1:
         msg += f" (also missing: {', '.join(missing[1:])})"
