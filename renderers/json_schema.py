@@ -23,7 +23,7 @@ from ckptrace.analyzers.compare import LEG_COLUMNS, MEMORY_COLUMNS, METRIC_COLUM
 from ckptrace.analyzers.iterations import ITERATION_COLUMNS
 from ckptrace.analyzers.memory import RELEASE_COLUMNS
 from ckptrace.analyzers.requests import REQUEST_COLUMNS
-from ckptrace.analyzers.state_path import EVICTION_COLUMNS, PROMPT_SAVE_COLUMNS, RESTORE_COLUMNS
+from ckptrace.analyzers.state_path import EVICTION_COLUMNS, PROMPT_SAVE_COLUMNS, RESTORE_COLUMNS, SLOT_FILE_COLUMNS
 from ckptrace.analyzers.summary import STAT_METRICS
 from ckptrace.meta import TraceMeta
 
@@ -40,6 +40,8 @@ def column_schema(dtype) -> dict:
         return {"enum": [str(c) for c in dtype.categories]}
     if isinstance(dtype, pd.Int64Dtype) or dtype == "Int64":
         return {"type": ["integer", "null"]}
+    if isinstance(dtype, pd.BooleanDtype):
+        return {"type": ["boolean", "null"]}
     if dtype in ("str", "string"):
         return {"type": "string"}
     if dtype == "object":
@@ -104,7 +106,8 @@ def analyze_schema() -> dict:
         "iterations": rows(ITERATION_COLUMNS), "summary": SUMMARY, "memory": MEMORY,
         "processes": {"type": "array", "items": PROCESS},
         "restores": rows(RESTORE_COLUMNS), "evictions": rows(EVICTION_COLUMNS),
-        "prompt_saves": rows(PROMPT_SAVE_COLUMNS), "requests": rows(REQUEST_COLUMNS),
+        "prompt_saves": rows(PROMPT_SAVE_COLUMNS), "slot_files": rows(SLOT_FILE_COLUMNS),
+        "requests": rows(REQUEST_COLUMNS),
         # a trace recorded with a CUDA target (trace format 4): its copies, by destination
         "gpu": strict({"summary": {"type": "object"}, "copies": rows(GPU_COPY_COLUMNS)})},
         optional=("requests", "gpu"))}
