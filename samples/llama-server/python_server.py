@@ -44,7 +44,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
-        import xllamacpp as xlc
+        import xllamacpp as xlc  # pyright: ignore[reportMissingImports] (only in build.sh's venv)
     except ImportError as e:
         sys.exit(f"python_server.py: {e}: run it with the python build.sh --version 11549 prints")
     p = xlc.CommonParams()
