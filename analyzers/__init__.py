@@ -45,7 +45,7 @@ class Analysis:
     evictions: pd.DataFrame | None = None
     prompt_saves: pd.DataFrame | None = None  # state_path.py: prompt-cache saves and their copies
     gpu: pd.DataFrame | None = None  # gpu.py: the CUDA copies (None: no CUDA target was recorded)
-    slot_files: pd.DataFrame | None = None  # state_path.py: slot saves and restores (trace format 4)
+    slot_files: pd.DataFrame | None = None  # state_path.py: slot saves and restores (trace format 5)
 
     def events_between(self, t0: int, t1: int) -> pd.DataFrame:
         """Every event lying within [t0, t1] ns: from memory, or read from the trace file."""

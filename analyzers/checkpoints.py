@@ -24,7 +24,7 @@
 - `mmaps`/`munmaps`: syscalls made while the checkpoint was open on its thread.
 - `iter`: the iteration it falls in (see spans.py), 0 when none.
 - `spec`: made for a speculative round (an update_tgt outside create_checkpoint, trace format 3).
-- `on_device`: a copy of it was made with LLAMA_STATE_SEQ_FLAGS_ON_DEVICE (trace format 4): its
+- `on_device`: a copy of it was made with LLAMA_STATE_SEQ_FLAGS_ON_DEVICE (trace format 5): its
   state stays in device buffers and the host buffer holds only their headers, so its `bytes` are
   not host memory (the server's checkpoints copy to the host: PARTIAL_ONLY).
 - `create_bytes`: what the create_checkpoint span it lies in saved in all (its update_tgt and

@@ -5,7 +5,7 @@
   `llama_state_seq_set_data`) inside it on its thread, `source` "checkpoint"; and a `restore_copy`
   made outside any restore (the prompt cache, a slot restore), `source` "other", its own copy. A
   restore that copied nothing (`load_dft` without a draft model returns at once) restored nothing
-  and is left out. `restored` (trace format 4): what the call reported: load_*'s bool where it
+  and is left out. `restored` (trace format 5): what the call reported: load_*'s bool where it
   returns one (build 11549 on), else whether every copy read all it was given (set_data returns
   the bytes it read, 0 on failure); NA when nothing reported it. `copy_ns`, `copy_cpu_ns`, `copy_faults`,
   `copy_fault_ns` are the copies'; `cpu_ns`, `wait_ns`, `faults` the whole span's (NA when not
@@ -15,7 +15,7 @@
   `prompt_save`), their figures as a restore's, `source` "call"; and a save inlined into its caller
   (no span: its copy, a `copy` row of ckpt 0 outside any prompt_save, taken at the call site),
   `source` "inlined", its own copy. `bytes`: what its copies wrote.
-- Slot files, one row each (trace format 4): a `slot_save` (`llama_state_seq_save_file`) or
+- Slot files, one row each (trace format 5): a `slot_save` (`llama_state_seq_save_file`) or
   `slot_restore` (`llama_state_seq_load_file`) span, `action` save|restore, `bytes` what the call
   wrote or read (a restore's first call reads only the file's token count), `ok` whether it
   returned any. Build 11549 then appends (on save) or reads (on restore) the slot's checkpoints

@@ -46,11 +46,11 @@ META_KEY = "ckptrace"
 # What a row is. Spans have start_ns < end_ns; mmap/munmap/mremap are syscalls (enter..exit).
 KINDS = ["checkpoint", "fill", "copy", "iteration", "decode", "mmap", "munmap", "mremap",
          "create", "restore", "restore_copy", "spec_state", "prompt_save", "rss",  # version 3
-         "slot_save", "slot_restore"]  # version 4
+         "slot_save", "slot_restore"]  # version 5
 # What the thread was doing when the event happened (the innermost open span).
 PHASES = ["none", "iteration", "checkpoint", "fill", "copy",
           "create", "restore", "restore_copy", "spec_state", "prompt_save",  # version 3
-          "slot_save", "slot_restore"]  # version 4
+          "slot_save", "slot_restore"]  # version 5
 
 # Column -> dtype. Units are in the names; 0 means "none" for ids.
 COLUMNS: dict[str, object] = {

@@ -95,7 +95,7 @@ def test_upstream_generation_every_state_kind_matches_the_workload(upstream):
     assert_checkpoints_match(a, t)
     assert a.checkpoints["spec"].sum() == 12 and not a.checkpoints.loc[a.checkpoints["spec"], "draft"].any()
 
-    # each copy's flags as the workload passed them (trace format 4): its checkpoints PARTIAL_ONLY,
+    # each copy's flags as the workload passed them (trace format 5): its checkpoints PARTIAL_ONLY,
     # its prompt saves none; a checkpoint's size as the server logs it counts the speculative state
     copies = ev[ev["kind"] == "copy"]
     assert (copies.loc[copies["ckpt"] > 0, "state_flags"] == 1).all()
@@ -172,7 +172,7 @@ def test_prompt_saves_have_their_copies(upstream):
 
 def test_slot_files_are_spans_with_their_bytes(upstream):
     """Each save to a slot file and each load from it (the token count first, then the rest) is a
-    span of its own (trace format 4) inside the workload's clocks around the call, with the bytes
+    span of its own (trace format 5) inside the workload's clocks around the call, with the bytes
     the call returned."""
     r = upstream
     t = r.truth
