@@ -236,10 +236,13 @@ def llama_server(binary: Path, model: Path, log: Path, slots: int = 3,
     """A started llama-server whose /health answers 200, logging to `log`; always stopped on the
     way out. `extra`, `verbosity`, `version`, `cache_ram`: server_argv's."""
     port = free_port()
+    log = Path(log).resolve()
     with open(log, "w") as f:
-        proc = _spawn(server_argv(binary, model, port, slots, extra=extra, verbosity=verbosity, version=version,
-                                  cache_ram=cache_ram),
-                      stdout=f, stderr=subprocess.STDOUT)
+        # in the log's folder: what a server writes to its working folder (ik_llama.cpp's llama.log,
+        # its LOG() lines) stays beside its log, not in the caller's
+        proc = _spawn(server_argv(binary, Path(model).resolve(), port, slots, extra=extra, verbosity=verbosity,
+                                  version=version, cache_ram=cache_ram),
+                      stdout=f, stderr=subprocess.STDOUT, cwd=log.parent)
     url = f"http://127.0.0.1:{port}"
     try:
         try:
@@ -466,7 +469,7 @@ def run_legs(out_dir: Path, legs: list[tuple[str, bool]] = LEGS, clients: int = 
         if slot_files:
             folder = out_dir / f"{i}-slots"
             folder.mkdir(exist_ok=True)
-            extra = (*extra, "--slot-save-path", str(folder))
+            extra = (*extra, "--slot-save-path", str(folder.resolve()))  # the server runs elsewhere
         with llama_server(binaries[pool], model, log_path(trace), slots=clients, extra=extra,
                           verbosity=verbosity, version=version, cache_ram=cache_ram) as srv:
             with recorder(srv.pid, trace, label, fault_sample):

@@ -67,6 +67,12 @@ def test_the_profile_is_ik_and_every_point_is_found(leg):
 
 
 @e2e
+def test_the_servers_own_log_file_stays_beside_its_log(leg):
+    # ik writes its LOG() lines to llama.log in its working folder: the leg's, not the caller's
+    assert (leg["log"].parent / "llama.log").is_file()
+
+
+@e2e
 def test_every_logged_checkpoint_is_recorded_with_its_size_fill_and_copy(leg):
     logged, ck = leg["logged"], checkpoint_rows(leg)
     assert len(logged) >= CLIENTS * 2, f"the server made only {len(logged)} checkpoints; see {leg['log']}"
