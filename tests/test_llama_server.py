@@ -318,3 +318,31 @@ def test_drive_says_when_nothing_listens():
     port = free_port()
     line = assert_one_line_error(ckptrace("drive", f"http://127.0.0.1:{port}", "--timeout", "1"), code=1)
     assert line.startswith("ckptrace: error: nothing listens at"), line
+
+
+def test_a_finished_build_that_no_longer_runs_is_built_again(tmp_path):
+    """build.sh reuses a finished build only if its binary still runs (`--version`): one that fails
+    is said in one line and built again, not handed to a test that then fails far from the cause.
+    The rebuild is stopped as soon as it starts (a real one is minutes)."""
+    import os
+    import signal
+    import subprocess
+
+    from ckptrace.samples.llama_server import BUILD_SH
+
+    build = tmp_path / "llama-server" / "0.3.36-off"
+    (build / "build" / "bin").mkdir(parents=True)
+    binary = build / "build" / "bin" / "llama-server"
+    binary.write_text("#!/bin/sh\nexit 127\n")  # a library gone since: the loader's status
+    binary.chmod(0o755)
+    (build / ".built").touch()
+    p = subprocess.Popen(["bash", str(BUILD_SH), "--version", "0.3.36"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, start_new_session=True,
+                         env={**os.environ, "CKPTRACE_CACHE": str(tmp_path)})
+    try:
+        line = p.stderr.readline()
+    finally:
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+    assert line == f"build.sh: {build} is finished but llama-server does not run: building it again\n", line
+    assert not (build / ".built").exists() and not binary.exists()

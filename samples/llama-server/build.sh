@@ -130,10 +130,21 @@ mkdir -p "$DIR" 2>/dev/null || { log "cannot create $DIR: run as root or set CKP
 exec 9>"$DIR/.lock"
 flock 9
 
+# A finished build is reused only if it still runs (a library or the venv's Python gone since,
+# a damaged file): otherwise it is built again, said in one line.
+runs() {
+    if [ "$KIND" = python ]; then timeout 120 "$BIN" -c "import xllamacpp" >/dev/null 2>&1
+    else timeout 120 "$BIN" --version >/dev/null 2>&1; fi
+}
 if [ -f "$DIR/.built" ] && [ -x "$BIN" ]; then
-    log "reusing $DIR"
-    echo "$BIN"
-    exit 0
+    if runs; then
+        log "reusing $DIR"
+        echo "$BIN"
+        exit 0
+    fi
+    log "$DIR is finished but $(basename "$BIN") does not run: building it again"
+    rm -f "$DIR/.built"
+    rm -rf "$DIR/build" "$DIR/venv"
 fi
 
 fetch_sdist
