@@ -12,12 +12,15 @@ import pytest
 # inlines libc++'s growth into update_tgt, and the probes sit on its memset call sites there.
 BUILDS = {"0.3.36": {"version": "0.3.36", "libcxx": False},
           "11434-libcxx": {"version": "11434", "libcxx": True}}
+# One configuration each (GCC, no pool patch): ik_llama.cpp's server and upstream 11549 in Python.
+OTHER_BUILDS = {"ik-0.1.5": {"version": "ik-0.1.5", "libcxx": False},
+                "11549": {"version": "11549", "libcxx": False}}
 
 
 def builds(*names: str, pools=(False, True)) -> list[dict]:
     """A test module's LLAMA_BUILDS (conftest.py builds them in the background): build_argv's
     keywords for each of BUILDS' `names`, pool-off and pool-on by default."""
-    return [{"pool": pool, **BUILDS[name]} for name in names for pool in pools]
+    return [{"pool": pool, **{**BUILDS, **OTHER_BUILDS}[name]} for name in names for pool in pools]
 
 
 def e2e(test):

@@ -23,8 +23,9 @@ from ckptrace.analyzers import analyze_trace
 from ckptrace.samples.llama_server import (cached_model, log_path, logged_checkpoints, logged_erasures,
                                            logged_prompt_saves, logged_restores, run_legs)
 from ckptrace.trace import read_trace
-from llama_checks import checkpoint_rows, e2e
+from llama_checks import builds, checkpoint_rows, e2e
 
+LLAMA_BUILDS = builds("ik-0.1.5", pools=(False,))  # built in the background (conftest.py)
 # A shape no default uses: 12 layers (9 delta-net), 56 heads of 128: 33.0 MiB checkpoints, above
 # glibc's largest mmap threshold (32 MiB), so every buffer is a fresh mmap and every erasure a munmap.
 MODEL = {"arch": "qwen35", "d_model": 192, "layers": 12, "d_state": 128, "heads": 56}

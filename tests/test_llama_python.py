@@ -18,8 +18,9 @@ from ckptrace.analyzers import analyze_trace
 from ckptrace.samples.llama_server import (cached_model, log_path, logged_checkpoints, logged_restores, run_legs,
                                            slots_path)
 from ckptrace.trace import read_trace
-from llama_checks import checkpoint_rows, e2e
+from llama_checks import builds, checkpoint_rows, e2e
 
+LLAMA_BUILDS = builds("11549", pools=(False,))  # built in the background (conftest.py)
 # A shape no default uses: 20 layers (15 delta-net), 40 heads of 128: 39.30 MiB checkpoints.
 MODEL = {"arch": "qwen35", "d_model": 128, "layers": 20, "d_state": 128, "heads": 40}
 CLIENTS, REQUESTS = 3, 6
