@@ -14,6 +14,7 @@ from plotly.subplots import make_subplots
 
 from ckptrace.analyzers.headline import sentence, stacked_parts
 from ckptrace.analyzers.warmup import AUTO, prefill_rows, split
+from ckptrace.terminal import shown_label
 
 from .legs import PHASE_COLOURS, VERDICT_COLOURS, Leg, plain
 from .panels import PARTS, Panel, iteration_parts, layout
@@ -126,7 +127,7 @@ def breakdown_panel(legs: list[Leg], comparison=None) -> Panel:
     used = [p for p in PARTS if any(v[p] > 0 for k in shown for v in per[k].values())]
     for col, key in enumerate(shown, start=1):
         labels = [label for label, _, _ in arms if label in per[key]]
-        names = [plain(x) for x in labels]
+        names = [plain(shown_label(x)) for x in labels]  # cut as every shown label is
         for p in used:
             fig.add_trace(go.Bar(y=names, x=[per[key][x][p] for x in labels], orientation="h", name=PARTS[p],
                                  legendgroup=p, showlegend=col == 1, marker=dict(color=PHASE_COLOURS[p]),
