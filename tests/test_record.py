@@ -502,7 +502,7 @@ def test_trace_format_as_other_readers_see_it(tmp_path, workload):
     assert len(cuda_only) == 9 and "gpu" in keys
     columns = {c: t for c, t in columns.items() if c not in cuda_only}
     keys = [k for k in keys if k != "gpu"]
-    assert len(columns) == 24 and "fault_timed_ns" in columns and "cpu_ns" in columns and len(keys) >= 30  # the parse found them
+    assert len(columns) == 26 and "fault_timed_ns" in columns and "cpu_ns" in columns and len(keys) >= 30  # the parse found them
     df = pd.read_parquet(r.path)
     assert {c: str(df[c].dtype) for c in df.columns} == columns
     meta = df.attrs["ckptrace"]
