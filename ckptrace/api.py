@@ -124,6 +124,10 @@ class Trace:
         """One row per prompt-cache save and its copies."""
         return self.analysis.prompt_saves
 
+    def slot_files(self) -> pd.DataFrame:
+        """One row per slot save or restore to a file (/slots; trace format 5) and its copies."""
+        return self.analysis.slot_files
+
     def gpu_copies(self) -> pd.DataFrame:
         """One row per state copy that made CUDA calls (analyzers/gpu.py): enqueue, wait and host
         time, where it copied to (`dst`), the destination's and the driver's faults. Empty for a

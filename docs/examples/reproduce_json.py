@@ -53,7 +53,7 @@ def analyze_doc(path: str) -> dict:
                "checkpoints": rows(t.checkpoints()), "iterations": rows(t.iterations()),
                "summary": summary_of(t), "memory": memory_of(t), "processes": processes,
                "restores": rows(t.restores()), "evictions": rows(t.evictions()),
-               "prompt_saves": rows(t.prompt_saves())}
+               "prompt_saves": rows(t.prompt_saves()), "slot_files": rows(t.slot_files())}
         if t.meta.gpu is not None:  # recorded with a CUDA target: its copies
             doc["gpu"] = {"summary": t.gpu_summary(), "copies": rows(t.gpu_copies())}
         return doc
