@@ -257,8 +257,11 @@ def test_recorders_started_together_on_one_output_record_once(require_root_ebpf,
 
     out = tmp_path / "t.parquet"
     truths = [tmp_path / f"truth-{i}.jsonl" for i in range(3)]
+    # the winner's workload pauses 10 s between iterations, so the three overlap even when their
+    # compiles end seconds apart (one that began after another had finished would rightly replace it)
     procs = [subprocess.Popen([CKPTRACE, "record", "--quiet", "-o", out, "--", workload, "--iterations", "3",
-                               "--truth", t], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                               "--gap-us", "10000000", "--truth", t], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True)
              for t in truths]
     results = [(p.wait(240), p.stderr.read()) for p in procs]
     for p in procs:
