@@ -142,9 +142,9 @@ if [ -f "$DIR/.built" ] && [ -x "$BIN" ]; then
         echo "$BIN"
         exit 0
     fi
-    log "$DIR is finished but $(basename "$BIN") does not run: building it again"
     rm -f "$DIR/.built"
     rm -rf "$DIR/build" "$DIR/venv"
+    log "$DIR is finished but $(basename "$BIN") does not run: building it again"
 fi
 
 fetch_sdist
