@@ -22,8 +22,11 @@ ebpf = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
 
 @pytest.fixture
 def busy_cores():
-    """Two processes spinning on the two cores for the test's duration, then stopped."""
-    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    """Two spinning processes per core for the test's duration, then stopped: every core has work
+    queued beside the workload, so it waits for a CPU in every span that lasts a few time slices
+    (with one spinner per core, a CI run saw a pool-on workload's 8 short checkpoints never
+    preempted)."""
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * os.cpu_count())]
     try:
         yield
     finally:
@@ -119,9 +122,10 @@ def test_cpu_and_wait_match_the_thread_clock_on_busy_cores(tmp_path, workload, r
         truth["checkpoint"] = truth["checkpoint"][~truth["checkpoint"]["draft"].astype(bool)]
         trace.events = trace.events[~trace.events["draft"]]
     assert_cpu_and_wait_match(trace, truth, steal)
-    # Two spinning processes on two cores: the workload was preempted, and the trace says so.
-    ck = trace.events[trace.events["kind"] == "checkpoint"]
-    assert ck["wait_ns"].sum() > 0 and ck["nivcsw"].sum() > 0
+    # Spinners queued on every core: the workload was preempted during its iterations (each lasts
+    # many time slices), and the trace says so.
+    spans = trace.events[trace.events["kind"].isin(["checkpoint", "iteration"])]
+    assert spans["wait_ns"].sum() > 0 and spans["nivcsw"].sum() > 0
     # Syscall rows are instants, not spans: no counters.
     sc = trace.events[trace.events["kind"].isin(["mmap", "munmap"])]
     assert len(sc) and sc["cpu_ns"].isna().all()
