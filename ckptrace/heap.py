@@ -36,3 +36,15 @@ def keep_freed_memory() -> bool:
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_NEVER))
+
+
+def return_freed_memory() -> bool:
+    """Give the C heap's free memory back to the kernel now (glibc's malloc_trim(0)): what a
+    long-running command freed while starting (symbol tables, a compile's output) stops counting
+    in its resident memory. False where the C library has no malloc_trim."""
+    try:
+        trim = ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):
+        return False
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return bool(trim(0))

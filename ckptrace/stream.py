@@ -21,14 +21,17 @@ import struct
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import pandas as pd
 import pyarrow as pa
 
 from ckptrace.errors import TraceFormatError
 from ckptrace.meta import TraceMeta
 from ckptrace.output import OutputError, create_in_place
 from ckptrace.terminal import printable
+
+if TYPE_CHECKING:  # a recorder writes its stream without pandas (ckptrace/columns.py)
+    import pandas as pd
 
 STREAM_MAGIC = b"\xff\xff\xff\xff"  # an IPC stream's first message starts with this continuation marker
 PARQUET_MAGIC = b"PAR1"
@@ -105,7 +108,8 @@ class StreamWriter:
         self.writer = pa.ipc.new_stream(self.buf, schema, options=IPC_OPTIONS)
         # pyarrow writes the schema (and the kind/phase dictionaries) with the first batch: an
         # empty one now puts them in the file's header, so the file is a readable trace from the start.
-        self.writer.write_batch(pa.RecordBatch.from_pylist([], schema=schema.remove_metadata()))
+        empty = schema.remove_metadata()  # (pa.nulls: pyarrow's from_pylist would load pandas)
+        self.writer.write_batch(pa.RecordBatch.from_arrays([pa.nulls(0, f.type) for f in empty], schema=empty))
         self.size = 0
         self.batches = 0
 

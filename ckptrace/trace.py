@@ -22,6 +22,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ckptrace.columns import (ADDED_IN_3, ADDED_IN_5, COLUMN_TYPES, FORMAT, GPU_COLUMNS, KINDS, META_KEY,  # noqa: F401 (also read from here)
+                              MIN_READER_VERSION, OPTIONAL, OUTCOMES, PHASES, STATE_FLAG_ON_DEVICE,
+                              STATE_FLAG_PARTIAL_ONLY, VERSION, with_meta)
 from ckptrace.errors import TraceFormatError
 from ckptrace.meta import TraceMeta
 from ckptrace.output import write_output
@@ -36,74 +39,10 @@ from ckptrace.validate import (STREAM_EXPANSION, budget_rows, check_column, chec
 if int(pd.__version__.split(".")[0]) < 3:
     pd.set_option("mode.copy_on_write", True)
 
-FORMAT = "ckptrace-trace"
-VERSION = 5
-# Oldest reader that can read what this version writes. Bump VERSION for additions; bump this
-# only for changes an old reader would misread. Never reuse a removed column name.
-MIN_READER_VERSION = 1
-META_KEY = "ckptrace"
-
-# What a row is. Spans have start_ns < end_ns; mmap/munmap/mremap are syscalls (enter..exit).
-KINDS = ["checkpoint", "fill", "copy", "iteration", "decode", "mmap", "munmap", "mremap",
-         "create", "restore", "restore_copy", "spec_state", "prompt_save", "rss",  # version 3
-         "slot_save", "slot_restore"]  # version 5
-# What the thread was doing when the event happened (the innermost open span).
-PHASES = ["none", "iteration", "checkpoint", "fill", "copy",
-          "create", "restore", "restore_copy", "spec_state", "prompt_save",  # version 3
-          "slot_save", "slot_restore"]  # version 5
-
-# Column -> dtype. Units are in the names; 0 means "none" for ids.
-COLUMNS: dict[str, object] = {
-    "kind": pd.CategoricalDtype(KINDS),
-    "tid": np.dtype("int32"),
-    "start_ns": np.dtype("int64"),  # CLOCK_MONOTONIC (bpf_ktime_get_ns)
-    "end_ns": np.dtype("int64"),
-    "ckpt": np.dtype("int64"),  # checkpoint id the row belongs to (its own id for a checkpoint)
-    "iter": np.dtype("int64"),  # iteration id (update_slots call) the row belongs to
-    "bytes": np.dtype("int64"),  # checkpoint/copy: state bytes copied; fill: bytes appended; mmap*: length
-    "addr": np.dtype("uint64"),  # copy: destination; mmap/mremap: returned address; munmap: address
-    "faults": np.dtype("int64"),  # the thread's min_flt + maj_flt delta over the span
-    "fault_timed": np.dtype("int64"),  # faults whose service time was measured (sampled)
-    "fault_timed_ns": np.dtype("int64"),  # summed service time of those faults
-    "tokens": np.dtype("int32"),  # decode/iteration: batch tokens
-    "prompt_tokens": np.dtype("int32"),  # decode/iteration: tokens that request no logits (prompt)
-    "phase": pd.CategoricalDtype(PHASES),
-    "draft": np.dtype("bool"),  # checkpoint from update_dft rather than update_tgt
-    # Version 2. NA = not recorded (a v1 trace, a kernel without the field, a row without spans).
-    "cpu_ns": pd.Int64Dtype(),  # the thread's on-CPU time over the span
-    "wait_ns": pd.Int64Dtype(),  # its run-queue wait (runnable, waiting for a CPU) over the span
-    "nvcsw": pd.Int64Dtype(),  # voluntary context switches over the span
-    "nivcsw": pd.Int64Dtype(),  # involuntary context switches (preemptions) over the span
-    "fault_ns": pd.Int64Dtype(),  # whole cost of the span's page faults to the thread (fault_time)
-    # Version 3.
-    "pid": np.dtype("int32"),  # process of the row (older traces: the trace's meta.pid)
-    "spec": np.dtype("bool"),  # checkpoint made for a speculative round
-    "old_addr": np.dtype("uint64"),  # mremap: the address it moved or resized from (0: not recorded)
-    "old_bytes": np.dtype("int64"),  # mremap: the old length
-    # Version 4: CUDA targets only (a trace without them has none of these columns), on copy and
-    # restore_copy rows, NA on the others: the span's outermost CUDA calls (probes/cuda.py).
-    "gpu_copies": pd.Int64Dtype(),  # copy calls
-    "gpu_bytes": pd.Int64Dtype(),  # their bytes, any direction
-    "gpu_pinned_bytes": pd.Int64Dtype(),  # device-to-host bytes into pinned host memory
-    "gpu_pageable_bytes": pd.Int64Dtype(),  # device-to-host bytes into pageable host memory
-    "gpu_enqueue_ns": pd.Int64Dtype(),  # time inside the copy calls
-    "gpu_syncs": pd.Int64Dtype(),  # synchronize calls (waits for the device)
-    "gpu_sync_ns": pd.Int64Dtype(),  # time inside them
-    "gpu_dst_faults": pd.Int64Dtype(),  # page faults on the pageable destination range, any thread
-    "gpu_driver_faults": pd.Int64Dtype(),  # of those, taken by other threads than the span's
-    # Version 5.
-    "state_flags": np.dtype("int64"),  # copy, restore_copy: the llama_state_seq_flags of the call (2: ON_DEVICE)
-    "outcome": np.dtype("int8"),  # restore, restore_copy, slot_*: 1 ok, 2 failed, 0 not reported (OUTCOMES)
-}
-# `outcome` values (checkpoint.h enum ckpt_outcome)
-OUTCOMES = ["not recorded", "ok", "failed"]
-STATE_FLAG_PARTIAL_ONLY, STATE_FLAG_ON_DEVICE = 1, 2  # llama.h LLAMA_STATE_SEQ_FLAGS_*
-GPU_COLUMNS = [c for c in COLUMNS if c.startswith("gpu_")]
-# Columns a trace may lack (older versions; a trace of no CUDA target): read as NA, never as zeros.
-OPTIONAL = {"cpu_ns", "wait_ns", "nvcsw", "nivcsw", "fault_ns", *GPU_COLUMNS}
-# Version 3 columns an older trace lacks: read as their "none" value (pid: the trace's meta.pid).
-ADDED_IN_3 = {"pid", "spec", "old_addr", "old_bytes"}  # old_*: added within version 3, read as 0 (not recorded)
-ADDED_IN_5 = {"state_flags", "outcome"}  # read as 0: not recorded
+# The format's identity, kinds, phases and column types live in ckptrace/columns.py (no pandas:
+# the recorder streams with it alone); COLUMNS are their pandas dtypes.
+_DTYPES = {"kind": pd.CategoricalDtype(KINDS), "phase": pd.CategoricalDtype(PHASES), "Int64": pd.Int64Dtype()}
+COLUMNS: dict[str, object] = {c: _DTYPES[t] if t in _DTYPES else np.dtype(t) for c, t in COLUMN_TYPES.items()}
 # Rows per batch iter_batches yields: ~20 MiB of decoded columns, whatever the row groups.
 BATCH_ROWS = 1 << 18
 # Rows per Parquet row group of a finished trace: readers skip or read a trace a group at a time.
@@ -180,14 +119,7 @@ def trace_writer(events: pd.DataFrame, meta: TraceMeta):
 def trace_schema(meta: TraceMeta, schema: pa.Schema | None = None, pandas_attrs: bool = True) -> pa.Schema:
     """The events' Arrow schema carrying `meta`, stamped with this writer's format version
     (`pandas_attrs`: a second copy for pandas' read_parquet, which a stream's readers don't use)."""
-    schema = schema or event_schema(trace_columns(meta))
-    doc = {**meta.to_json(), "format": FORMAT, "version": VERSION, "min_reader_version": MIN_READER_VERSION}
-    blob = json.dumps(doc, default=_plain)
-    md = dict(schema.metadata or {})
-    md[META_KEY.encode()] = blob.encode()
-    if pandas_attrs:  # pandas restores DataFrame.attrs from this key: plain read_parquet sees the metadata
-        md[b"PANDAS_ATTRS"] = json.dumps({META_KEY: json.loads(blob)}).encode()
-    return schema.with_metadata(md)
+    return with_meta(schema or event_schema(trace_columns(meta)), meta, pandas_attrs)
 
 
 def event_schema(columns: dict[str, object] = COLUMNS) -> pa.Schema:
@@ -198,11 +130,6 @@ def event_schema(columns: dict[str, object] = COLUMNS) -> pa.Schema:
 def to_batch(events: pd.DataFrame, schema: pa.Schema) -> pa.RecordBatch:
     """Events (any subset of COLUMNS) as one record batch of `schema`."""
     return pa.RecordBatch.from_pandas(normalize_events(events), schema=schema, preserve_index=False)
-
-
-def _plain(value):
-    """numpy scalars as Python numbers; anything else JSON can't hold as text, never a failed write."""
-    return value.item() if isinstance(value, np.generic) else str(value)
 
 
 def time_origin(meta: TraceMeta, events: pd.DataFrame | int | None) -> int:

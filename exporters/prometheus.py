@@ -20,12 +20,12 @@ import numpy as np
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from ckptrace.buffers import HeldBuffers
+from ckptrace.columns import KINDS, PHASES
 from ckptrace.analyzers.checkpoints import checkpoint_rules, saved
-from ckptrace.analyzers.memory import HeldBuffers
 from ckptrace.analyzers.metrics import METRICS
 from ckptrace.analyzers.spans import Groups, Ids
 from ckptrace.analyzers.state_path import enclosing, restored
-from ckptrace.trace import KINDS, PHASES
 
 LABELS = ("pid", "label", "build_id")
 PREFIX = "ckptrace_"

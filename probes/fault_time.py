@@ -13,11 +13,14 @@ import ctypes
 import mmap
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 
 from ckptrace.meta import FaultTime
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 METHOD = "cpu-minus-resident"
 DEFINITION = ("fault_ns = span cpu_ns - on-CPU time of the same work on already-resident pages (fill: "
@@ -37,9 +40,11 @@ _libc.memset.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
 _libc.memcpy.argtypes = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
 
 
-def calibration_sizes(bytes_: pd.Series) -> list[int]:
-    """Up to MAX_SIZES sizes spanning the spans' own (quantiles when there are more)."""
-    sizes = np.unique(np.clip(bytes_[bytes_ > 0].to_numpy(dtype="int64"), 4096, MAX_CAL_BYTES))
+def calibration_sizes(bytes_) -> list[int]:
+    """Up to MAX_SIZES sizes spanning the spans' own (quantiles when there are more); `bytes_`
+    an array or Series."""
+    b = np.asarray(bytes_, dtype="int64")
+    sizes = np.unique(np.clip(b[b > 0], 4096, MAX_CAL_BYTES))
     if len(sizes) > MAX_SIZES:
         sizes = np.unique(np.quantile(sizes, np.linspace(0, 1, MAX_SIZES), method="nearest"))
     return [int(s) for s in sizes]
@@ -62,7 +67,7 @@ class SizeSketch:
         self.sizes = sizes
 
     def calibration_sizes(self) -> list[int]:
-        return calibration_sizes(pd.Series(self.sizes))
+        return calibration_sizes(self.sizes)
 
 
 def calibrate(sizes: list[int]) -> dict[str, list[list[int]]]:
@@ -106,6 +111,8 @@ def span_fault_ns(events: pd.DataFrame, cal: dict[str, list[list[int]]], carry: 
     """fault_ns per row: fills and copies from their cpu_ns, checkpoints as the sum of theirs,
     0 for any span without faults, NA where not measured. Batch by batch, in recording order,
     `carry` (a dict kept between calls) holds the parts of checkpoints whose row is yet to come."""
+    import pandas as pd  # at the finish only: a recorder streams without pandas (ckptrace/columns.py)
+
     out = pd.Series(pd.NA, index=events.index, dtype="Int64")
     # A copy made by CUDA calls is not a memcpy of its bytes, nor are its faults all its thread's
     # (the driver's threads write the destination too): not measured, whatever its own count.
@@ -138,6 +145,8 @@ def span_fault_ns(events: pd.DataFrame, cal: dict[str, list[list[int]]], carry: 
 
 def _with_carry(agg: pd.DataFrame, carry: dict, ended: pd.Series) -> pd.DataFrame:
     """`agg` plus the carried parts; the parts of checkpoints not ended in this batch carried on."""
+    import pandas as pd
+
     if carry:
         old = pd.DataFrame.from_dict(carry, orient="index", columns=["faults", "fault_ns", "missing"])
         agg = pd.concat([agg.astype({"fault_ns": "int64"}), old.astype({"fault_ns": "int64"})])
@@ -151,6 +160,8 @@ def _with_carry(agg: pd.DataFrame, carry: dict, ended: pd.Series) -> pd.DataFram
 
 def record_fault_time(events: pd.DataFrame) -> tuple[pd.Series, FaultTime]:
     """fault_ns for every row and the metadata `fault_time` (method, definition, calibration)."""
+    import pandas as pd
+
     if events["cpu_ns"].isna().all():
         return (pd.Series(pd.NA, index=events.index, dtype="Int64"),
                 FaultTime(definition="not measured: the on-CPU time was not recorded"))

@@ -367,6 +367,17 @@ def sched_offsets() -> tuple[dict[str, int] | None, str]:
                      "entry and return")
 
 
+def btf_cflags() -> tuple[list[str], bool, str]:
+    """The -D flags probes/checkpoint.bpf.c takes from the running kernel's BTF (fault counter
+    and scheduler field offsets), whether the scheduler counters are recorded, and why not."""
+    offsets = task_struct_offsets()
+    sched, note = sched_offsets()
+    flags = [f"-DMIN_FLT_OFF={int(offsets['min_flt'])}", f"-DMAJ_FLT_OFF={int(offsets['maj_flt'])}",
+             f"-DSCHED_COUNTERS={int(sched is not None)}"]
+    flags += [f"-D{name.upper()}_OFF={int(off)}" for name, off in (sched or {}).items()]
+    return flags, sched is not None, note
+
+
 @contextlib.contextmanager
 def captured_output():
     """Send fds 1 and 2 to an anonymous file while the block runs (libbcc and clang print
@@ -477,15 +488,19 @@ def load_bpf(**bpf_kwargs):
                 failure = e
     finally:
         os.close(terminal)
-    text = out[0]
+    raise bpf_failure(out[0], failure)
+
+
+def bpf_failure(text: str, failure: BaseException) -> CkptraceError:
+    """The one-line error for a failed bcc compile or load, from libbcc's captured output."""
     line = _first_error_line(text, failure)
     if "Operation not permitted" in text + str(failure) or "super-user" in str(failure):
-        raise error_with_fix(NotPermitted, f"the kernel refused to load a BPF program ({line})",
-                     "run with sudo (root)")
+        return error_with_fix(NotPermitted, f"the kernel refused to load a BPF program ({line})",
+                              "run with sudo (root)")
     if "kernel headers" in line:
-        raise error_with_fix(EbpfUnavailable, f"bcc could not compile: {line}", f"run {SETUP}")
-    raise error_with_fix(EbpfUnavailable, f"bcc could not compile or load a program: {line}",
-                 f"run {SETUP}, then ckptrace doctor")
+        return error_with_fix(EbpfUnavailable, f"bcc could not compile: {line}", f"run {SETUP}")
+    return error_with_fix(EbpfUnavailable, f"bcc could not compile or load a program: {line}",
+                          f"run {SETUP}, then ckptrace doctor")
 
 
 TRIVIAL = "int ckptrace_trivial(void *ctx) { return 0; }\n"

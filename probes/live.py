@@ -14,13 +14,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
+from ckptrace.columns import KINDS
 from ckptrace.errors import TargetError
-from ckptrace.probes import fault_time, kernel, recorder
+from ckptrace.heap import return_freed_memory
+from ckptrace.probes import fault_time, recorder
 from ckptrace.probes.target import alive, process_of
 from ckptrace.terminal import printable
-from ckptrace.trace import KINDS
 
 MAX_CAL_SIZES = 32  # distinct span sizes calibrated; past this, resident time is interpolated
 
@@ -63,18 +63,14 @@ class LiveProbes:
     """One load of the recorder's program for every process (its kernel `targets` map says which);
     processes are attached and detached while it runs, and its events drained on demand."""
 
-    def __init__(self, ringbuf_pages: int = 512):
+    def __init__(self, ringbuf_pages: int = 512, status: bool = False):
         # The recorder's machine checks, minus its output file: a failure is one line, before anything attaches.
-        kernel.require_privileges()
-        bcc = kernel.import_bcc()
-        kernel.kernel_headers_dir()
-        kernel.tracefs_dir()
-        offsets = kernel.task_struct_offsets()
-        self.sched, self.sched_note = kernel.sched_offsets()
+        recorder.machine_checks()
         # No RSS rows: serve has no series for them (the recorder's kmem:rss_stat program is left out).
-        self.opts = recorder.RecordOptions(output=Path(os.devnull), ringbuf_pages=ringbuf_pages, status=False,
+        self.opts = recorder.RecordOptions(output=Path(os.devnull), ringbuf_pages=ringbuf_pages, status=status,
                                            rss_step_mib=0)
-        self.bpf = recorder.load_program(bcc, recorder.Targets([]), offsets, self.sched, self.opts)
+        self.bpf = recorder.load_program(recorder.Targets([]), self.opts)
+        self.sched_recorded = self.bpf.sched.recorded
         # The ring buffer's records as they come (the recorder's _Session also streams them to its
         # file; serve only needs the bytes): the record layout from the compiler, as the recorder.
         self.dtype = np.dtype(self.bpf[b"event_layout"].Leaf)
@@ -96,6 +92,7 @@ class LiveProbes:
         except BaseException:
             self._forget(t.pid, t.plan)
             raise
+        return_freed_memory()  # the symbol tables read to resolve it
         return LiveTarget(t.pid, printable(t.comm), t.plan.target, t.build_id or "", attached, t.plan, t.start)
 
     def batch(self) -> LiveBatch | None:
@@ -107,7 +104,7 @@ class LiveProbes:
             return None
         events = np.frombuffer(b"".join(self.chunks), dtype=self.dtype)
         self.chunks = []
-        return LiveBatch(events, self._fault_ns(events), self.sched is not None)
+        return LiveBatch(events, self._fault_ns(events), self.sched_recorded)
 
     def _on_event(self, ctx, data, size) -> int:
         self.chunks.append(ctypes.string_at(data, size))
@@ -130,10 +127,10 @@ class LiveProbes:
     def _forget(self, pid: int, plan) -> None:
         recorder.untrace_process(self.bpf, pid)
         for p in plan.points:
-            for detach in (self.bpf.detach_uprobe, self.bpf.detach_uretprobe):
+            for ret in (False, True):
                 try:
-                    detach(name=p.object.encode(), addr=p.vaddr, pid=pid)
-                except Exception:  # bcc raises bare Exception for a probe it never attached
+                    self.bpf.detach_uprobe(p.object, p.offset, pid, ret=ret)
+                except KeyError:  # a probe never attached
                     pass
 
     def _fault_ns(self, ev: np.ndarray) -> np.ndarray:
@@ -141,7 +138,7 @@ class LiveProbes:
         bytes, where that is at most RESIDENT_MAX_SHARE of it; 0 without faults), -1 where not
         measured; each new span size is calibrated once (at most MAX_CAL_SIZES)."""
         out = np.full(len(ev), -1, dtype=np.int64)
-        if self.sched is None:
+        if not self.sched_recorded:
             return out
         kind, faults = ev["kind"], ev["faults"]
         out[faults == 0] = 0
@@ -158,7 +155,7 @@ class LiveProbes:
 
     def _calibrate(self, sizes: np.ndarray) -> None:
         known = {s for s, _ in self.calibration["fill"]}
-        new = [s for s in fault_time.calibration_sizes(pd.Series(sizes)) if s not in known]
+        new = [s for s in fault_time.calibration_sizes(sizes) if s not in known]
         new = new[:max(0, MAX_CAL_SIZES - len(known))]
         if new:
             cal = fault_time.calibrate(new)

@@ -21,15 +21,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from ckptrace import __version__
-from ckptrace.errors import EbpfUnavailable, SymbolError, TargetError
+from ckptrace.columns import GPU_COLUMNS, KINDS, OPTIONAL, PHASES, arrow_array, arrow_schema, category_array, with_meta
+from ckptrace.errors import CkptraceError, EbpfUnavailable, TargetError
+from ckptrace.heap import return_freed_memory
 from ckptrace.meta import (FaultTime, GpuInfo, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, ProcessMemory,
                            SchedCounters, TraceMeta)
-from ckptrace.probes import cuda, fault_time, kernel
+from ckptrace.probes import bpf_compile, bpf_runtime, cuda, fault_time, kernel
 from ckptrace.probes.process_memory import host_memory_bytes, read_process_memory
 from ckptrace.probes.target import alive, comm_of, process_of, processes_named, resident_members, start_time
 from ckptrace.probes.launch import HeldChild
@@ -38,8 +38,6 @@ from ckptrace.output import OutputError, check_output, write_new, write_output
 from ckptrace.stdio import PipeClosed
 from ckptrace.terminal import printable
 from ckptrace.stream import CUT_SHORT, Recording, StreamFull, batches
-from ckptrace.trace import (GPU_COLUMNS, KINDS, OPTIONAL, PARQUET_OPTIONS, PHASES, ROW_GROUP_ROWS, event_schema,
-                            normalize_events, to_batch, trace_columns, trace_schema)
 
 BPF_SOURCE = Path(__file__).with_name("checkpoint.bpf.c")
 
@@ -226,12 +224,11 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
            comm: str | None = None) -> RecordResult:
     """Record processes: attach to pid(s) (an int, or a list of ints or (pid, label) pairs) or to
     every process named `comm`, or launch `command`, held until the probes are in."""
-    bcc, offsets = _preflight(opts)
-    sched, sched_note = kernel.sched_offsets()
+    _preflight(opts)
     child, targets = resolve_targets(pid, command, comm, opts)
     try:
         kernel.open_files_for(sum(uprobe_count(t.plan) for t in targets), f"tracing {len(targets)} processes")
-        bpf = load_program(bcc, targets, offsets, sched, opts, attach=child is None)
+        bpf = load_program(targets, opts, attach=child is None)
         targets.bpf = bpf
         attached, attach_retries = 0, 0
         for t in list(targets):
@@ -253,19 +250,20 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
             child.abandon()
         raise
 
+    return_freed_memory()  # what resolving and loading left behind (pyelftools' symbol tables)
     meta = _trace_meta(opts, targets, command, attach_retries)
-    meta.sched_counters = SchedCounters(sched is not None, sched_note)
+    meta.sched_counters = bpf.sched
     for t in targets:
         t.read_memory()
     meta.processes = [t.info() for t in targets]  # in the stream's header too
     try:
-        out = Recording(opts.output, trace_schema(meta, pandas_attrs=False))  # its columns: trace_columns(meta)
+        out = Recording(opts.output, with_meta(arrow_schema(gpu=meta.gpu is not None), meta, pandas_attrs=False))
     except BaseException:
         bpf.cleanup()
         if child:
             child.abandon()
         raise
-    session = _Session(bpf, opts, sched_recorded=sched is not None, out=out, gpu=meta.gpu is not None)
+    session = _Session(bpf, opts, sched_recorded=bpf.sched.recorded, out=out, gpu=meta.gpu is not None)
     session.machine = MachineSampler([t.pid for t in targets], child.pid if child else None)
     session.machine.start()
     _say(_start_line(opts, targets, child, command, attached, meta.sched_counters))
@@ -326,7 +324,7 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
     return result
 
 
-def _preflight(opts: RecordOptions):
+def _preflight(opts: RecordOptions) -> None:
     """Every check that needs no target, so a bad option or machine fails before anything starts."""
     if opts.fault_sample not in FAULT_SAMPLE_CHOICES:
         raise TargetError(f"--fault-sample must be one of {', '.join(map(str, FAULT_SAMPLE_CHOICES))}")
@@ -335,11 +333,17 @@ def _preflight(opts: RecordOptions):
     if not 1 <= opts.max_threads <= 1 << 20:
         raise TargetError(f"--max-threads must be from 1 to {1 << 20}, got {opts.max_threads}")
     check_output(opts.output, what="trace")  # a refused -o is said now, not after the recording
+    machine_checks()
+
+
+def machine_checks() -> None:
+    """Public API (record and serve): root, bcc installed (not imported: it maps its compiler,
+    see probes/bpf_runtime.py), its runtime library, kernel headers, tracefs; one line each."""
     kernel.require_privileges()
-    bcc = kernel.import_bcc()
+    bpf_compile.bcc_version()
+    bpf_runtime.library()
     kernel.kernel_headers_dir()
     kernel.tracefs_dir()
-    return bcc, kernel.task_struct_offsets()
 
 
 def resolve_process(pid: int, label: str | None = None) -> Target:
@@ -571,7 +575,12 @@ def _finish(path: Path, out: Recording, session: _Session, meta: TraceMeta) -> t
 
 def _finisher(out: Recording, session: _Session, meta: TraceMeta):
     """A writer of the finished trace: the stream and what the disk had no room for, batch by
-    batch, with fault_ns; and its event count."""
+    batch, with fault_ns; and its event count. pandas and Parquet are loaded here, at the stop:
+    the recording streams without them."""
+    import pyarrow.parquet as pq
+
+    from ckptrace.trace import PARQUET_OPTIONS, trace_schema
+
     cal = _calibrate(session, meta)
     meta.complete, meta.cut_short = True, None
     meta.events = session.rows + session.dropped
@@ -605,6 +614,10 @@ def _finished_tables(out: Recording, unwritten: list[pa.RecordBatch], cal: dict 
     A batch's rows come when their span ended; a row is let out once no later batch can hold an
     earlier start (the suffix minimum of the batches' first starts), so memory holds only the
     rows of spans still open across flushes, not the recording."""
+    import pandas as pd
+
+    from ckptrace.trace import ROW_GROUP_ROWS, arrow_frame, normalize_events
+
     later = np.minimum.accumulate(np.asarray(min_starts, dtype="int64")[::-1])[::-1]
     carry: dict = {}
     held = pd.DataFrame()
@@ -612,7 +625,7 @@ def _finished_tables(out: Recording, unwritten: list[pa.RecordBatch], cal: dict 
     n_ready = 0
     flushed = (b for b, _ in batches(out.read()) if b.num_rows)  # not the header's empty batch
     for i, table in _chunks(itertools.chain(flushed, unwritten)):
-        df = normalize_events(table.to_pandas())
+        df = normalize_events(arrow_frame(table))
         df["fault_ns"] = fault_time.span_fault_ns(df, cal, carry) if cal else pd.array([pd.NA] * len(df), "Int64")
         held = pd.concat([held, df], ignore_index=True) if len(held) else df
         cut = later[i + 1] if i + 1 < len(later) else np.iinfo("int64").max
@@ -645,7 +658,11 @@ def _chunks(stream) -> Iterator[tuple[int, pa.Table]]:
         yield i, pa.Table.from_batches(parts)
 
 
-def _sorted_table(parts: list[pd.DataFrame], schema: pa.Schema) -> pa.Table:
+def _sorted_table(parts: list, schema: pa.Schema) -> pa.Table:
+    import pandas as pd
+
+    from ckptrace.trace import to_batch
+
     df = pd.concat(parts, ignore_index=True).sort_values(["start_ns", "end_ns"], kind="stable")
     return pa.Table.from_batches([to_batch(df, schema.remove_metadata())]).replace_schema_metadata(schema.metadata)
 
@@ -697,52 +714,77 @@ def _to_stderr(text: str) -> None:
         pass
 
 
-def load_program(bcc, targets: Targets, offsets: dict, sched: dict | None, opts: RecordOptions, attach: bool = True):
-    """Public API (record and serve): compile checkpoint.bpf.c with `opts` as integer defines only,
-    load every program (a verifier rejection is one line now), and trace `targets` (none for
-    serve, which adds its processes with trace_process as it attaches them). `attach` False: the
-    targets are launched commands, not yet exec'ed (their RSS counts from the exec). `bcc` and
-    `offsets` are what kernel.import_bcc and kernel.task_struct_offsets return, `sched`
-    kernel.sched_offsets's offsets (None: not recorded)."""
+def load_program(targets: Targets, opts: RecordOptions, attach: bool = True):
+    """Public API (record and serve): checkpoint.bpf.c compiled with `opts` as integer defines
+    only (and the running kernel's offsets), from the cache or compiled now in a child process
+    (probes/bpf_compile.py), loaded with every program (a verifier rejection is one line now),
+    tracing `targets` (none for serve, which adds its processes with trace_process as it
+    attaches them). `attach` False: the targets are launched commands, not yet exec'ed (their
+    RSS counts from the exec). Returns a bpf_runtime.Program; its `sched` (SchedCounters) says
+    whether the scheduler counters are recorded."""
     pages = opts.ringbuf_pages
     # Integers only: nothing the user typed becomes C source.
     cflags = [
         f"-I{BPF_SOURCE.parent}",
         f"-DMAX_TARGETS={MAX_TARGETS}",
         f"-DRSS_STEP={int(opts.rss_step_mib) << 20}",
-        f"-DMIN_FLT_OFF={int(offsets['min_flt'])}",
-        f"-DMAJ_FLT_OFF={int(offsets['maj_flt'])}",
         f"-DRINGBUF_PAGES={int(pages)}",
-        f"-DSCHED_COUNTERS={int(sched is not None)}",
         f"-DMAX_THREADS={int(opts.max_threads)}",
         f"-DBATCH_TOKENS_OFF={BATCH_TOKENS_OFF}",
         f"-DBATCH_OUTPUT_OFF={BATCH_OUTPUT_OFF}",
         f"-DTOKEN_SIZE_STDCXX={TOKEN_SIZE['libstdc++']}",
         f"-DTOKEN_SIZE_LIBCXX={TOKEN_SIZE['libc++']}",
     ]
-    cflags += [f"-D{name.upper()}_OFF={int(off)}" for name, off in (sched or {}).items()]
-    bpf = kernel.load_bpf(src_file=str(BPF_SOURCE).encode(), cflags=cflags)
-    # Load every uprobe program now, so a verifier rejection is reported here, in one line.
-    for fn in dict.fromkeys(fn for enter, ret in PROGRAMS.values() for fn in (enter, ret) if fn):
-        _quietly(f"the kernel rejected the BPF program {fn}", bpf.load_func, fn.encode(), bcc.BPF.KPROBE)
-    _quietly(f"the kernel rejected the BPF program {GPU_FAULT_PROGRAM}", bpf.load_func, GPU_FAULT_PROGRAM.encode(),
-             bcc.BPF.TRACEPOINT)  # loaded always, attached only for a CUDA target (attach_gpu_faults)
-    if not opts.rss_step_mib:
-        for tp in (b"kmem:rss_stat", b"sched:sched_process_exec"):  # bcc attached them: their cost goes too
-            bpf.detach_tracepoint(tp=tp)
-    seeds = bpf[b"rss_seed"]
-    for t in targets:
-        trace_process(bpf, t.pid, t.plan)
-        if not attach:
-            bpf[b"rss_before_exec"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(1)
-        # A running process's counters so far; a launched one starts from zero at its exec.
-        members = resident_members(t.pid) if attach else None
-        if members is not None and opts.rss_step_mib:
-            seed = seeds.Leaf()
-            for i, v in enumerate(members):
-                seed.member[i] = v
-            seeds[ctypes.c_uint32(t.pid)] = seed
+    status = _Status(opts.status)
+    try:
+        obj = bpf_compile.compiled(BPF_SOURCE, cflags, kernel.kernel_headers_dir(), status=status.draw, note=_note)
+    finally:
+        status.clear()
+    bpf = _quietly("could not load the BPF program", bpf_runtime.Program, obj)
+    bpf.sched = SchedCounters(obj["kernel"]["sched"], obj["kernel"]["sched_note"])
+    try:
+        # Load every uprobe program now, so a verifier rejection is reported here, in one line.
+        for fn in dict.fromkeys(fn for enter, ret in PROGRAMS.values() for fn in (enter, ret) if fn):
+            _quietly(f"the kernel rejected the BPF program {fn}", bpf.load_func, fn.encode(), bpf_runtime.KPROBE)
+        _quietly(f"the kernel rejected the BPF program {GPU_FAULT_PROGRAM}", bpf.load_func,
+                 GPU_FAULT_PROGRAM.encode(), bpf_runtime.TRACEPOINT)  # attached only for a CUDA target (attach_gpu_faults)
+        if not opts.rss_step_mib:
+            for tp in (b"kmem:rss_stat", b"sched:sched_process_exec"):  # attached at load: their cost goes too
+                bpf.detach_tracepoint(tp)
+        seeds = bpf[b"rss_seed"]
+        for t in targets:
+            trace_process(bpf, t.pid, t.plan)
+            if not attach:
+                bpf[b"rss_before_exec"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(1)
+            # A running process's counters so far; a launched one starts from zero at its exec.
+            members = resident_members(t.pid) if attach else None
+            if members is not None and opts.rss_step_mib:
+                seed = seeds.Leaf()
+                for i, v in enumerate(members):
+                    seed.member[i] = v
+                seeds[ctypes.c_uint32(t.pid)] = seed
+    except BaseException:
+        bpf.cleanup()
+        raise
     return bpf
+
+
+class _Status:
+    """A transient line on a terminal (the first run's compile takes seconds), cleared after."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled and sys.stderr.isatty()
+        self.drawn = False
+
+    def draw(self, text: str) -> None:
+        if self.enabled:
+            _to_stderr("\r" + f"ckptrace: {text}"[:79].ljust(79))
+            self.drawn = True
+
+    def clear(self) -> None:
+        if self.drawn:
+            _to_stderr("\r" + " " * 79 + "\r")
+            self.drawn = False
 
 
 def _quietly(what: str, call, *args, **kwargs):
@@ -751,7 +793,9 @@ def _quietly(what: str, call, *args, **kwargs):
     with kernel.captured_output() as out:
         try:
             return call(*args, **kwargs)
-        except Exception as e:  # bcc raises bare Exception
+        except CkptraceError:
+            raise
+        except Exception as e:  # bcc's runtime raises bare Exception
             failure = e
     text = out[0]
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
@@ -769,17 +813,9 @@ def attach_probes(bpf, plan, target: int, start: int | None = None, gpu: bool = 
     """Public API (record and serve): attach every probe point of `plan` into process `target`
     (start: its start time, so a pid reused meanwhile is not taken for it; gpu False: not the
     CUDA points); returns (uprobes attached, retries). TargetError when the process exits
-    meanwhile (the caller detaches what was attached), EbpfUnavailable/SymbolError when the kernel
-    or bcc refuses a probe."""
-    from ckptrace.probes.symbols import verify_with_bcc
-
+    meanwhile (the caller detaches what was attached), EbpfUnavailable when the kernel refuses a
+    probe."""
     gone = TargetError(f"PID {target} exited while its probes were being attached")
-    try:
-        verify_with_bcc(plan, target)  # bcc maps vaddr -> file offset itself; make sure it agrees
-    except SymbolError:
-        if not alive(target, start):
-            raise gone from None
-        raise
     n = retries = 0
     # Attached into a running process, order decides what a call in flight looks like: every
     # return probe first, then the entries, the outer ones (checkpoint, iteration) last. So a
@@ -797,8 +833,7 @@ def attach_probes(bpf, plan, target: int, start: int | None = None, gpu: bool = 
             # accepted the same one a moment later: retry with backoff, and count it.
             for delay in (0.1, 0.3, 0.9, 0.0):
                 try:
-                    _quietly(what, attach, name=p.object.encode(), addr=p.vaddr, fn_name=fn.encode(),
-                             pid=target)
+                    _quietly(what, attach, p.object, p.offset, fn.encode(), pid=target)
                     break
                 except EbpfUnavailable:
                     if not alive(target, start):
@@ -831,7 +866,7 @@ class _Session:
         self.sched_recorded = sched_recorded
         self.opts = opts
         self.out = out
-        self.schema = event_schema(trace_columns(TraceMeta(gpu=GpuInfo() if gpu else None)))
+        self.schema = arrow_schema(gpu=gpu)
         self.layout = bpf[b"event_layout"].Leaf
         self.dtype = np.dtype(self.layout)
         self.kind_off = self.layout.kind.offset
@@ -954,7 +989,7 @@ class _Session:
 
     def batch(self, arr: np.ndarray) -> pa.RecordBatch:
         """Kernel events (sorted) as a record batch of the trace's columns, straight from the
-        array (no DataFrame: this runs twice a second for as long as the recording lasts)."""
+        array (no DataFrame, no pandas: this runs twice a second for as long as the recording lasts)."""
         n = len(arr)
         kind = arr["kind"].astype("int8")
         not_span = np.isin(kind, SYSCALL_KINDS) | (not self.sched_recorded)
@@ -962,19 +997,18 @@ class _Session:
         for field in self.schema:
             name, t = field.name, field.type
             if pa.types.is_dictionary(t):
-                codes = kind if name == "kind" else arr[name].astype("int8")
-                cols.append(pa.DictionaryArray.from_arrays(codes, pa.array(KINDS if name == "kind" else PHASES,
-                                                                           t.value_type)))
+                cols.append(category_array(kind if name == "kind" else arr[name].astype("int8"),
+                                           KINDS if name == "kind" else PHASES))
             elif name in SCHED_COLUMNS:
-                cols.append(pa.array(arr[name].astype("int64"), type=t, mask=not_span))
+                cols.append(arrow_array(arr[name], t, mask=not_span))
             elif name in GPU_COLUMNS:  # the event's field of the same name; NA but on state copy rows
-                cols.append(pa.array(arr[name].astype("int64"), type=t, mask=~np.isin(kind, GPU_KINDS)))
+                cols.append(arrow_array(arr[name], t, mask=~np.isin(kind, GPU_KINDS)))
             elif name in arr.dtype.names:
-                cols.append(pa.array(arr[name].astype(t.to_pandas_dtype()), type=t))
+                cols.append(arrow_array(arr[name], t))
             elif name in OPTIONAL:
                 cols.append(pa.nulls(n, t))  # fault_ns: filled in when the trace is finished
             else:
-                cols.append(pa.array(np.zeros(n, dtype=t.to_pandas_dtype()), type=t))
+                cols.append(arrow_array(np.zeros(n, dtype="int64"), t))
         return pa.RecordBatch.from_arrays(cols, schema=self.schema)
 
     def draw_status(self, elapsed: float) -> None:

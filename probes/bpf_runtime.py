@@ -1,0 +1,339 @@
+"""A compiled BPF object loaded into the kernel and run, without a compiler in this process.
+
+bcc's Python module links libbcc, which carries clang and LLVM: importing it maps about 60 MiB
+and a compile leaves about 60 MiB more behind, for as long as a recorder or `serve` runs. The
+compile happens elsewhere (probes/bpf_compile.py: in a child process, or the cached result of
+one); this module does the rest with libbcc_bpf, bcc's own runtime library without the compiler
+(the same C calls bcc's Python module makes): create the maps, relocate their descriptors into
+the instructions, load each program (the verifier's log captured, as bcc prints it), attach
+uprobes and tracepoints, read and write maps, drain the ring buffer.
+
+`Program` offers the part of bcc's `BPF` object the recorder uses, with the same names and
+semantics, except that a uprobe is attached at a file offset (the probe plan's), not at an
+address for bcc to convert.
+"""
+from __future__ import annotations
+
+import ctypes as ct
+import errno
+import functools
+import os
+import re
+
+from ckptrace.errors import EbpfUnavailable
+
+KPROBE, TRACEPOINT, RAW_TRACEPOINT = 2, 5, 17  # enum bpf_prog_type
+MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_RINGBUF = 1, 2, 6, 27  # enum bpf_map_type
+MAP_TYPES = {MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_RINGBUF}  # what the cache may hold (see bpf_compile)
+PROBE_ENTRY, PROBE_RETURN = 0, 1  # bcc's enum bpf_probe_attach_type
+LIBRARY = "libbcc_bpf.so.0"
+_RINGBUF_CB = ct.CFUNCTYPE(ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_int)
+_EVENT_CHARS = re.compile(rb"[^a-zA-Z0-9_]")
+
+# bcc's table key/leaf descriptions name C types; these are bcc's own ctypes for them.
+C_TYPES = {
+    "_Bool": ct.c_bool, "char": ct.c_char, "unsigned char": ct.c_ubyte, "signed char": ct.c_byte,
+    "short": ct.c_short, "unsigned short": ct.c_ushort, "int": ct.c_int, "unsigned int": ct.c_uint,
+    "long": ct.c_long, "unsigned long": ct.c_ulong, "long long": ct.c_longlong,
+    "unsigned long long": ct.c_ulonglong, "float": ct.c_float, "double": ct.c_double,
+    "__int128": ct.c_int64 * 2, "unsigned __int128": ct.c_uint64 * 2,
+}
+
+
+@functools.cache
+def library() -> ct.CDLL:
+    """libbcc_bpf with the signatures of bcc 0.26's libbpf.h; EbpfUnavailable when missing."""
+    try:
+        lib = ct.CDLL(LIBRARY, use_errno=True)
+    except OSError:
+        raise EbpfUnavailable(f"{LIBRARY} (bcc's runtime library) is not installed: install libbpfcc "
+                              "(apt-get install libbpfcc python3-bpfcc)") from None
+    sig = {
+        "bcc_create_map": (ct.c_int, [ct.c_int, ct.c_char_p, ct.c_int, ct.c_int, ct.c_int, ct.c_int]),
+        "bcc_prog_load": (ct.c_int, [ct.c_int, ct.c_char_p, ct.c_void_p, ct.c_int, ct.c_char_p, ct.c_uint,
+                                     ct.c_int, ct.c_char_p, ct.c_uint]),
+        "bpf_update_elem": (ct.c_int, [ct.c_int, ct.c_void_p, ct.c_void_p, ct.c_ulonglong]),
+        "bpf_lookup_elem": (ct.c_int, [ct.c_int, ct.c_void_p, ct.c_void_p]),
+        "bpf_delete_elem": (ct.c_int, [ct.c_int, ct.c_void_p]),
+        "bpf_get_first_key": (ct.c_int, [ct.c_int, ct.c_void_p, ct.c_size_t]),
+        "bpf_get_next_key": (ct.c_int, [ct.c_int, ct.c_void_p, ct.c_void_p]),
+        "bpf_attach_uprobe": (ct.c_int, [ct.c_int, ct.c_int, ct.c_char_p, ct.c_char_p, ct.c_ulonglong, ct.c_int,
+                                         ct.c_uint32]),
+        "bpf_detach_uprobe": (ct.c_int, [ct.c_char_p]),
+        "bpf_attach_tracepoint": (ct.c_int, [ct.c_int, ct.c_char_p, ct.c_char_p]),
+        "bpf_detach_tracepoint": (ct.c_int, [ct.c_char_p, ct.c_char_p]),
+        "bpf_attach_raw_tracepoint": (ct.c_int, [ct.c_int, ct.c_char_p]),
+        "bpf_close_perf_event_fd": (ct.c_int, [ct.c_int]),
+        "bpf_new_ringbuf": (ct.c_void_p, [ct.c_int, _RINGBUF_CB, ct.c_void_p]),
+        "bpf_add_ringbuf": (ct.c_int, [ct.c_void_p, ct.c_int, _RINGBUF_CB, ct.c_void_p]),
+        "bpf_consume_ringbuf": (ct.c_int, [ct.c_void_p]),
+        "bpf_free_ringbuf": (None, [ct.c_void_p]),
+    }
+    for name, (res, args) in sig.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+    return lib
+
+
+def decode_type(desc):
+    """A ctypes type from bcc's JSON description of a C type (as bcc's BPF._decode_table_type)."""
+    if isinstance(desc, str):
+        return C_TYPES[desc]
+    anon, fields = [], []
+    for t in desc[1]:
+        if len(t) == 2:
+            fields.append((t[0], decode_type(t[1])))
+        elif len(t) == 3 and isinstance(t[2], list):
+            fields.append((t[0], decode_type(t[1]) * t[2][0]))
+        elif len(t) == 3 and isinstance(t[2], int):
+            fields.append((t[0], decode_type(t[1]), t[2]))
+        elif len(t) == 3 and t[2] in ("union", "struct", "struct_packed"):
+            name = t[0] or f"__anon{len(anon)}"
+            if not t[0]:
+                anon.append(name)
+            fields.append((name, decode_type(t)))
+        else:
+            raise ValueError(f"cannot decode the C type {t!r}")
+    kind = desc[2] if len(desc) > 2 else "struct"
+    body = {"_anonymous_": anon, "_fields_": fields}
+    if kind == "struct_packed":
+        body["_pack_"] = 1
+    return type(str(desc[0]), (ct.Union if kind == "union" else ct.Structure,), body)
+
+
+class Table:
+    """One BPF map: bcc's table interface for hash and array maps (lookup, update, delete,
+    iteration), and the ring buffer's open_ring_buffer."""
+
+    def __init__(self, program: Program, name: str, fd: int, spec: dict):
+        self.program, self.name, self.fd, self.spec = program, name, fd, spec
+        self.map_type, self.max_entries = spec["type"], spec["max_entries"]
+        self.Key = decode_type(spec["key_desc"]) if spec["key_size"] else None
+        self.Leaf = decode_type(spec["leaf_desc"]) if spec["leaf_size"] else None
+
+    def _plain(self, what: str) -> None:
+        if self.map_type not in (MAP_HASH, MAP_ARRAY):
+            raise TypeError(f"table {self.name}: {what} is for hash and array maps")
+
+    def __getitem__(self, key):
+        self._plain("lookup")
+        leaf = self.Leaf()
+        if library().bpf_lookup_elem(self.fd, ct.byref(key), ct.byref(leaf)) < 0:
+            raise KeyError(key)
+        return leaf
+
+    def __setitem__(self, key, leaf) -> None:
+        self._plain("update")
+        if library().bpf_update_elem(self.fd, ct.byref(key), ct.byref(leaf), 0) < 0:
+            err = ct.get_errno()
+            raise OSError(err, f"could not update table {self.name}: {os.strerror(err)}")
+
+    def __delitem__(self, key) -> None:
+        self._plain("delete")
+        if self.map_type == MAP_ARRAY:  # bcc: an array's entry is zeroed, never removed
+            self[key] = self.Leaf()
+        elif library().bpf_delete_elem(self.fd, ct.byref(key)) < 0:
+            raise KeyError(key)
+
+    def keys(self):
+        """Every key, in the kernel's order (an array: 0 to max_entries - 1)."""
+        self._plain("iteration")
+        if self.map_type == MAP_ARRAY:
+            return [self.Key(i) for i in range(self.max_entries)]
+        out, key = [], self.Key()
+        lib = library()
+        if lib.bpf_get_first_key(self.fd, ct.byref(key), ct.sizeof(key)) < 0:
+            return out
+        while True:
+            out.append(key)
+            nxt = self.Key()
+            if lib.bpf_get_next_key(self.fd, ct.byref(key), ct.byref(nxt)) < 0:
+                return out
+            key = nxt
+
+    def values(self) -> list:
+        out = []
+        for k in self.keys():
+            try:
+                out.append(self[k])
+            except KeyError:  # deleted by the kernel since it was listed
+                pass
+        return out
+
+    def items(self) -> list:
+        out = []
+        for k in self.keys():
+            try:
+                out.append((k, self[k]))
+            except KeyError:
+                pass
+        return out
+
+    def __len__(self) -> int:
+        return self.max_entries if self.map_type == MAP_ARRAY else len(self.keys())
+
+    def open_ring_buffer(self, callback) -> None:
+        """Call callback(ctx, data, size) for each record at Program.ring_buffer_consume()."""
+        if self.map_type != MAP_RINGBUF:
+            raise TypeError(f"table {self.name} is not a ring buffer")
+        self.program._add_ring(self.fd, callback)
+
+
+class Program:
+    """A compiled object (probes/bpf_compile.py's dict) in the kernel: its maps created and its
+    tracepoint__ programs attached now, as bcc's BPF() does; other programs load on first use."""
+
+    def __init__(self, obj: dict):
+        self.obj = obj
+        self.funcs: dict[str, int] = {}  # name -> program fd
+        self.tables: dict[str, Table] = {}
+        self.uprobes: dict[tuple, list[int]] = {}  # (ret, path, offset, pid) -> perf event fds
+        self.tracepoints: dict[bytes, int] = {}
+        self.raw_tracepoints: dict[bytes, int] = {}
+        self._ring = None
+        self._callbacks = []  # the ctypes callbacks the ring buffer calls: kept alive here
+        lib = library()
+        try:
+            for spec in obj["maps"]:
+                fd = lib.bcc_create_map(spec["type"], spec["name"][:15].encode(), spec["key_size"],
+                                        spec["leaf_size"], spec["max_entries"], spec["flags"])
+                if fd < 0:
+                    err = ct.get_errno()
+                    raise EbpfUnavailable(f"the kernel refused to create the BPF map {spec['name']}: "
+                                          f"{os.strerror(err)}")
+                self.tables[spec["name"]] = Table(self, spec["name"], fd, spec)
+            for name in obj["functions"]:  # bcc's autoload: TRACEPOINT_PROBE(category, event)
+                if name.startswith("tracepoint__"):
+                    category, event = name[len("tracepoint__"):].split("__", 1)
+                    self.attach_tracepoint(f"{category}:{event}".encode(), name.encode())
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def __getitem__(self, name: bytes) -> Table:
+        return self.tables[name.decode()]
+
+    def load_func(self, name: bytes, prog_type: int) -> int:
+        """The program's fd, loading it (the kernel's verifier runs now) on first use. A refusal
+        raises a bare Exception, as bcc's load_func does; bcc's runtime printed the verifier's
+        log to stderr (the recorder's _quietly reads the reason from it)."""
+        key = name.decode()
+        if key in self.funcs:
+            return self.funcs[key]
+        func = self.obj["functions"].get(key)
+        if func is None:
+            raise Exception(f"Unknown program {key}")
+        insns = bytearray(func["insns"])
+        for at, index in func["relocs"]:  # ld_imm64 of a map: its imm is the map's fd in this process
+            fd = self.tables[self.obj["maps"][index]["name"]].fd
+            insns[at * 8 + 4:at * 8 + 8] = fd.to_bytes(4, "little", signed=True)
+        buf = (ct.c_char * len(insns)).from_buffer(insns)
+        fd = library().bcc_prog_load(prog_type, name[:15], buf, len(insns), self.obj["license"].encode(),
+                                     self.obj["kern_version"], 0, None, 0)
+        if fd < 0:
+            err = ct.get_errno()
+            raise Exception(f"Failed to load BPF program {key}: {os.strerror(err)}")
+        self.funcs[key] = fd
+        return fd
+
+    @staticmethod
+    def _uprobe_path(path: str, pid: int) -> str:
+        """The object as the kernel must open it: in the target's mount namespace (bcc's rule)."""
+        return path if pid <= 0 or path.startswith("/proc") else f"/proc/{pid}/root{path}"
+
+    def _uprobe(self, fn_name: bytes, path: str, offset: int, pid: int, ret: bool) -> None:
+        fd = self.load_func(fn_name, KPROBE)
+        full = self._uprobe_path(path, pid).encode()
+        ev = self._event_name(ret, full, offset, pid)
+        pfd = library().bpf_attach_uprobe(fd, PROBE_RETURN if ret else PROBE_ENTRY, ev, full, offset, pid, 0)
+        if pfd < 0:
+            err = ct.get_errno()
+            hint = ("; another tracer holds a uprobe at this address with another reference counter "
+                    "offset (bcc 0.26's Python passes a random one: docs/kernel-facts.md)") if err == errno.EINVAL else ""
+            raise Exception(f"Failed to attach BPF to uprobe: {os.strerror(err)}{hint}")
+        self.uprobes.setdefault((ret, full, offset, pid), []).append(pfd)
+
+    @staticmethod
+    def _event_name(ret: bool, path: bytes, offset: int, pid: int) -> bytes:
+        return b"%s_%s_0x%x_%d" % (b"r" if ret else b"p", _EVENT_CHARS.sub(b"_", path), offset, pid)
+
+    def attach_uprobe(self, path: str, offset: int, fn_name: bytes, pid: int = -1) -> None:
+        """Run fn_name at file offset `offset` of the object at `path` in process `pid`."""
+        self._uprobe(fn_name, path, offset, pid, ret=False)
+
+    def attach_uretprobe(self, path: str, offset: int, fn_name: bytes, pid: int = -1) -> None:
+        """Run fn_name when the function at `offset` of `path` returns, in process `pid`."""
+        self._uprobe(fn_name, path, offset, pid, ret=True)
+
+    def detach_uprobe(self, path: str, offset: int, pid: int = -1, ret: bool = False) -> None:
+        """Remove what attach_uprobe (ret: attach_uretprobe) put there; KeyError if nothing."""
+        full = self._uprobe_path(path, pid).encode()
+        fds = self.uprobes.pop((ret, full, offset, pid))
+        lib = library()
+        for pfd in fds:
+            lib.bpf_close_perf_event_fd(pfd)
+        lib.bpf_detach_uprobe(self._event_name(ret, full, offset, pid))  # a tracefs event, where one was made
+
+    def detach_uretprobe(self, path: str, offset: int, pid: int = -1) -> None:
+        self.detach_uprobe(path, offset, pid, ret=True)
+
+    def attach_tracepoint(self, tp: bytes, fn_name: bytes) -> None:
+        category, event = tp.split(b":")
+        fd = library().bpf_attach_tracepoint(self.load_func(fn_name, TRACEPOINT), category, event)
+        if fd < 0:
+            raise Exception(f"Failed to attach BPF program {fn_name.decode()} to tracepoint {tp.decode()}")
+        self.tracepoints[tp] = fd
+
+    def detach_tracepoint(self, tp: bytes) -> None:
+        fd = self.tracepoints.pop(tp)
+        library().bpf_close_perf_event_fd(fd)
+        library().bpf_detach_tracepoint(*tp.split(b":"))
+
+    def attach_raw_tracepoint(self, tp: bytes, fn_name: bytes) -> None:
+        if tp in self.raw_tracepoints:
+            raise Exception(f"Raw tracepoint {tp.decode()} has been attached")
+        fd = library().bpf_attach_raw_tracepoint(self.load_func(fn_name, RAW_TRACEPOINT), tp)
+        if fd < 0:
+            raise Exception("Failed to attach BPF to raw tracepoint")
+        self.raw_tracepoints[tp] = fd
+
+    def detach_raw_tracepoint(self, tp: bytes) -> None:
+        os.close(self.raw_tracepoints.pop(tp))
+
+    def _add_ring(self, map_fd: int, callback) -> None:
+        cb = _RINGBUF_CB(lambda ctx, data, size: callback(ctx, data, size))
+        self._callbacks.append(cb)
+        lib = library()
+        if self._ring is None:
+            self._ring = lib.bpf_new_ringbuf(map_fd, cb, None)
+            if not self._ring:
+                raise Exception("Could not open ring buffer")
+        elif lib.bpf_add_ringbuf(self._ring, map_fd, cb, None) < 0:
+            raise Exception("Could not open ring buffer")
+
+    def ring_buffer_consume(self) -> None:
+        if self._ring is not None:
+            library().bpf_consume_ringbuf(self._ring)
+
+    def cleanup(self) -> None:
+        """Detach everything and close every descriptor (the kernel then frees the programs and
+        maps); safe to call twice."""
+        lib = library()
+        for key in list(self.uprobes):
+            ret, full, offset, pid = key
+            for pfd in self.uprobes.pop(key):
+                lib.bpf_close_perf_event_fd(pfd)
+            lib.bpf_detach_uprobe(self._event_name(ret, full, offset, pid))
+        for tp in list(self.tracepoints):
+            self.detach_tracepoint(tp)
+        for tp in list(self.raw_tracepoints):
+            self.detach_raw_tracepoint(tp)
+        if self._ring is not None:
+            lib.bpf_free_ringbuf(self._ring)
+            self._ring = None
+        for fd in self.funcs.values():
+            os.close(fd)
+        self.funcs = {}
+        for table in self.tables.values():
+            os.close(table.fd)
+        self.tables = {}
