@@ -268,11 +268,23 @@ class Program:
     def detach_uprobe(self, path: str, offset: int, pid: int = -1, ret: bool = False) -> None:
         """Remove what attach_uprobe (ret: attach_uretprobe) put there; KeyError if nothing."""
         full = self._uprobe_path(path, pid).encode()
-        fds = self.uprobes.pop((ret, full, offset, pid))
+        if (ret, full, offset, pid) not in self.uprobes:
+            raise KeyError((path, offset, pid, ret))
+        self._close_uprobes([(ret, full, offset, pid)])
+
+    def detach_process(self, pid: int) -> None:
+        """Remove every uprobe attached in process `pid`."""
+        self._close_uprobes([k for k in self.uprobes if k[3] == pid])
+
+    def _close_uprobes(self, keys: list) -> None:
+        """Close these uprobes' perf events together: each close waits for the kernel to be done
+        with the probe (an RCU grace period, 0.1 to 0.25 s each on a busy 2-core VM), and closes
+        made at once share their waits (24 took 1.9 s instead of 3.2 to 5.2 one by one)."""
         lib = library()
-        for pfd in fds:
-            lib.bpf_close_perf_event_fd(pfd)
-        lib.bpf_detach_uprobe(self._event_name(ret, full, offset, pid))  # a tracefs event, where one was made
+        fds = [pfd for k in keys for pfd in self.uprobes.pop(k)]
+        _close_all(fds)
+        for ret, full, offset, pid in keys:
+            lib.bpf_detach_uprobe(self._event_name(ret, full, offset, pid))  # a tracefs event, where one was made
 
     def detach_uretprobe(self, path: str, offset: int, pid: int = -1) -> None:
         self.detach_uprobe(path, offset, pid, ret=True)
@@ -319,13 +331,11 @@ class Program:
         """Detach everything and close every descriptor (the kernel then frees the programs and
         maps); safe to call twice."""
         lib = library()
-        for key in list(self.uprobes):
-            ret, full, offset, pid = key
-            for pfd in self.uprobes.pop(key):
-                lib.bpf_close_perf_event_fd(pfd)
-            lib.bpf_detach_uprobe(self._event_name(ret, full, offset, pid))
-        for tp in list(self.tracepoints):
-            self.detach_tracepoint(tp)
+        self._close_uprobes(list(self.uprobes))
+        tps = list(self.tracepoints)
+        _close_all([self.tracepoints.pop(tp) for tp in tps])
+        for tp in tps:
+            lib.bpf_detach_tracepoint(*tp.split(b":"))
         for tp in list(self.raw_tracepoints):
             self.detach_raw_tracepoint(tp)
         if self._ring is not None:
@@ -337,3 +347,15 @@ class Program:
         for table in self.tables.values():
             os.close(table.fd)
         self.tables = {}
+
+
+def _close_all(fds: list[int]) -> None:
+    """Close perf event descriptors concurrently (see Program._close_uprobes)."""
+    if len(fds) <= 1:
+        for fd in fds:
+            library().bpf_close_perf_event_fd(fd)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(len(fds), 32), thread_name_prefix="ckptrace-detach") as pool:
+        list(pool.map(library().bpf_close_perf_event_fd, fds))

@@ -90,7 +90,7 @@ class LiveProbes:
         try:
             attached, _ = recorder.attach_probes(self.bpf, t.plan, t.pid, t.start, gpu=False)  # no CUDA series
         except BaseException:
-            self._forget(t.pid, t.plan)
+            self._forget(t.pid)
             raise
         return_freed_memory()  # the symbol tables read to resolve it
         return LiveTarget(t.pid, printable(t.comm), t.plan.target, t.build_id or "", attached, t.plan, t.start)
@@ -118,20 +118,15 @@ class LiveProbes:
     def detach(self, target: LiveTarget) -> None:
         """Stop matching its pid (it may be reused) and remove its probes. In this thread: bcc is
         not safe to call from two (a detach in a thread beside the drain crashed the interpreter)."""
-        self._forget(target.pid, target.plan)
+        self._forget(target.pid)
 
     def close(self) -> None:
         kernel.close_uprobes(self.bpf)
         self.bpf.cleanup()
 
-    def _forget(self, pid: int, plan) -> None:
+    def _forget(self, pid: int) -> None:
         recorder.untrace_process(self.bpf, pid)
-        for p in plan.points:
-            for ret in (False, True):
-                try:
-                    self.bpf.detach_uprobe(p.object, p.offset, pid, ret=ret)
-                except KeyError:  # a probe never attached
-                    pass
+        self.bpf.detach_process(pid)
 
     def _fault_ns(self, ev: np.ndarray) -> np.ndarray:
         """fault_time.py's rule per fill/copy row (cpu_ns minus the resident time of the same

@@ -300,6 +300,8 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
             if t.ended_ns is None:
                 t.read_memory()
         meta.processes = [t.info() for t in targets]
+        targets.bpf = None
+        bpf.cleanup()  # the probes leave the targets now, not after the trace is written
         try:
             if session.full and out.in_place:
                 written, why_not = _rescue_full(opts.output, out, session, meta)
