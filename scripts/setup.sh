@@ -11,7 +11,7 @@ REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 VENV=$REPO/.venv
 STAMP=$VENV/.ckptrace-setup-stamp
 
-APT_PACKAGES=(python3-bpfcc bpfcc-tools linux-headers-amd64 bpftool bpftrace python3-venv
+APT_PACKAGES=(python3-bpfcc libbpfcc bpfcc-tools linux-headers-amd64 bpftool bpftrace python3-venv
               python3-pip g++ make cmake libc6-dev util-linux)
 # Headless Chromium for the dashboard tests; ccache lets the pool-on llama-server build reuse pool-off
 # objects; a real Prometheus scrapes `ckptrace serve` in its tests (run by the test, not as a service);
