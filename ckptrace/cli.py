@@ -27,6 +27,7 @@ COMMANDS = {
     "serve": "Serve Prometheus metrics of running servers' checkpoints at /metrics.",
     "whatif": "Predict what a checkpoint-buffer pool would do from a pool-off recording.",
     "workload": "Print the sample workload's path (built first if needed), for record -- PATH.",
+    "top": "Show running servers' checkpoints live: rate, fill/copy/fault p50/p99, held memory.",
 }
 
 

@@ -166,9 +166,15 @@ class RunningMedian:
             self.n += len(v)
 
     def median(self) -> float | None:
+        """The middle value (the mean of the two middle ones for an even count), each read as its
+        bin's geometric middle."""
         if not self.n:
             return None
-        i = int(np.searchsorted(np.cumsum(self.counts), (self.n + 1) / 2))
+        cum = np.cumsum(self.counts)
+        ranks = (self.n + 1) // 2, self.n // 2 + 1  # 1-based; the same rank twice for an odd count
+        return float(np.mean([self._middle(int(np.searchsorted(cum, r))) for r in ranks]))
+
+    def _middle(self, i: int) -> float:
         lo = self.EDGES[i - 1] if i > 0 else 0.0
         hi = self.EDGES[i] if i < len(self.EDGES) else self.EDGES[-1]
         return float(np.sqrt(lo * hi)) if lo else float(hi) / 2

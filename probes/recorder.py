@@ -31,6 +31,7 @@ from ckptrace.meta import (FaultTime, GpuInfo, ObjectInfo, OpenSpans, ProbeInfo,
                            SchedCounters, TraceMeta)
 from ckptrace.probes import bpf_compile, bpf_runtime, cuda, fault_time, kernel
 from ckptrace.probes.process_memory import host_memory_bytes, read_process_memory
+from ckptrace.probes.fold import ProcessFold, RunningMedian
 from ckptrace.probes.target import alive, comm_of, process_of, processes_named, resident_members, start_time
 from ckptrace.probes.launch import HeldChild
 from ckptrace.probes.machine import MachineSampler
@@ -263,7 +264,8 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
         if child:
             child.abandon()
         raise
-    session = _Session(bpf, opts, sched_recorded=bpf.sched.recorded, out=out, gpu=meta.gpu is not None)
+    session = _Session(bpf, opts, sched_recorded=bpf.sched.recorded, out=out, gpu=meta.gpu is not None,
+                       fill_probed={t.pid: t.plan.fill_probed for t in targets})
     session.machine = MachineSampler([t.pid for t in targets], child.pid if child else None)
     session.machine.start()
     _say(_start_line(opts, targets, child, command, attached, meta.sched_counters))
@@ -863,7 +865,7 @@ class _Session:
     the status line and the stop, knows when to stop. Holds no more than one flush of events."""
 
     def __init__(self, bpf, opts: RecordOptions, sched_recorded: bool, out: Recording | None = None,
-                 gpu: bool = False):
+                 gpu: bool = False, fill_probed: dict[int, bool] | None = None):
         self.bpf = bpf
         self.sched_recorded = sched_recorded
         self.opts = opts
@@ -891,6 +893,10 @@ class _Session:
         self.fault_slices = 0
         self.status_drawn = False
         self.machine = MachineSampler([])  # record() gives it the targets (probes/machine.py)
+        # The status line's running medians: each process's checkpoints folded as serve folds them.
+        self.fill_probed = fill_probed or {}
+        self.folds: dict[int, ProcessFold] = {}
+        self.median = {"fill_ns": RunningMedian(), "copy_ns": RunningMedian()}
         bpf[b"events"].open_ring_buffer(self._on_event)
 
     def _on_event(self, ctx, data, size):
@@ -976,6 +982,8 @@ class _Session:
         batch = self.batch(arr)
         kind = arr["kind"]
         self.sizes.add(arr["bytes"][((kind == K_FILL) | (kind == K_COPY)) & (arr["faults"] > 0)])
+        if self.tty:
+            self._fold(arr)
         first = int(arr["start_ns"][0])
         self.batch_min_start.append(first)
         self.first_ns = first if self.first_ns is None else min(self.first_ns, first)
@@ -1013,13 +1021,26 @@ class _Session:
                 cols.append(arrow_array(np.zeros(n, dtype="int64"), t))
         return pa.RecordBatch.from_arrays(cols, schema=self.schema)
 
+    def _fold(self, arr: np.ndarray) -> None:
+        """The batch's checkpoints into the running medians of fill and copy (wall time)."""
+        pids = arr["pid"]
+        for pid in np.unique(pids).tolist():
+            fold = self.folds.setdefault(pid, ProcessFold(self.fill_probed.get(pid, True)))
+            rows = arr[pids == pid]
+            ck = fold.fold(rows, np.full(len(rows), -1, dtype=np.int64), self.sched_recorded).checkpoints
+            for col, med in self.median.items():
+                med.add(ck[col])
+
     def draw_status(self, elapsed: float) -> None:
         c = self.counters()
-        seen = f"{elapsed:7.1f} s  checkpoints {self.counts[K_CHECKPOINT]}  iterations {self.counts[K_ITERATION]}  "
-        faults = f"checkpoint faults {self.ckpt_faults}"
+        fill, copy = (m.median() for m in self.median.values())
+        medians = (f"fill {fill / 1e6:.3g} copy {copy / 1e6:.3g} ms p50" if fill is not None
+                   else "fill - copy - ms p50")
+        seen = f"{elapsed:7.1f} s  checkpoints {self.counts[K_CHECKPOINT]}  {medians}  "
+        rest = f"iterations {self.counts[K_ITERATION]}  checkpoint faults {self.ckpt_faults}"
         # A full thread map is never silent: it comes before what the 79 columns might cut.
-        text = (seen + f"lost {c[C_LOST]}  map full {c[C_MAP_FULL]}  {faults}" if c[C_MAP_FULL]
-                else seen + f"{faults}  lost {c[C_LOST]}")
+        text = (seen + f"lost {c[C_LOST]}  map full {c[C_MAP_FULL]}  {rest}" if c[C_MAP_FULL]
+                else seen + f"lost {c[C_LOST]}  {rest}")
         _to_stderr("\r" + text[:79].ljust(79))
         self.status_drawn = True
 

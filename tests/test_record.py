@@ -541,7 +541,9 @@ def test_batches_over_256_tokens(tmp_path, workload):
 
 
 def test_live_status_line_on_a_terminal(tmp_path, workload):
-    """On a terminal (a pty), record redraws one status line with what it has seen so far."""
+    """On a terminal (a pty), record redraws one status line with what it has seen so far: the
+    checkpoints and the running median of their fill and copy (wall time), which agree with the
+    workload's own clock over the same first checkpoints."""
     import pty
 
     primary, secondary = pty.openpty()
@@ -551,14 +553,15 @@ def test_live_status_line_on_a_terminal(tmp_path, workload):
                            stdin=subprocess.DEVNULL, stdout=secondary, stderr=secondary)
     os.close(secondary)
     seen = b""
+    line = rb"\r\s*[\d.]+ s  checkpoints (\d+)  fill ([\d.e+]+) copy ([\d.e+]+) ms p50  lost 0  iterations \d+"
     try:
         def status_with_checkpoints():
             nonlocal seen
             if select.select([primary], [], [], 0.5)[0]:  # never block past wait_until's bound
                 seen += _read_pty(primary)
-            return re.search(rb"\r\s*[\d.]+ s  checkpoints [1-9]\d*  iterations \d+  checkpoint faults \d+  "
-                             rb"lost 0", seen)
-        wait_until(status_with_checkpoints, "a status line counting checkpoints", every_s=0, watch=rec)
+            return [m for m in re.finditer(line, seen) if int(m.group(1)) >= 10]
+        wait_until(status_with_checkpoints, "a status line with 10 checkpoints and their medians", every_s=0,
+                   watch=rec)
         rec.send_signal(signal.SIGINT)
         assert rec.wait(60) == 0
         while chunk := _read_pty(primary):
@@ -574,6 +577,19 @@ def test_live_status_line_on_a_terminal(tmp_path, workload):
     # cleared before the last line, which says what was written
     assert "\r" + " " * 79 + "\r" in text
     assert text.rstrip().splitlines()[-1].startswith("ckptrace: wrote ")
+    # The medians drawn with n checkpoints seen are those of the workload's first m (the recorder
+    # launched it: it saw every one), m the checkpoints flushed by then (every 0.5 s): at most n,
+    # at least n - 50 here. Within the clock's tolerance and the median's 1.5% bins.
+    truth_ck = load_truth(truth)["checkpoint"]
+    for m in re.finditer(line, seen):
+        n = int(m.group(1))
+        if n < 10:
+            continue
+        for got, col in ((float(m.group(2)) * 1e6, "fill_ns"), (float(m.group(3)) * 1e6, "copy_ns")):
+            prefix = [truth_ck[col].iloc[:k].median() for k in range(max(1, n - 50), n + 1)]
+            lo, hi = min(prefix), max(prefix)
+            assert lo - clock_tolerance(lo) - 0.01 * got <= got <= hi + clock_tolerance(hi) + 0.01 * got, \
+                (n, col, got, lo, hi)
 
 
 def _read_pty(fd: int) -> bytes:
@@ -587,7 +603,7 @@ def test_no_status_line_when_not_a_terminal_or_quiet(tmp_path, workload):
     for quiet in ((), ("--quiet",)):
         p = ckptrace("record", *quiet, "-o", tmp_path / "q.parquet", "--", workload, "--iterations", "6")
         assert p.returncode == 0, p.stderr
-        assert "\r" not in p.stderr and not re.search(r" s  checkpoints \d+  iterations", p.stderr), p.stderr
+        assert "\r" not in p.stderr and not re.search(r" s  checkpoints \d+  fill ", p.stderr), p.stderr
 
 
 def test_the_trace_is_written_atomically(tmp_path, workload):

@@ -1,0 +1,181 @@
+"""`ckptrace top` (ckptrace/top.py, renderers/top.py, the fold in probes/fold.py): its figures
+against `analyze` of a recording of the same seconds and the workload's own clocks, its frame on
+a real terminal (a pty) in 80 columns of plain ANSI, `q` and Ctrl-C, and bad input."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+
+from ckptrace.analyzers import analyze_trace
+from ckptrace.analyzers.memory import memory_summary
+from ckptrace.trace import read_trace
+from helpers import (CKPTRACE, assert_one_line_error, ckptrace, clock_tolerance, go, load_truth, recorder, started,
+                     wait_until, waiting_workload)
+
+# The only escapes a frame may hold: home, clear to end of line, clear below, hide/show the cursor.
+PLAIN_ANSI = {"\x1b[H", "\x1b[K", "\x1b[J", "\x1b[?25l", "\x1b[?25h"}
+ESCAPE = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+
+
+def percentiles(values) -> tuple[float, float]:
+    v = np.asarray(values, dtype="float64")
+    p50, p99 = np.percentile(v, [50, 99])
+    return float(p50), float(p99)
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_top_shows_what_analyze_of_a_recording_of_the_same_seconds_shows(tmp_path, workload):
+    """The sample (pool on: hits and misses) recorded and watched by `top --once --json` at once,
+    both attached before its first instruction of work: the same checkpoints, pool hits and held
+    memory exactly; the fill's and copy's on-CPU p50/p99 and the wait's p50 within the clock's
+    tolerance of analyze's (two probe sets on one process: each span differs by the other's
+    handlers) and of the workload's own thread clock."""
+    truth_file, trace = tmp_path / "t.jsonl", tmp_path / "t.parquet"
+    with waiting_workload(workload, "--iterations", "30", "--ckpt-mib", "40", "--pool", "on",
+                          "--decode-us", "2000", truth=truth_file) as wl, \
+            recorder(trace, "--pid", wl.pid) as rec, \
+            started([CKPTRACE, "top", "--pid", wl.pid, "--once", "--json", "--interval", "600"],
+                    ready="ckptrace: top: PID", stdout=subprocess.PIPE) as (top, line):
+        assert f"PID {wl.pid} (ckpt-workload, " in line and "one frame after 600 s" in line, line
+        go(wl)
+        assert wl.wait(120) == 0
+        assert top.wait(120) == 0, top.stderr.read()  # it stops when its process has exited
+        assert rec.wait(120) == 0, rec.stderr.read()
+        doc = json.loads(top.stdout.read())
+    (p,) = doc["processes"]
+    assert p["pid"] == wl.pid and p["exited"] and doc["lost_events"] == 0
+
+    recorded = read_trace(trace)
+    ck = analyze_trace(recorded).checkpoints
+    mem = memory_summary(recorded.events)
+    truth = load_truth(truth_file)["checkpoint"]
+    assert p["checkpoints"] == p["window"]["checkpoints"] == len(ck) == len(truth) > 0
+    assert p["pool_hits"] == ck["pool_hit"].sum() == truth["pool_hit"].sum() > 0
+    assert p["pool_hits"] < p["checkpoints"]  # misses too: fills with faults
+    assert p["peak_held_bytes"] == mem["peak_held_bytes"] > 0
+    assert p["held_bytes"] == mem["end_held_bytes"]
+    w = p["window"]
+    for col in ("fill_cpu_ns", "copy_cpu_ns"):
+        assert w[col]["count"] == len(ck)
+        for got, want, own in zip((w[col]["p50"], w[col]["p99"]), percentiles(ck[col]), percentiles(truth[col])):
+            assert abs(got - want) <= clock_tolerance(want), (col, got, want)
+            assert abs(got - own) <= clock_tolerance(own), (col, got, own)
+    assert abs(w["wait_ns"]["p50"] - ck["wait_ns"].median()) <= clock_tolerance(ck["wait_ns"].median())
+    # Fault time: each tool calibrates the resident time on its own, and fault_ns is measured only
+    # where that is at most a third of the span's on-CPU time: two measurements of one checkpoint
+    # differ by at most a third of its on-CPU time (plus the clocks' tolerance).
+    measured = ck[ck["fault_source"].isin(["measured", "none"])]
+    assert w["fault_ns"]["count"] == len(measured) > 0
+    cpu = ck["fill_cpu_ns"] + ck["copy_cpu_ns"]
+    for got, want in zip((w["fault_ns"]["p50"], w["fault_ns"]["p99"]), percentiles(measured["fault_ns"])):
+        assert abs(got - want) <= clock_tolerance(want) + cpu.max() / 3, (got, want)
+    assert w["fault_ns"]["p99"] > 0 and w["fault_ns"]["p50"] == 0  # hits fault nothing; most are hits
+
+
+def test_the_fold_sums_on_cpu_fill_and_copy_as_analyze():
+    """The fold top shares with serve (probes/fold.py), fed the recorded samples in batches cut
+    anywhere: each checkpoint's fill and copy on-CPU time, exactly analyze's."""
+    from ckptrace.probes.fold import ProcessFold
+    from test_serve import SAMPLES, kernel_records
+
+    for name in ("1-pool-off.parquet", "2-pool-on.parquet"):
+        tr = read_trace(SAMPLES / name)
+        ck = analyze_trace(tr).checkpoints
+        rec, fault = kernel_records(tr.events)
+        for cuts in (np.array([], int), np.arange(1, len(rec), 7)):
+            fold, got = ProcessFold(), {"fill_cpu_ns": [], "copy_cpu_ns": [], "end_ns": []}
+            for part_rec, part_fault in zip(np.split(rec, cuts), np.split(fault, cuts)):
+                out = fold.fold(part_rec, part_fault, sched_recorded=True).checkpoints
+                for c in got:
+                    got[c].append(out[c])
+            order = np.argsort(np.concatenate(got["end_ns"]), kind="stable")
+            want = ck.sort_values("end_ns", kind="stable")
+            for c in ("fill_cpu_ns", "copy_cpu_ns"):
+                assert np.concatenate(got[c])[order].tolist() == want[c].astype("float64").tolist(), (name, c)
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, 65536)
+    except OSError:  # EIO: the other side closed
+        return b""
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+@pytest.mark.parametrize("how", ["q", "ctrl-c"])
+def test_top_on_a_terminal_redraws_in_80_columns_of_plain_ansi_and_quits(tmp_path, workload, how):
+    """On a pty: frames redrawn in place with only home/clear/cursor escapes, every line under 80
+    columns, the process's row counting its checkpoints; `q` (read in cbreak mode) or Ctrl-C
+    (SIGINT) quits at once with status 0, the cursor shown again and the terminal's mode restored."""
+    import pty
+    import termios
+
+    primary, secondary = pty.openpty()
+    mode_before = termios.tcgetattr(secondary)
+    with waiting_workload(workload, "--iterations", "100000", "--ckpt-mib", "36", "--gap-us", "20000") as wl:
+        go(wl)
+        top = subprocess.Popen([str(CKPTRACE), "top", "--pid", str(wl.pid), "--interval", "0.5"],
+                               stdin=secondary, stdout=secondary, stderr=secondary, start_new_session=True)
+        seen = b""
+        try:
+            def a_row_with_checkpoints():
+                nonlocal seen
+                if select.select([primary], [], [], 0.5)[0]:
+                    seen += _read(primary)
+                text = ESCAPE.sub("", seen.decode(errors="replace"))
+                return re.search(rf"^\s*{wl.pid} ckpt-workl\s+[1-9][\d.]*\s+\d+%\s", text, re.M)
+            wait_until(a_row_with_checkpoints, "a frame with the workload's checkpoints", every_s=0, watch=top)
+            t0 = time.monotonic()
+            if how == "q":
+                os.write(primary, b"q")
+            else:
+                top.send_signal(signal.SIGINT)
+            assert top.wait(60) == 0
+            quit_s = time.monotonic() - t0
+            while select.select([primary], [], [], 1)[0] and (chunk := _read(primary)):
+                seen += chunk  # (the test holds the terminal open: no EOF, a pause ends it)
+            mode_after = termios.tcgetattr(secondary)
+        finally:
+            if top.poll() is None:
+                top.kill()
+                top.wait()
+            os.close(primary)
+            os.close(secondary)
+    text = seen.decode()
+    assert set(ESCAPE.findall(text)) <= PLAIN_ANSI, set(ESCAPE.findall(text)) - PLAIN_ANSI
+    assert text.count("\x1b[H") >= 2  # redrawn in place, not scrolled
+    assert text.rstrip().endswith("\x1b[?25h")  # the cursor shown again at the end
+    lines = [ESCAPE.sub("", ln) for ln in re.split(r"\r?\n", text)]
+    assert lines and all(len(ln) <= 79 for ln in lines), max(lines, key=len)
+    assert any(ln.startswith("ckptrace top  ") for ln in lines)
+    assert "Traceback" not in text
+    assert mode_after == mode_before  # cbreak undone
+    assert quit_s < 30  # a bound for a hang, not a speed
+
+
+def test_bad_input_is_one_line():
+    p = ckptrace("top")
+    assert_one_line_error(p, "give --pid PID (one or more) or --comm NAME")
+    p = ckptrace("top", "--pid", "1", "--comm", "x")
+    assert_one_line_error(p, "give --pid PID")
+    p = ckptrace("top", "--pid", "1", "--ringbuf-pages", "3")
+    assert_one_line_error(p, "power of two")
+    p = ckptrace("top", "--pid", "1", "--interval", "0")
+    assert_one_line_error(p, "--interval")
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_a_pid_that_is_not_there_is_one_line():
+    p = ckptrace("top", "--pid", str((1 << 22) - 3), "--once")
+    assert_one_line_error(p, "PID")
