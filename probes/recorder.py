@@ -744,7 +744,9 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True):
         obj = bpf_compile.compiled(BPF_SOURCE, cflags, kernel.kernel_headers_dir(), status=status.draw, note=_note)
     finally:
         status.clear()
-    bpf = _quietly("could not load the BPF program", bpf_runtime.Program, obj)
+    # Without RSS rows the rss_stat program and its exec companion are not attached: their cost goes too.
+    skip = frozenset() if opts.rss_step_mib else frozenset({b"kmem:rss_stat", b"sched:sched_process_exec"})
+    bpf = _quietly("could not load the BPF program", bpf_runtime.Program, obj, skip)
     bpf.sched = SchedCounters(obj["kernel"]["sched"], obj["kernel"]["sched_note"])
     try:
         # Load every uprobe program now, so a verifier rejection is reported here, in one line.
@@ -752,9 +754,6 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True):
             _quietly(f"the kernel rejected the BPF program {fn}", bpf.load_func, fn.encode(), bpf_runtime.KPROBE)
         _quietly(f"the kernel rejected the BPF program {GPU_FAULT_PROGRAM}", bpf.load_func,
                  GPU_FAULT_PROGRAM.encode(), bpf_runtime.TRACEPOINT)  # attached only for a CUDA target (attach_gpu_faults)
-        if not opts.rss_step_mib:
-            for tp in (b"kmem:rss_stat", b"sched:sched_process_exec"):  # attached at load: their cost goes too
-                bpf.detach_tracepoint(tp)
         seeds = bpf[b"rss_seed"]
         for t in targets:
             trace_process(bpf, t.pid, t.plan)
