@@ -12,7 +12,8 @@ sets, not an equal.
 Measured, for each tool in turn on a fresh target (the order rotates each round):
 - start-up: from starting the command until its probes are all in: ckptrace's "tracing" or
   "serving" line (printed once attached), bpftrace's perf event descriptors reaching the count
-  of probes it said it attaches;
+  of probes it said it attaches; and the tool's own on-CPU time until then (its threads'
+  schedstat), which the machine's other load does not stretch;
 - resident memory (VmRSS) every 0.5 s while the target makes checkpoints: the median after the
   first 2 s (steady state) and the highest.
 ckptrace's first run (an empty program cache: the compile in a child process) is measured once
@@ -54,6 +55,17 @@ def vm_rss_mib(pid: int) -> float | None:
     except OSError:
         return None
     return next((int(ln.split()[1]) / 1024 for ln in text.splitlines() if ln.startswith("VmRSS:")), None)
+
+
+def cpu_s(pid: int) -> float:
+    """On-CPU seconds of a process so far, all its threads (schedstat, ns resolution): its own
+    work, whatever the machine's load made it wait."""
+    total = 0
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+    return total / 1e9
 
 
 def perf_events(pid: int) -> int:
@@ -131,6 +143,7 @@ def run_tool(tool: str, pid: int, tmp: Path, go, seconds: float, env: dict | Non
         wait_line(proc, "ckptrace: tracing" if tool == "record" else "ckptrace: serving")
         drain(proc.stderr)
     start_s = time.monotonic() - t0
+    start_cpu_s = cpu_s(proc.pid)  # (a first run's compile child is not in it: the wall time is)
     go()
     samples, t_go = [], time.monotonic()
     while time.monotonic() - t_go < seconds:
@@ -141,7 +154,7 @@ def run_tool(tool: str, pid: int, tmp: Path, go, seconds: float, env: dict | Non
     proc.send_signal(signal.SIGINT)
     proc.wait(300)
     steady = [r for t, r in samples if t >= 2.0] or [r for _, r in samples]
-    return {"tool": tool, "start_s": start_s, "rss_mib": statistics.median(steady),
+    return {"tool": tool, "start_s": start_s, "start_cpu_s": start_cpu_s, "rss_mib": statistics.median(steady),
             "rss_peak_mib": max(r for _, r in samples)}
 
 
@@ -189,7 +202,8 @@ def rounds(target, tools, n: int, seconds: float, tmp: Path) -> list[dict]:
             with target() as (pid, go):
                 row = {"round": i, **run_tool(tool, pid, tmp, go, seconds)}
             rows.append(row)
-            print(f"  round {i} {tool:8} start {row['start_s']:.2f} s  RSS {row['rss_mib']:.0f} MiB "
+            print(f"  round {i} {tool:8} start {row['start_s']:.2f} s (on CPU {row['start_cpu_s']:.2f})  "
+                  f"RSS {row['rss_mib']:.0f} MiB "
                   f"(peak {row['rss_peak_mib']:.0f})", file=sys.stderr, flush=True)
     return rows
 
@@ -198,7 +212,8 @@ def summary(rows: list[dict]) -> dict:
     out = {}
     for tool in dict.fromkeys(r["tool"] for r in rows):
         mine = [r for r in rows if r["tool"] == tool]
-        out[tool] = {k: statistics.median(r[k] for r in mine) for k in ("start_s", "rss_mib", "rss_peak_mib")}
+        out[tool] = {k: statistics.median(r[k] for r in mine) for k in ("start_s", "start_cpu_s", "rss_mib",
+                                                                        "rss_peak_mib")}
         out[tool]["start_s_max"] = max(r["start_s"] for r in mine)
     return out
 
@@ -240,7 +255,8 @@ def main() -> None:
             continue
         print(f"{target} (median of {args.rounds} rounds; start max in brackets):")
         for tool, m in result[target]["median"].items():
-            print(f"  {tool:8} start {m['start_s']:.2f} s [{m['start_s_max']:.2f}]  RSS {m['rss_mib']:.0f} MiB "
+            print(f"  {tool:8} start {m['start_s']:.2f} s [{m['start_s_max']:.2f}], on CPU {m['start_cpu_s']:.2f} s  "
+                  f"RSS {m['rss_mib']:.0f} MiB "
                   f"(peak {m['rss_peak_mib']:.0f})")
 
 

@@ -749,11 +749,14 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True):
     bpf = _quietly("could not load the BPF program", bpf_runtime.Program, obj, skip)
     bpf.sched = SchedCounters(obj["kernel"]["sched"], obj["kernel"]["sched_note"])
     try:
-        # Load every uprobe program now, so a verifier rejection is reported here, in one line.
-        for fn in dict.fromkeys(fn for enter, ret in PROGRAMS.values() for fn in (enter, ret) if fn):
+        # Load the uprobe programs now, so a verifier rejection is reported here, in one line:
+        # those the targets' probe points use, or (serve, attaching later) every one.
+        points = {p.point for t in targets for p in t.plan.points} if targets else set(PROGRAMS)
+        for fn in dict.fromkeys(fn for point in points for fn in PROGRAMS[point] if fn):
             _quietly(f"the kernel rejected the BPF program {fn}", bpf.load_func, fn.encode(), bpf_runtime.KPROBE)
-        _quietly(f"the kernel rejected the BPF program {GPU_FAULT_PROGRAM}", bpf.load_func,
-                 GPU_FAULT_PROGRAM.encode(), bpf_runtime.TRACEPOINT)  # attached only for a CUDA target (attach_gpu_faults)
+        if any(t.plan.gpu_points for t in targets):  # attached only for a CUDA target (attach_gpu_faults)
+            _quietly(f"the kernel rejected the BPF program {GPU_FAULT_PROGRAM}", bpf.load_func,
+                     GPU_FAULT_PROGRAM.encode(), bpf_runtime.TRACEPOINT)
         seeds = bpf[b"rss_seed"]
         for t in targets:
             trace_process(bpf, t.pid, t.plan)
