@@ -1041,7 +1041,7 @@ def verify_with_bcc(plan: ProbePlan, pid: int = -1) -> None:
     path to /proc/PID/root/<path>; when that is unreadable it silently keeps the vaddr as the
     offset, which puts a non-PIE probe at the wrong place. Raises SymbolError on any mismatch.
     """
-    from bcc import BPF  # only the recorder needs bcc
+    from bcc import BPF  # imported here: it maps bcc's compiler (the recorder no longer needs it)
 
     for p in plan.points:
         try:
