@@ -234,7 +234,7 @@ class _View:
                     if p.exited_at is not None and now - p.exited_at > max(self.opts.window_s, self.opts.interval_s)
                     and not self.opts.once]:
             del self.procs[pid]
-        doc = {"time": time.time(), "interval_s": self.opts.interval_s,
+        doc = {"time": time.time(), "interval_s": self.opts.interval_s, "once": self.opts.once,
                "window_s": self.opts.window_s if not self.opts.once else round(now - self.t0, 3),
                "elapsed_s": round(now - self.t0, 3), "monotonic_ns": time.monotonic_ns(),
                "lost_events": self.probes.lost(),

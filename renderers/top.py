@@ -49,7 +49,8 @@ def frame_lines(doc: dict, notes: list[str] = ()) -> list[str]:
     rate = sum(p["checkpoints_per_s"] for p in procs if not p["exited"])
     head = (f"ckptrace top  {when}  {len(procs)} process{'es' if len(procs) != 1 else ''}  "
             f"ckpt/s {rate:.1f}  every {doc['interval_s']:g} s  lost {doc['lost_events']}")
-    legend = [f"FILL, COPY, FAULT: on-CPU ms per checkpoint, p50/p99 over the last {doc['window_s']:g} s",
+    over = f"the {doc['window_s']:.1f} s watched" if doc.get("once") else f"the last {doc['window_s']:g} s"
+    legend = [f"FILL, COPY, FAULT: on-CPU ms per checkpoint, p50/p99 over {over}",
               "WAIT: run-queue ms per checkpoint, p50; HELD: checkpoint buffers mapped now"]
     lines = [head, *legend, "", COLUMNS.format(*HEADER)]
     for p in procs:

@@ -179,3 +179,26 @@ def test_bad_input_is_one_line():
 def test_a_pid_that_is_not_there_is_one_line():
     p = ckptrace("top", "--pid", str((1 << 22) - 3), "--once")
     assert_one_line_error(p, "PID")
+
+
+def test_a_frame_holds_any_figures_and_names_in_79_columns_escaped():
+    """The frame's text from extreme figures and a hostile process name: every line under 80
+    columns, the name's escape sequence shown, never sent (ckptrace/terminal.py's printable)."""
+    from ckptrace.renderers.top import frame_lines
+
+    big = {"count": 1, "p50": 3.6e15, "p99": 9.9e17}
+    none = {"count": 0, "p50": None, "p99": None}
+    procs = [{"pid": (1 << 22) - 1, "comm": "\x1b[31m\u202eevil-server-with-a-long-name", "exited": False,
+              "checkpoints": 10 ** 12, "pool_hits": 10 ** 12, "checkpoints_per_s": 123456.7,
+              "window": {"checkpoints": 1, "fill_cpu_ns": big, "copy_cpu_ns": big, "fault_ns": none, "wait_ns": big},
+              "held_bytes": 1 << 50},
+             {"pid": 2, "comm": "x", "exited": True, "checkpoints": 0, "pool_hits": 0, "checkpoints_per_s": 0.0,
+              "window": {"checkpoints": 0, "fill_cpu_ns": none, "copy_cpu_ns": none, "fault_ns": none,
+                         "wait_ns": none}, "held_bytes": 0}]
+    doc = {"time": 1.8e9, "interval_s": 1.0, "once": False, "window_s": 86400.0, "lost_events": 10 ** 15,
+           "processes": procs}
+    lines = frame_lines(doc, ["ckptrace: note: \x1b]52;c;evil\x07 planted"])
+    assert all(len(ln) <= 79 for ln in lines), max(lines, key=len)
+    text = "\n".join(lines)
+    assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
+    assert "\\x1b[31m" in text and " exited " in text
