@@ -148,7 +148,7 @@ def top(opts: TopOptions, out=None) -> int:
     probes = screen = None
     view = _View(opts, out, interactive)
     try:
-        probes = LiveProbes(opts.ringbuf_pages, status=sys.stderr.isatty())
+        probes = LiveProbes(opts.ringbuf_pages, status=sys.stderr.isatty(), preload=opts.comm is not None)
         view.probes = probes
         for pid in opts.pids:
             try:

@@ -112,7 +112,7 @@ def serve(opts: ServeOptions) -> None:
     try:
         from ckptrace.probes.live import LiveProbes
 
-        probes = LiveProbes(opts.ringbuf_pages)
+        probes = LiveProbes(opts.ringbuf_pages, preload=opts.comm is not None)  # --pid: verified as attached
         session = _Serving(opts, probes, metrics)
         for pid in opts.pids:
             try:

@@ -718,14 +718,16 @@ def _to_stderr(text: str) -> None:
         pass
 
 
-def load_program(targets: Targets, opts: RecordOptions, attach: bool = True):
+def load_program(targets: Targets, opts: RecordOptions, attach: bool = True, preload: bool = True):
     """Public API (record and serve): checkpoint.bpf.c compiled with `opts` as integer defines
     only (and the running kernel's offsets), from the cache or compiled now in a child process
     (probes/bpf_compile.py), loaded with every program (a verifier rejection is one line now),
     tracing `targets` (none for serve, which adds its processes with trace_process as it
     attaches them). `attach` False: the targets are launched commands, not yet exec'ed (their
-    RSS counts from the exec). Returns a bpf_runtime.Program; its `sched` (SchedCounters) says
-    whether the scheduler counters are recorded."""
+    RSS counts from the exec). `preload` False with no targets: the uprobe programs are loaded
+    as they are attached (serve --pid attaches at once: its verifier errors come then, still one
+    line). Returns a bpf_runtime.Program; its `sched` (SchedCounters) says whether the scheduler
+    counters are recorded."""
     pages = opts.ringbuf_pages
     # Integers only: nothing the user typed becomes C source.
     cflags = [
@@ -751,7 +753,7 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True):
     try:
         # Load the uprobe programs now, so a verifier rejection is reported here, in one line:
         # those the targets' probe points use, or (serve, attaching later) every one.
-        points = {p.point for t in targets for p in t.plan.points} if targets else set(PROGRAMS)
+        points = {p.point for t in targets for p in t.plan.points} if targets else set(PROGRAMS) if preload else set()
         for fn in dict.fromkeys(fn for point in points for fn in PROGRAMS[point] if fn):
             _quietly(f"the kernel rejected the BPF program {fn}", bpf.load_func, fn.encode(), bpf_runtime.KPROBE)
         if any(t.plan.gpu_points for t in targets):  # attached only for a CUDA target (attach_gpu_faults)
