@@ -152,10 +152,15 @@ def run_tool(tool: str, pid: int, tmp: Path, go, seconds: float, env: dict | Non
         if rss is not None:
             samples.append((time.monotonic() - t_go, rss))
     proc.send_signal(signal.SIGINT)
-    proc.wait(300)
+    try:
+        stopped = proc.wait(300) is not None
+    except subprocess.TimeoutExpired:  # (bpftrace once hung in its stop here: killed, and said)
+        proc.kill()
+        proc.wait()
+        stopped = False
     steady = [r for t, r in samples if t >= 2.0] or [r for _, r in samples]
     return {"tool": tool, "start_s": start_s, "start_cpu_s": start_cpu_s, "rss_mib": statistics.median(steady),
-            "rss_peak_mib": max(r for _, r in samples)}
+            "rss_peak_mib": max(r for _, r in samples), "stopped_by_sigint": stopped}
 
 
 @contextlib.contextmanager
@@ -171,12 +176,16 @@ def sample_target():
 
 
 @contextlib.contextmanager
-def llama_target(tmp: Path):
-    """A llama-server under a steady load (3 clients, distinct prompts: two checkpoints each)."""
+def llama_target(tmp: Path, binary: Path | None = None):
+    """A llama-server under a steady load (3 clients, distinct prompts: two checkpoints each):
+    `binary`, its folder's libraries first, or the cached 0.3.36 pool-off build."""
     from ckptrace.loadgen import run_load
     from ckptrace.samples.llama_server import build_server, cached_model, llama_server
 
-    binary, model = build_server(pool=False), cached_model()
+    model = cached_model()
+    if binary is not None:  # a copy (new inodes: no other tracer's uprobes there), its libraries beside it
+        os.environ["LD_LIBRARY_PATH"] = str(binary.parent)
+    binary = binary or build_server(pool=False)
     with llama_server(binary, model, tmp / "server.log") as srv:
         stop = threading.Event()
 
@@ -223,6 +232,9 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=10.0, help="RSS sampled this long per run")
     ap.add_argument("--llama-server", action="store_true", help="also on a llama-server under load")
+    ap.add_argument("--llama-server-binary", type=Path, default=None,
+                    help="this llama-server (with its libraries in its folder) instead of the cached build")
+    ap.add_argument("--skip-sample", action="store_true", help="only the llama-server")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     if not shutil.which("bpftrace"):
@@ -232,24 +244,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-sidecar-") as d:
         tmp = Path(d)
         cold_cache = tmp / "cold-cache"
-        print("sample: ckptrace record, first run (empty program cache)", file=sys.stderr, flush=True)
-        with sample_target() as (pid, go):
-            cold = run_tool("record", pid, tmp, go, args.seconds, env={"CKPTRACE_BPF_CACHE": str(cold_cache)})
+        if not args.skip_sample:
+            print("sample: ckptrace record, first run (empty program cache)", file=sys.stderr, flush=True)
+            with sample_target() as (pid, go):
+                cold = run_tool("record", pid, tmp, go, args.seconds, env={"CKPTRACE_BPF_CACHE": str(cold_cache)})
         with sample_target() as (pid, go):  # warm the default cache for the rounds
             run_tool("record", pid, tmp, go, 1.0)
-        print("sample workload:", file=sys.stderr, flush=True)
-        sample_rows = rounds(sample_target, tools, args.rounds, args.seconds, tmp)
-        result["sample"] = {"first_run": cold, "rows": sample_rows, "median": summary(sample_rows)}
+        if not args.skip_sample:
+            print("sample workload:", file=sys.stderr, flush=True)
+            sample_rows = rounds(sample_target, tools, args.rounds, args.seconds, tmp)
+            result["sample"] = {"first_run": cold, "rows": sample_rows, "median": summary(sample_rows)}
         if args.llama_server:
             print("llama-server:", file=sys.stderr, flush=True)
-            with llama_target(tmp) as (pid, go):  # one server: every tool on the same process
+            with llama_target(tmp, args.llama_server_binary) as (pid, go):  # one server: every tool on the same process
                 rows = rounds(lambda: contextlib.nullcontext((pid, go)), tools, args.rounds, args.seconds, tmp)
             result["llama_server"] = {"rows": rows, "median": summary(rows)}
     if args.json:
         print(json.dumps(result, indent=2))
         return
-    print(f"first run (sample, empty program cache): record start {cold['start_s']:.2f} s, "
-          f"RSS {cold['rss_mib']:.0f} MiB (peak {cold['rss_peak_mib']:.0f})")
+    if "sample" in result:
+        cold = result["sample"]["first_run"]
+        print(f"first run (sample, empty program cache): record start {cold['start_s']:.2f} s, "
+              f"RSS {cold['rss_mib']:.0f} MiB (peak {cold['rss_peak_mib']:.0f})")
     for target in ("sample", "llama_server"):
         if target not in result:
             continue
