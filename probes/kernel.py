@@ -105,44 +105,6 @@ def open_files_for(uprobes: int, what: str) -> None:
                               "for a service) or trace fewer processes")
 
 
-@contextlib.contextmanager
-def probe_quota(uprobes: int):
-    """bcc refuses to open more than 1,000 probes in one process (its BCC_PROBE_LIMIT, a guard
-    against runaway scripts) and 64 processes of 16 to 20 uprobes pass it: while the block
-    attaches `uprobes` more, its quota is what is open plus those (unless the user set one). Set
-    only meanwhile: a command launched later does not inherit it."""
-    import bcc
-
-    if "BCC_PROBE_LIMIT" in os.environ:
-        yield
-        return
-    os.environ["BCC_PROBE_LIMIT"] = str(max(1000, bcc._get_num_open_probes() + uprobes))
-    try:
-        yield
-    finally:
-        os.environ.pop("BCC_PROBE_LIMIT", None)
-
-
-def close_uprobes(bpf, threads: int = 32) -> None:
-    """Close every uprobe `bpf` holds, many at once, before bpf.cleanup() closes the rest. The
-    kernel removes each uprobe in RCU grace periods of its own (0.2 s each on a loaded VM, so
-    1,024 closed one by one took minutes); closed from several threads, the waits overlap. At
-    the end of a recording or serve only: nothing else calls bcc meanwhile."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    names = list(bpf.uprobe_fds)
-    if len(names) < 2 * threads:
-        return
-
-    def close(name):
-        try:
-            bpf.detach_uprobe_event(name)
-        except Exception:  # bcc raises bare Exception; cleanup() tries what is left
-            pass
-    with ThreadPoolExecutor(threads, thread_name_prefix="ckptrace-detach") as pool:
-        list(pool.map(close, names))
-
-
 def require_privileges() -> None:
     """Raise NotPermitted unless this process may load BPF programs and attach probes."""
     privileges()

@@ -311,7 +311,6 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
                 written, why_not = _finish(opts.output, out, session, meta)
         finally:
             out.close()
-            kernel.close_uprobes(bpf)
             bpf.cleanup()
             for s, h in old.items():
                 signal.signal(s, h)
@@ -832,25 +831,24 @@ def attach_probes(bpf, plan, target: int, start: int | None = None, gpu: bool = 
     points = [p for p in plan.points if gpu or p.point not in cuda.POINTS]
     order = [(p, False) for p in points if PROGRAMS[p.point][1]] + sorted(
         ((p, True) for p in points), key=lambda pe: pe[0].point in OUTER_POINTS)
-    with kernel.probe_quota(len(order)):
-        for p, entry in order:
-            enter, ret = PROGRAMS[p.point]
-            what = f"could not attach a uprobe to {p.symbol} in {p.object}"
-            attach, fn = (bpf.attach_uprobe, enter) if entry else (bpf.attach_uretprobe, ret)
-            # The kernel has refused an attach here now and then (libbcc hides the errno) and
-            # accepted the same one a moment later: retry with backoff, and count it.
-            for delay in (0.1, 0.3, 0.9, 0.0):
-                try:
-                    _quietly(what, attach, p.object, p.offset, fn.encode(), pid=target)
-                    break
-                except EbpfUnavailable:
-                    if not alive(target, start):
-                        raise gone from None
-                    if not delay:
-                        raise
-                    retries += 1
-                    time.sleep(delay)
-            n += 1
+    for p, entry in order:
+        enter, ret = PROGRAMS[p.point]
+        what = f"could not attach a uprobe to {p.symbol} in {p.object}"
+        attach, fn = (bpf.attach_uprobe, enter) if entry else (bpf.attach_uretprobe, ret)
+        # The kernel has refused an attach here now and then (libbcc hides the errno) and
+        # accepted the same one a moment later: retry with backoff, and count it.
+        for delay in (0.1, 0.3, 0.9, 0.0):
+            try:
+                _quietly(what, attach, p.object, p.offset, fn.encode(), pid=target)
+                break
+            except EbpfUnavailable:
+                if not alive(target, start):
+                    raise gone from None
+                if not delay:
+                    raise
+                retries += 1
+                time.sleep(delay)
+        n += 1
     if not alive(target, start):
         raise gone
     return n, retries

@@ -123,5 +123,5 @@ def test_serve_follows_64_processes_and_notes_the_65th(require_root_ebpf, worklo
             assert skipped not in got
             srv.terminate()
             # The kernel removes each uprobe in grace periods of its own: 1,024 closed one by one
-            # took 170-230 s here at loads of 14-30 (kernel.close_uprobes overlaps them: ~3x less)
+            # took 170-230 s here at loads of 14-30 (bpf_runtime's Program._close_uprobes overlaps them: ~3x less)
             assert srv.wait(600) == 0
