@@ -83,13 +83,15 @@ def test_record_traces_64_processes_and_refuses_the_65th(require_root_ebpf, work
 @pytest.mark.ebpf
 def test_serve_follows_64_processes_and_notes_the_65th(require_root_ebpf, workload, tmp_path):
     """serve --comm NAME with 65 processes of that name: 64 served (every one's checkpoints
-    scraped to its truth), the 65th one note; serve --pid with 65 is refused up front."""
+    scraped to its truth), the 65th one note; serve --pid and top --pid with 65 are refused up front."""
     name = f"ckl-{os.getpid() % 100000}"
     exe = tmp_path / name
     exe.symlink_to(workload)
     with workloads(exe, tmp_path, MAX_TARGETS + 1) as procs:
         assert_one_line_error(ckptrace("serve", "--listen", "127.0.0.1:0", *pids(procs)),
                               f"{MAX_TARGETS + 1} processes: serve follows at most {MAX_TARGETS} at once", code=1)
+        assert_one_line_error(ckptrace("top", "--once", *pids(procs)),
+                              f"{MAX_TARGETS + 1} processes: top follows at most {MAX_TARGETS} at once", code=1)
         with started(["prlimit", NOFILE, CKPTRACE, "serve", "--comm", name, "--listen", "127.0.0.1:0"],
                      ready="ckptrace: serving http://127.0.0.1:") as (srv, line):
             url = re.search(r"(http://\S+/metrics)", line).group(1)
