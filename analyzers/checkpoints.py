@@ -46,6 +46,7 @@ from ckptrace.trace import STATE_FLAG_ON_DEVICE, empty_frame
 from ckptrace.validate import increasing
 
 from .events import KindRows, kind_rows
+from ckptrace.rules import checkpoint_rules, enclosing, saved  # noqa: F401 (also read from here)
 from .spans import CLOCK_COLUMNS, NA_INT, Groups, Ids, assign_iterations, by_start, kind_mask
 from .sums import SUM_MAX, bound, bound_table, checked_product
 
@@ -103,30 +104,6 @@ def _spans(rows: pd.DataFrame, kind: str) -> dict[str, object]:
     return {"ckpt": rows["ckpt"].to_numpy(), "ns": rows["end_ns"].to_numpy() - rows["start_ns"].to_numpy(),
             "faults": faults, "source": source, "fault_ns": pd.arrays.IntegerArray(fault_ns, missing & (rate is None)),
             "cpu_ns": rows["cpu_ns"].array, "wait_ns": rows["wait_ns"].array}
-
-
-def saved(copy_rows: np.ndarray) -> np.ndarray:
-    """Which update_tgt/update_dft calls are checkpoints: those that copied state (`copy_rows`:
-    each call's copy rows). llama-server calls update_dft on every checkpoint, and without a draft
-    model it returns at once: it saved nothing."""
-    return copy_rows > 0
-
-
-def checkpoint_rules(total_ns: np.ndarray, faults: np.ndarray, copy_ns: np.ndarray, copy_faults: np.ndarray,
-                     fill_rows: np.ndarray, fill_ns: np.ndarray, fill_faults: np.ndarray, mmaps: np.ndarray,
-                     fill_probed: bool = True) -> dict[str, np.ndarray]:
-    """A checkpoint's fill, pool hit and other time from its own span (total_ns, faults) and the
-    per-checkpoint sums of its parts (numpy arrays, one value per checkpoint): the one definition
-    analyze (checkpoint_table) and `ckptrace serve` (exporters/prometheus.py) apply. Probed: the
-    fill is its fill rows, a pool hit a checkpoint without one. Not probed (the growth inlined):
-    the fill is the checkpoint less its copies, in time and faults, a pool hit a checkpoint whose
-    fill neither faulted nor mapped memory, other_ns 0 (folded into the fill)."""
-    if fill_probed:
-        return {"fill_ns": fill_ns, "fill_faults": fill_faults, "pool_hit": fill_rows == 0,
-                "other_ns": total_ns - fill_ns - copy_ns}
-    derived_faults = np.maximum(faults - copy_faults, 0)
-    return {"fill_ns": np.maximum(total_ns - copy_ns, 0), "fill_faults": derived_faults,
-            "pool_hit": (derived_faults == 0) & (mmaps == 0), "other_ns": np.zeros_like(total_ns)}
 
 
 def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_probed: bool = True,
@@ -210,8 +187,6 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
 
 def _create_bytes(ck: pd.DataFrame, events: pd.DataFrame) -> pd.arrays.IntegerArray:
     """Each checkpoint's enclosing create span's bytes (on its thread), NA when none encloses it."""
-    from .state_path import enclosing
-
     cr = events.loc[kind_mask(events, "create"), ["tid", "start_ns", "end_ns", "bytes"]].reset_index(drop=True)
     if not len(cr):
         return pd.arrays.IntegerArray(np.zeros(len(ck), "int64"), np.ones(len(ck), bool))

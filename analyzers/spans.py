@@ -24,6 +24,7 @@ from ckptrace.trace import empty_frame
 from ckptrace.validate import in_order, increasing
 
 from .events import KindRows, kind_rows
+from ckptrace.rules import Groups as _Groups, Ids  # noqa: F401 (Ids: also read from here)
 from .sums import bound
 
 BOUNDARIES = ["update_slots", "decode"]
@@ -70,87 +71,15 @@ def by_start(frame: pd.DataFrame) -> pd.DataFrame:
     return sorted_by(frame, "start_ns", "tid")
 
 
-class Ids:
-    """Positions of ids in an array of unique ids. Ids usually grow with time, often one by one
-    (the recorder's counters): consecutive ids are found by subtraction, increasing ones by binary
-    search, others through a stable argsort."""
-
-    def __init__(self, ids: np.ndarray):
-        self.ids = ids
-        self.sorter = None if increasing(ids) else np.argsort(ids, kind="stable")
-        self.first = ids[0] if len(ids) and self.sorter is None and ids[-1] - ids[0] == len(ids) - 1 else None
-
-    def find(self, of: np.ndarray) -> np.ndarray:
-        """Each id's position, -1 for an id not there."""
-        n = len(self.ids)
-        if self.first is not None:
-            at = of - self.first
-            gone = (at < 0) | (at >= n)
-            if gone.any():
-                at[gone] = -1
-            return at
-        if not n:
-            return np.full(len(of), -1, "int64")
-        at = np.searchsorted(self.ids, of, sorter=self.sorter)
-        np.minimum(at, n - 1, out=at)
-        if self.sorter is not None:
-            at = self.sorter[at]
-        return np.where(self.ids[at] == of, at, -1)
-
-
-class Groups:
-    """Rows grouped by a position `at` in 0..n-1 (-1: in no group), e.g. each fill's checkpoint, for
-    several exact int64 reductions per group: the rows are put in group order once (no sort when
-    they already are, the usual case) and each reduction is one ufunc.reduceat, none when each
-    group has one row (a checkpoint's copy, an iteration's checkpoint: the usual case too). A sum
-    is exact: its values are bounded first (sums.py), by the caller or here."""
-
-    def __init__(self, at: np.ndarray, n: int):
-        self.n = n
-        mine = at >= 0
-        if mine.all() and increasing(at, strict=False):
-            self.order, s = None, at
-        else:
-            self.order = np.flatnonzero(mine)
-            s = at[self.order]
-            if not increasing(s, strict=False):
-                self.order = self.order[np.argsort(s, kind="stable")]
-                s = at[self.order]
-        self.starts = np.flatnonzero(np.concatenate(([True], s[1:] != s[:-1]))) if len(s) else np.zeros(0, "int64")
-        self.present = s[self.starts]
-        self.count = np.zeros(n, "int64")
-        self.count[self.present] = np.diff(np.append(self.starts, len(s)))
-        self.has = self.count > 0
-        self.single = len(self.starts) == len(s)  # one row per group: nothing to reduce
-        self.full = len(self.present) == n  # rows in every group: no zeros to fill in
-
-    def _reduce(self, ufunc: np.ufunc, values: np.ndarray, fresh: bool = False, empty: np.ndarray | None = None
-                ) -> np.ndarray:
-        """Each group's reduction; `empty` (zeros if None) holds the groups without rows and is
-        filled in. `fresh`: `values` is the caller's own temporary, fit to be returned as the result."""
-        v = values if self.order is None else values[self.order]
-        if not self.single:
-            v = ufunc.reduceat(v, self.starts)
-        if not self.full:
-            out = np.zeros(self.n, values.dtype) if empty is None else empty
-            out[self.present] = v
-            return out
-        return v.copy() if v is values and not fresh else v  # a new array, never the caller's
+class Groups(_Groups):
+    __doc__ = _Groups.__doc__
 
     def sum(self, values: np.ndarray, what: str | None = None) -> np.ndarray:
         """Each group's sum (0 for a group without rows), `values` bounded first (sums.bound,
         `what` naming them); None: the caller has bounded them (with others a row adds to them)."""
         if what is not None:
             bound(what, values)
-        return self._reduce(np.add, values)
-
-    def max(self, values: np.ndarray) -> np.ndarray:
-        """Each group's largest value (0 for a group without rows)."""
-        return self._reduce(np.maximum, values)
-
-    def any(self, values: np.ndarray) -> np.ndarray:
-        """Whether any of each group's (boolean) values is true (False for a group without rows)."""
-        return self._reduce(np.logical_or, values)
+        return super().sum(values)
 
     def sum_na(self, values, zero: np.ndarray, what: str | None = None) -> pd.arrays.IntegerArray:
         """Each group's sum of a nullable column, NA when any part is (not recorded); a group

@@ -33,6 +33,7 @@ import pandas as pd
 
 from ckptrace.trace import empty_frame
 
+from ckptrace.rules import enclosing, restored  # noqa: F401 (also read from here)
 from .spans import NA_INT, assign_iterations, kind_mask, select
 from .sums import bound, bound_table
 
@@ -85,24 +86,6 @@ _SPAN_COLS = ["tid", "iter", "start_ns", "end_ns", "bytes", "draft", "faults", "
 O_OK, O_FAILED = 1, 2  # trace.OUTCOMES
 
 
-def enclosing(inner, outer) -> np.ndarray:
-    """For each inner row (tid, start_ns, end_ns), the position in `outer` of the span on the same
-    thread that encloses it (the latest one starting at or before it), -1 when none. Frames or
-    numpy records (the exporter's batches)."""
-    out = np.full(len(inner), -1, dtype="int64")
-    if not len(inner) or not len(outer):
-        return out
-    left = pd.DataFrame({"pos": np.arange(len(inner)), "tid": np.asarray(inner["tid"]),
-                         "start_ns": np.asarray(inner["start_ns"]), "end_ns": np.asarray(inner["end_ns"])})
-    right = pd.DataFrame({"opos": np.arange(len(outer)), "tid": np.asarray(outer["tid"]),
-                          "o_start": np.asarray(outer["start_ns"]), "o_end": np.asarray(outer["end_ns"])})
-    m = pd.merge_asof(left.sort_values("start_ns", kind="stable"), right.sort_values("o_start", kind="stable"),
-                      left_on="start_ns", right_on="o_start", by="tid", direction="backward")
-    ok = (m["opos"].notna() & (m["end_ns"] <= m["o_end"])).to_numpy()
-    out[m["pos"].to_numpy()[ok]] = m["opos"].to_numpy()[ok].astype("int64")
-    return out
-
-
 def restore_table(events: pd.DataFrame, spans: pd.DataFrame) -> pd.DataFrame:
     """One row per restore (RESTORE_COLUMNS), sorted by start_ns; `spans` from iteration_spans."""
     rc = select(events, kind_mask(events, "restore_copy"), _SPAN_COLS).reset_index(drop=True)
@@ -136,14 +119,6 @@ def prompt_save_table(events: pd.DataFrame, copies: pd.DataFrame, spans: pd.Data
     saves, own = _with_copies(ps, own)
     parts = [saves.assign(source="call"), _alone(own, "inlined")]
     return _finish(pd.concat(parts, ignore_index=True), spans, PROMPT_SAVE_COLUMNS)
-
-
-def restored(restores, copies) -> np.ndarray:
-    """Which restore spans restored state: those with a restore_copy inside them on their thread
-    (a load_dft without a draft model returns at once, copying nothing). restore_table's rule;
-    `ckptrace serve` counts restores by it (exporters/prometheus.py). Frames or numpy records."""
-    parent = enclosing(copies, restores)
-    return np.bincount(parent[parent >= 0], minlength=len(restores)) > 0
 
 
 def _with_copies(outer: pd.DataFrame, copies: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -19,6 +19,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from ckptrace.errors import TraceFormatError
+from ckptrace.order import in_order, increasing  # noqa: F401 (also read from here)
 from ckptrace.terminal import printable
 
 # Bounds, so the analysis' int64 arithmetic (analyzers/sums.py) is exact or refused, never wrapped
@@ -273,23 +274,6 @@ def _overlapping(group: np.ndarray, start: np.ndarray, end: np.ndarray, row: np.
     lo = int(np.searchsorted(g, g[first]))  # its group's first span, in this order
     j = lo + int(np.argmax(e[lo:first]))
     return int(order[first]), int(order[j]), len(k)
-
-
-def in_order(major: np.ndarray, minor: np.ndarray) -> bool:
-    """Whether rows are sorted by `major`, then `minor` (a check is far cheaper than a sort)."""
-    if len(major) < 2:
-        return True
-    if major[0] == major[-1]:  # one group (e.g. one thread): sorted iff the minor never decreases
-        return bool((major == major[0]).all()) and increasing(minor, strict=False)
-    if not increasing(major, strict=False):
-        return False
-    return bool(((major[1:] != major[:-1]) | (minor[1:] >= minor[:-1])).all())
-
-
-def increasing(values: np.ndarray, strict: bool = True) -> bool:
-    """Whether `values` never decrease (strict: always increase, so none appears twice), e.g. ids
-    in the order the recorder's counters gave them."""
-    return len(values) < 2 or bool(((values[1:] > values[:-1]) if strict else (values[1:] >= values[:-1])).all())
 
 
 def _itemsize(dtype) -> int:

@@ -3,9 +3,9 @@
 
 A batch is the kernel's records as they came (probes/live.py's LiveBatch, or the recorder's
 flush); its checkpoints and restores are computed by `analyze`'s own rules, not a copy of them:
-analyzers/checkpoints.py's `saved` and `checkpoint_rules` over per-checkpoint sums made with
-analyzers/spans.py's `Ids` and `Groups` (numpy: the pandas table would cost about 20 ms a batch),
-analyzers/state_path.py's `restored`, and held memory by ckptrace/buffers.py's class (the rule
+ckptrace/rules.py's `saved` and `checkpoint_rules` over per-checkpoint sums made with its `Ids`
+and `Groups`, and its `restored` (numpy: analyze's pandas table would cost about 20 ms a batch, and
+pandas 50 MiB of resident memory), and held memory by ckptrace/buffers.py's class (the rule
 analyzers/memory.py replays); tests/test_serve.py and tests/test_top.py hold them to `analyze`.
 """
 from __future__ import annotations
@@ -14,9 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ckptrace.analyzers.checkpoints import checkpoint_rules, saved
-from ckptrace.analyzers.spans import Groups, Ids
-from ckptrace.analyzers.state_path import enclosing, restored
+from ckptrace.rules import Groups, Ids, checkpoint_rules, enclosing, restored, saved
 from ckptrace.buffers import HeldBuffers
 from ckptrace.columns import KINDS, PHASES
 
@@ -77,8 +75,8 @@ class ProcessFold:
 
 def checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool, fill_probed: bool = True
                 ) -> tuple[dict, np.ndarray]:
-    """Per checkpoint of the batch, by analyze's rules (analyzers/checkpoints.py `saved` and
-    `checkpoint_rules`, on sums made with analyzers/spans.py's Ids and Groups): {column: float
+    """Per checkpoint of the batch, by analyze's rules (ckptrace/rules.py `saved` and
+    `checkpoint_rules`, on sums made with its Ids and Groups): {column: float
     array, -1 = not recorded}, and which rows wait for their checkpoint (see _carry).
 
     fill_ns/copy_ns are the summed wall time of its fill/copy rows, fill_cpu_ns/copy_cpu_ns their
@@ -124,8 +122,8 @@ def checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool, fill_probed: boo
 
 
 def _restores(ev: np.ndarray) -> tuple[int, np.ndarray]:
-    """Checkpoint restores as analyze counts those of source "checkpoint" (analyzers/state_path.py
-    `restored`: a load_tgt/load_dft span with a restore_copy inside it on its thread), and which
+    """Checkpoint restores as analyze counts those of source "checkpoint" (ckptrace/rules.py
+    `restored`, restore_table's rule: a load_tgt/load_dft span with a restore_copy inside it on its thread), and which
     rows wait: the copies no restore of this batch encloses (its row comes at its return, after
     them). A copy outside any restore (prompt cache, slot restore; analyze's source "other") waits
     until it is stale (_carry)."""

@@ -18,7 +18,7 @@ import numpy as np
 from ckptrace.columns import KINDS
 from ckptrace.errors import TargetError
 from ckptrace.heap import return_freed_memory
-from ckptrace.probes import fault_time, recorder
+from ckptrace.probes import fault_time, kernel, recorder
 from ckptrace.probes.target import alive, process_of
 from ckptrace.terminal import printable
 

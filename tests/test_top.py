@@ -202,3 +202,38 @@ def test_a_frame_holds_any_figures_and_names_in_79_columns_escaped():
     text = "\n".join(lines)
     assert "\x1b" not in text and "\u202e" not in text and "\x07" not in text
     assert "\\x1b[31m" in text and " exited " in text
+
+
+def test_enclosing_in_numpy_is_the_asof_join_it_replaced():
+    """ckptrace/rules.py's enclosing (numpy, so the live tools run without pandas) against the
+    definition it replaced, pandas' backward as-of join by thread then the end check, on random
+    spans with shared starts, several threads, and rows in no span."""
+    import pandas as pd
+
+    from ckptrace.rules import enclosing
+
+    def asof(inner, outer):
+        out = np.full(len(inner), -1, dtype="int64")
+        if not len(inner) or not len(outer):
+            return out
+        left = pd.DataFrame({"pos": np.arange(len(inner)), "tid": inner["tid"], "start_ns": inner["start_ns"],
+                             "end_ns": inner["end_ns"]})
+        right = pd.DataFrame({"opos": np.arange(len(outer)), "tid": outer["tid"], "o_start": outer["start_ns"],
+                              "o_end": outer["end_ns"]})
+        m = pd.merge_asof(left.sort_values("start_ns", kind="stable"), right.sort_values("o_start", kind="stable"),
+                          left_on="start_ns", right_on="o_start", by="tid", direction="backward")
+        ok = (m["opos"].notna() & (m["end_ns"] <= m["o_end"])).to_numpy()
+        out[m["pos"].to_numpy()[ok]] = m["opos"].to_numpy()[ok].astype("int64")
+        return out
+
+    rng = np.random.default_rng(3)
+    for n_in, n_out in ((0, 5), (5, 0), (1, 1), (200, 40), (1000, 300)):
+        def spans(n, width):
+            start = rng.integers(0, 500, n) * 10  # coarse: many starts shared
+            return pd.DataFrame({"tid": rng.integers(1, 5, n).astype("int32"), "start_ns": start,
+                                 "end_ns": start + rng.integers(0, width, n)})
+        inner, outer = spans(n_in, 30), spans(n_out, 200)
+        want = asof(inner, outer)
+        assert enclosing(inner, outer).tolist() == want.tolist()
+        assert enclosing(inner.to_records(index=False), outer.to_records(index=False)).tolist() == want.tolist()
+        assert n_in < 200 or (want >= 0).sum() > 20  # the case is not empty
