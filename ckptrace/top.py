@@ -21,7 +21,7 @@ import numpy as np
 
 from ckptrace.errors import CkptraceError, TargetError
 from ckptrace.probes.fold import ProcessFold
-from ckptrace.probes.target import alive, process_of, processes_named, start_time
+from ckptrace.probes.target import process_of, processes_named, start_time
 from ckptrace.terminal import printable
 
 DRAIN_S = 0.25  # the ring buffer is drained this often (and `q` read), whatever the interval
@@ -145,7 +145,7 @@ def top(opts: TopOptions, out=None) -> int:
     for pid in opts.pids:
         process_of(pid)  # a missing pid, a kernel thread: said now, before anything loads
     interactive = not opts.once and not opts.as_json and out.isatty()
-    from ckptrace.probes.live import LiveProbes
+    from ckptrace.probes.live import LiveProbes, attach_given
 
     stop: list[str] = []
     old = {s: signal.signal(s, lambda signum, frame: stop.append(signal.Signals(signum).name)) for s in STOP_SIGNALS}
@@ -154,15 +154,7 @@ def top(opts: TopOptions, out=None) -> int:
     try:
         probes = LiveProbes(opts.ringbuf_pages, status=sys.stderr.isatty(), preload=opts.comm is not None)
         view.probes = probes
-        for pid in opts.pids:
-            try:
-                view.attach(pid)
-            except CkptraceError as e:
-                if len(opts.pids) == 1 or alive(pid):
-                    raise
-                view.note(f"not showing PID {pid}: {e}")  # it exited: show the others
-        if opts.pids and not view.procs:
-            raise TargetError("every process given exited while its probes were being attached: nothing to show")
+        attach_given(opts.pids, view.attach, view.note, "showing", "show")
         if not interactive:
             what = (", ".join(f"PID {p.target.pid} ({p.target.comm}, {p.target.probes} uprobes)" for p in view.procs.values())
                     if opts.pids else f"every process named {printable(opts.comm)!r}")

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 
 from ckptrace.errors import CkptraceError, TargetError
-from ckptrace.probes.target import alive, process_of, processes_named, start_time
+from ckptrace.probes.target import process_of, processes_named, start_time
 from ckptrace.terminal import printable
 
 DEFAULT_LISTEN = "127.0.0.1:9464"  # 9464: the port OpenTelemetry's Prometheus exporters use
@@ -110,19 +110,11 @@ def serve(opts: ServeOptions) -> None:
            for s in STOP_SIGNALS}
     probes = None
     try:
-        from ckptrace.probes.live import LiveProbes
+        from ckptrace.probes.live import LiveProbes, attach_given
 
         probes = LiveProbes(opts.ringbuf_pages, preload=opts.comm is not None)  # --pid: verified as attached
         session = _Serving(opts, probes, metrics)
-        for pid in opts.pids:
-            try:
-                session.attach(pid)
-            except CkptraceError as e:
-                if len(opts.pids) == 1 or alive(pid):
-                    raise
-                _say(f"ckptrace: note: not serving PID {pid}: {e}")  # it exited: serve the others
-        if opts.pids and not session.targets:
-            raise TargetError("every process given exited while its probes were being attached: nothing to serve")
+        attach_given(opts.pids, session.attach, lambda text: _say(f"ckptrace: note: {text}"), "serving", "serve")
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/metrics"
         what = (", ".join(f"PID {t.pid} ({t.comm}, {t.probes} uprobes)" for t in session.targets.values())
                 if opts.pids else f"every process named {printable(opts.comm)!r} (looked for every {RESCAN_S:g} s)")

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from ckptrace.columns import KINDS
-from ckptrace.errors import TargetError
+from ckptrace.errors import CkptraceError, TargetError
 from ckptrace.heap import return_freed_memory
 from ckptrace.probes import fault_time, kernel, recorder
 from ckptrace.probes.target import alive, process_of
@@ -157,3 +157,20 @@ class LiveProbes:
             cal = fault_time.calibrate(new)
             for kind in ("fill", "copy"):
                 self.calibration[kind] = sorted(self.calibration[kind] + cal[kind])
+
+
+def attach_given(pids, attach, note, doing: str, verb: str) -> None:
+    """--pid's processes, each attached with attach(pid) (serve's and top's rule): one that exited
+    while being attached is one note ("not {doing} PID ...") and the others are followed, unless
+    it was the only one; TargetError when every one exited ("nothing to {verb}")."""
+    attached = 0
+    for pid in pids:
+        try:
+            attach(pid)
+            attached += 1
+        except CkptraceError as e:
+            if len(pids) == 1 or alive(pid):
+                raise
+            note(f"not {doing} PID {pid}: {e}")  # it exited: follow the others
+    if pids and not attached:
+        raise TargetError(f"every process given exited while its probes were being attached: nothing to {verb}")
