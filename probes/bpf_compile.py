@@ -35,6 +35,7 @@ PSEUDO_MAP_FD, PSEUDO_MAP_VALUE, PSEUDO_CALL = 1, 2, 1
 MAX_INSNS = 1 << 20  # the kernel's own limit per program
 ERRORS = {"EbpfUnavailable": EbpfUnavailable, "NotPermitted": NotPermitted}
 TIMEOUT_S = 600
+ERROR_PREFIX = "ckptrace: error: "
 
 
 def bcc_version() -> str:
@@ -99,6 +100,8 @@ def _run_child(source: Path, cflags: list[str]) -> dict:
         reply = json.loads(p.stdout)
     except ValueError:
         last = (p.stderr.decode(errors="replace").strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+        if last.startswith(ERROR_PREFIX):  # the child's own line (kernel._exit_on_fatal_compile_error): LLVM stopped
+            raise EbpfUnavailable(last[len(ERROR_PREFIX):]) from None
         raise EbpfUnavailable(f"the BPF compiler process failed: {last}") from None
     if "error" in reply:
         err = reply["error"]
@@ -173,7 +176,7 @@ def _compile(source: Path, cflags: list[str]) -> dict:
     from ckptrace.probes import kernel
 
     extra, sched, sched_note = kernel.btf_cflags()
-    kernel.import_bcc()
+    bcc = kernel.import_bcc()
     from bcc.libbcc import lib
 
     for name, res, args in (
@@ -189,10 +192,15 @@ def _compile(source: Path, cflags: list[str]) -> dict:
     flags = [f.encode() for f in [*cflags, *extra]]
     array = (ct.c_char_p * len(flags))(*flags)
     failure = None
-    with kernel.captured_output() as out:
-        module = lib.bpf_module_create_c_from_string(source.read_bytes(), 0, array, len(flags), True, None)
-        if not module:
-            failure = Exception(f"Failed to compile BPF module {source}")
+    sys.stderr.flush()
+    terminal = os.dup(2)  # the pipe to the parent: LLVM's fatal error is one line there (see _run_child)
+    try:
+        with kernel.captured_output() as out, kernel.fatal_compile_errors_reported(bcc, terminal):
+            module = lib.bpf_module_create_c_from_string(source.read_bytes(), 0, array, len(flags), True, None)
+            if not module:
+                failure = Exception(f"Failed to compile BPF module {source}")
+    finally:
+        os.close(terminal)
     if failure is not None:
         raise kernel.bpf_failure(out[0], failure)
     try:
