@@ -25,6 +25,7 @@ LEGS = [SAMPLES / f for f in ("1-pool-off.parquet", "2-pool-on.parquet", "3-pool
 FLOAT_ARGS = {
     "record": lambda opt, v, tmp: ["record", "-o", tmp / "t.parquet", opt, v, "--", "true"],
     "serve": lambda opt, v, tmp: ["serve", "--pid", "1", "--listen", "127.0.0.1:0", opt, v],
+    "top": lambda opt, v, tmp: ["top", "--pid", "1", "--once", opt, v],
     "drive": lambda opt, v, tmp: ["drive", "http://127.0.0.1:9", "--requests", "1", opt, v],
     "compare": lambda opt, v, tmp: ["compare", *LEGS, opt, v],
 }

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import click
 
+from ckptrace.options import Finite
+
 
 @click.command(epilog="""\b
 Examples:
@@ -20,9 +22,9 @@ Examples:
 @click.option("--comm", default=None,
               help="Show every process with this name (/proc/PID/comm, 15 characters at most), those running "
                    "and those that start later.")
-@click.option("-i", "--interval", type=click.FloatRange(min=0.1, max=3600), default=1.0, show_default=True,
+@click.option("-i", "--interval", type=Finite(min=0.1, max=3600), default=1.0, show_default=True,
               metavar="SECONDS", help="Seconds between frames (with --once: how long to watch).")
-@click.option("--window", type=click.FloatRange(min=0.1, max=86400), default=10.0, show_default=True,
+@click.option("--window", type=Finite(min=0.1, max=86400), default=10.0, show_default=True,
               metavar="SECONDS", help="The percentiles cover the checkpoints of the last this many seconds "
                                       "(with --once: all of them).")
 @click.option("--once", is_flag=True, help="Print one frame after one interval (or when every process has "
