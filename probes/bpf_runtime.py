@@ -370,6 +370,9 @@ class Program:
         self.tables = {}
 
 
+THREADS = 32  # at most, while attaching tracepoints or closing probes; gone when done
+
+
 def _close_all(fds: list[int]) -> None:
     """Close perf event descriptors concurrently (see Program._close_uprobes)."""
     _together(library().bpf_close_perf_event_fd, fds)
@@ -383,5 +386,5 @@ def _together(call, items) -> list:
         return [call(i) for i in items]
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(min(len(items), 32), thread_name_prefix="ckptrace-bpf") as pool:
+    with ThreadPoolExecutor(min(len(items), THREADS), thread_name_prefix="ckptrace-bpf") as pool:
         return list(pool.map(call, items))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from ckptrace.exporters.http import MAX_CONNECTIONS, REQUEST_TIMEOUT_S
+from ckptrace.probes import bpf_runtime
 from helpers import AS_NOBODY, CKPTRACE, go, load_truth, proc_status, started, wait_until, waiting_workload, \
     why_nobody_cannot_run_ckptrace
 from prometheus import Prometheus, prometheus_available
@@ -72,7 +73,7 @@ def test_a_slowloris_of_thousands_of_idle_sockets_does_not_stop_a_real_scraper(r
     """3000 connections held past REQUEST_TIMEOUT_S (each one closed re-opened at once): every
     scrape, Prometheus' every 2 s and ours every 0.2 s, is answered throughout, and Prometheus
     ends holding the workload's every checkpoint; serve keeps
-    its threads, at most MAX_CONNECTIONS more descriptors and under 64 MiB more RSS. Before
+    its threads (but for the detach's bounded few), at most MAX_CONNECTIONS more descriptors and under 64 MiB more RSS. Before
     (prometheus_client's server, a thread per connection): 4 threads became 316 in those 13 s."""
     why = why_nobody_cannot_run_ckptrace()
     if why:
@@ -118,7 +119,9 @@ def test_a_slowloris_of_thousands_of_idle_sockets_does_not_stop_a_real_scraper(r
                 attacker.stdout.close()
             assert re.match(r"reopened [1-9]\d*\n", reopened), reopened  # the server closed idle ones
             threads, fds, rss = peak
-            assert threads <= threads0, (threads0, threads)
+            # Detaching the workload when it exits closes its probes from a few threads at once
+            # (bpf_runtime.THREADS at most, gone after): bounded, unlike a thread per connection.
+            assert threads <= threads0 + bpf_runtime.THREADS, (threads0, threads)
             assert fds <= fds0 + MAX_CONNECTIONS + 4, (fds0, fds)
             assert rss - rss0 < 64 << 10, (rss0, rss)
             assert scrapes >= 5
