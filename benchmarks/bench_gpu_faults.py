@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ckptrace.probes import cuda, kernel, recorder
+from ckptrace.probes import cuda, recorder
 
 _libc = ctypes.CDLL(None)
 _libc.memset.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
@@ -53,10 +53,9 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    bcc = kernel.import_bcc()
-    sched, _ = kernel.sched_offsets()
+    recorder.machine_checks()
     opts = recorder.RecordOptions(output=Path("/dev/null"), rss_step_mib=0)
-    bpf = recorder.load_program(bcc, recorder.Targets([]), kernel.task_struct_offsets(), sched, opts)
+    bpf = recorder.load_program(recorder.Targets([]), opts, preload=False)  # the fault programs load as attached
     bpf[b"dst_ranges"][ctypes.c_uint32(1)] = bpf[b"dst_ranges"].Leaf()  # another process (pid 1) with a table
     conditions = ("detached", "attached, none open", "attached, one open elsewhere")
     per = {c: [] for c in conditions}
