@@ -142,10 +142,15 @@ def test_static_build_on_busy_cores(tmp_path, static_workload, require_root_ebpf
 @pytest.mark.ebpf
 def test_a_kernel_without_the_fields_records_with_the_columns_not_recorded(tmp_path, workload,
                                                                            require_root_ebpf, monkeypatch):
-    from ckptrace.probes import kernel
+    from ckptrace.probes import bpf_cache, bpf_compile, kernel
     from ckptrace.probes.recorder import RecordOptions, record
 
     monkeypatch.setitem(kernel.SCHED_FIELDS, "run_delay", "task_struct.sched_info.no_such_field")
+    # The offsets are read where the program compiles: in this process here (not the child, which
+    # would not see the patched field), and never from or into the compiled-program cache.
+    monkeypatch.setenv(bpf_cache.ENV, "off")
+    monkeypatch.setattr(bpf_compile, "_run_child",
+                        lambda source, cflags: bpf_compile.decode(bpf_compile.encode(bpf_compile._compile(source, cflags))))
     kernel.sched_offsets.cache_clear()
     try:
         res = record(RecordOptions(output=tmp_path / "n.parquet", status=False),
