@@ -61,7 +61,12 @@ def test_the_sample_block_runs_as_written(require_root_ebpf, tmp_path):
     out = p.stdout
     assert out.startswith("pool-on removes "), out[:400]  # the answer first
     assert re.search(r"^ckpt faults .* faster$", out, re.M), out  # exact counts: a wide margin
-    assert "slower" not in out
+    # Nothing the pool takes work from reads slower. The copy and the rest do the same work in both
+    # arms, so their wall verdict is whatever the run's load made it (a CI run read the copy 20%+
+    # slower with one busy loop beside it; quiet, -18% "within drift"): not judged here, as in
+    # test_demo.
+    slower = [ln for ln in out.splitlines() if "slower" in ln]
+    assert all(ln.startswith(("ckpt copy ms ", "ckpt other ms ")) for ln in slower), slower
     assert (tmp_path / "report.html").stat().st_size > 100_000
     assert all((tmp_path / f).exists() for f in ("off.parquet", "on.parquet", "off2.parquet"))
 
