@@ -106,6 +106,13 @@ def wait_line(proc: subprocess.Popen, prefix: str, timeout_s: float = 600) -> st
     raise RuntimeError(f"{proc.args[0]} never printed {prefix!r} (status {proc.wait(60)}): {' | '.join(said)}")
 
 
+ATTACH_TIMEOUT_S = 120
+
+
+class NotAttached(Exception):
+    """The peer never finished attaching: its round is reported and left out, not waited for."""
+
+
 def drain(stream) -> None:
     threading.Thread(target=lambda: [None for _ in stream], daemon=True).start()
 
@@ -130,9 +137,15 @@ def run_tool(tool: str, pid: int, tmp: Path, go, seconds: float, env: dict | Non
             proc.kill()
             raise RuntimeError(f"bpftrace: {' | '.join(said)}")
         want = int(m.group(1))
-        while perf_events(proc.pid) < want:
+        deadline = time.monotonic() + ATTACH_TIMEOUT_S
+        while (have := perf_events(proc.pid)) < want:
             if proc.poll() is not None:
                 raise RuntimeError(f"bpftrace exited: {proc.stdout.read()[-500:]}")
+            if time.monotonic() > deadline:  # seen once on a llama-server: 46 of its probes, then nothing
+                proc.kill()
+                proc.wait()
+                raise NotAttached(f"bpftrace said 'Attaching {want} probes' and held {have} perf events "
+                                  f"after {ATTACH_TIMEOUT_S} s: killed, the round not counted")
             time.sleep(0.005)
         drain(proc.stdout)
     else:
@@ -209,7 +222,11 @@ def rounds(target, tools, n: int, seconds: float, tmp: Path) -> list[dict]:
         order = tools[i % len(tools):] + tools[:i % len(tools)]
         for tool in order:
             with target() as (pid, go):
-                row = {"round": i, **run_tool(tool, pid, tmp, go, seconds)}
+                try:
+                    row = {"round": i, **run_tool(tool, pid, tmp, go, seconds)}
+                except NotAttached as e:
+                    print(f"  round {i} {tool:8} {e}", file=sys.stderr, flush=True)
+                    continue
             rows.append(row)
             print(f"  round {i} {tool:8} start {row['start_s']:.2f} s (on CPU {row['start_cpu_s']:.2f})  "
                   f"RSS {row['rss_mib']:.0f} MiB "
