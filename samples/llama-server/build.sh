@@ -183,8 +183,8 @@ cmake_args=(-DCMAKE_BUILD_TYPE=Release -DBUILD_SHARED_LIBS="$shared"
 case "$version" in
     11434|11549) cmake_args+=(-DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF) ;;
     # ik_llama.cpp: its server is an example (LLAMA_BUILD_EXAMPLES); no IQK FlashAttention
-    # kernels (the server runs with -no-fa: ik 0.1.5's asserts with two slots; they cost about
-    # 290 CPU s of a cold build), linked thanks to ik-no-iqk-fa.patch's one stub
+    # kernels (the server runs with -no-fa: ik 0.1.5's asserts with two slots; a cold build took
+    # 679 s of CPU without them, 992 with), linked thanks to ik-no-iqk-fa.patch's two definitions
     ik-0.1.5) cmake_args+=(-DLLAMA_BUILD_EXAMPLES=ON -DGGML_IQK_FLASH_ATTENTION=OFF) ;;
 esac
 # xllamacpp's script builds llama.cpp static and position-independent into the module; these
