@@ -44,13 +44,14 @@ def test_demo_records_checks_compares_and_writes_the_report(tmp_path):
     # The legs as one Perfetto timeline (what `ckptrace export` writes; test_export.py checks its content).
     assert out["perfetto"] == str(out_dir / "aba.perfetto-trace")
     timeline = pb.Trace.FromString((out_dir / "aba.perfetto-trace").read_bytes())
-    assert sum(p.track_descriptor.HasField("process") for p in timeline.packet) == 3
-    assert len(out["traces"]) == 3 and all((out_dir / f).exists() for f in
-                                           ("1-pool-off.parquet", "2-pool-on.parquet", "3-pool-off.parquet"))
+    # Five legs by default on the sample (A/B/A/B/A: demo.SAMPLE_LEGS says why).
+    names = ("1-pool-off", "2-pool-on", "3-pool-off", "4-pool-on", "5-pool-off")
+    assert sum(p.track_descriptor.HasField("process") for p in timeline.packet) == 5
+    assert len(out["traces"]) == 5 and all((out_dir / f"{n}.parquet").exists() for n in names)
+    assert [leg["label"] for leg in c["legs"]] == [n.split("-", 1)[1] for n in names]
     # The demo's own cross-check, every figure of it: the recording beside the workload's truth,
     # both re-read here from the files the demo left.
-    names = ("1-pool-off", "2-pool-on", "3-pool-off")
-    assert len(out["checks"]) == 3
+    assert len(out["checks"]) == 5
     for check, name in zip(out["checks"], names):
         m = re.fullmatch(r"checkpoints (\d+) \(workload: (\d+)\), fill faults (\d+) \(getrusage: (\d+)\), "
                          r"fill ([\d.]+) ms \(workload clock: ([\d.]+) ms\)", check)

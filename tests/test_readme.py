@@ -20,7 +20,7 @@ import pytest
 from helpers import CKPTRACE, ckptrace, wait_until
 
 README = Path(__file__).resolve().parents[1] / "README.md"
-SETUP = ["bash scripts/setup.sh demo    # install everything, then run the demo (record A/B/A, analyze, dashboard)",
+SETUP = ["bash scripts/setup.sh demo    # install everything, then run the demo (record A/B/A/B/A, analyze, dashboard)",
          "bash scripts/setup.sh test    # install everything, then run the whole test suite (what .ci/run does)"]
 
 

@@ -22,8 +22,15 @@ def interleaved(n: int) -> list[tuple[str, str]]:
     return [LEGS[i % 2] for i in range(n)]
 
 
+# Default legs. The sample's legs take seconds, so five (A/B/A/B/A): with one pool-on leg, a copy
+# whose mean moves 10-12% (sigma) from leg to leg (memory-bound work on a shared host) read a false "slower" in
+# 6-9% of simulated A/B/A demos, in 1.9-3.5% with five legs (benchmarks/sim_legs.py). A
+# llama-server leg starts a server and drives requests, so three there.
+SAMPLE_LEGS, LLAMA_LEGS = 5, 3
+
+
 def legs_said(n: int) -> str:
-    return " / ".join("pool-off" if i % 2 == 0 else "pool-on" for i in range(n)) if n <= 3 else \
+    return "/".join("AB"[i % 2] for i in range(n)) + " (A: pool-off, B: pool-on)" if n <= 5 else \
         f"{n} legs, pool-off and pool-on in turn"
 
 
@@ -110,7 +117,7 @@ def llama_server_legs(out_dir: Path, say, version: str = "0.3.36", model: str = 
 
 @click.command(epilog="""\b
 Examples:
-  ckptrace demo                  # sample workload, into ./ckptrace-demo/
+  ckptrace demo                  # sample workload, A/B/A/B/A, into ./ckptrace-demo/
   ckptrace demo --out /tmp/demo --iterations 60
   ckptrace demo --json           # machine-readable summary on stdout
   ckptrace demo --llama-server   # a real llama-server, pool off/on/off
@@ -139,15 +146,16 @@ Examples:
               help="update_slots() calls per leg of the sample workload.")
 @click.option("--ckpt-mib", type=click.IntRange(min=1), default=64, show_default=True,
               help="Checkpoint size of the sample workload (stay above glibc's 32 MiB mmap threshold).")
-@click.option("--legs", type=click.IntRange(min=3), default=3, show_default=True,
-              help="Legs to record, pool-off and pool-on in turn (3: A/B/A; 5: A/B/A/B/A; 8: 4 per arm, "
-                   "what a verdict from the legs' ranks needs when the machine's state changes).")
+@click.option("--legs", type=click.IntRange(min=3), default=None,
+              help=f"Legs to record, pool-off and pool-on in turn (3: A/B/A; 5: A/B/A/B/A; 8: 4 per arm, "
+                   f"what a verdict from the legs' ranks needs when the machine's state changes). "
+                   f"Default: {SAMPLE_LEGS} on the sample workload, {LLAMA_LEGS} with --llama-server.")
 @warmup_option
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary instead of the text report.")
 @click.pass_context
 def command(ctx, out_dir: Path | None, llama: bool, llama_version: str, model: str, libcxx: bool,
-            iterations: int, ckpt_mib: int, legs: int, warmup, as_json: bool):
-    """Record the sample workload pool-off, pool-on, pool-off (A/B/A) and report what the pool did.
+            iterations: int, ckpt_mib: int, legs: int | None, warmup, as_json: bool):
+    """Record the sample workload pool-off and pool-on in turn (A/B/A/B/A) and report what the pool did.
 
     Builds the sample if needed, records each leg with the probes in place from its first
     instruction, checks each recording against the workload's own clock and fault counts, then
@@ -165,6 +173,7 @@ def command(ctx, out_dir: Path | None, llama: bool, llama_version: str, model: s
     if wrong:
         raise click.UsageError(f"{' and '.join(wrong)} {'applies' if len(wrong) == 1 else 'apply'} "
                                f"{'to the sample workload, not to' if llama else 'only with'} --llama-server")
+    legs = legs or (LLAMA_LEGS if llama else SAMPLE_LEGS)
     out_dir = out_dir or (Path("ckptrace-demo") / "llama-server" if llama else Path("ckptrace-demo"))
     out_dir = output_folder(out_dir, what="demo's files")  # the workload and servers write there too
     say = (lambda s: click.echo(s, err=True)) if as_json else click.echo
