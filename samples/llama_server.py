@@ -358,13 +358,18 @@ def logged_restores(log: Path) -> pd.DataFrame:
 
 
 REUSE_CUT_CHARS = 60  # about 10 words: behind the checkpoint made n_ubatch + 4 tokens before the end
+# Both requests name one slot (`id_slot`; every server here defers a task for a named slot until
+# that slot is free). Left to choose, ik_llama.cpp once gave the second request another slot: its
+# finished slot stays unavailable until its next update_slots, and on a busy machine the request
+# arrived before that (a fresh-machine CI run, 2026-12-02).
+REUSE_SLOT = 0
 
 
 def reuse_prompt(url: str, prompt_tokens: int = 64, seed: int = 0, n_predict: int = 4,
                  timeout_s: float = 300.0) -> pd.DataFrame:
     """Make the server restore a checkpoint: send a prompt, then the same prompt cut
-    REUSE_CUT_CHARS characters before its end with another ending (`cache_prompt`). The slot
-    that served the first keeps its tokens, reuses the common prefix and, as the recurrent or
+    REUSE_CUT_CHARS characters before its end with another ending (`cache_prompt`), both to slot
+    REUSE_SLOT. The slot keeps the first one's tokens, reuses the common prefix and, as the recurrent or
     sliding-window state cannot be rolled back, loads the checkpoint made inside that prefix
     (the server logs `restored context checkpoint`). One row per request (loadgen's columns)."""
     base = local_url(url)
@@ -376,7 +381,7 @@ def reuse_prompt(url: str, prompt_tokens: int = 64, seed: int = 0, n_predict: in
         if i:  # the first one's slot released (ik_llama.cpp answers before it releases the slot)
             settle(url, timeout_s=max(1.0, deadline - time.monotonic()))
         body = {"prompt": prompt, "n_predict": n_predict, "stream": True, "temperature": 0.0,
-                "seed": seed, "cache_prompt": True}
+                "seed": seed, "cache_prompt": True, "id_slot": REUSE_SLOT}
         rows.append({**one_request(base, body, deadline), "request": i, "client": 0})
     return pd.DataFrame(rows)
 
