@@ -22,9 +22,9 @@ def interleaved(n: int) -> list[tuple[str, str]]:
     return [LEGS[i % 2] for i in range(n)]
 
 
-# Default legs. The sample's legs take seconds, so five (A/B/A/B/A): with one pool-on leg, a copy
-# whose mean moves 10-12% (sigma) from leg to leg (memory-bound work on a shared host) read a false "slower" in
-# 6-9% of simulated A/B/A demos, in 1.9-3.5% with five legs (benchmarks/sim_legs.py). A
+# Default legs. The sample's legs take seconds, so five (A/B/A/B/A): a copy whose mean moves
+# 10-12% (sigma) from leg to leg (memory-bound work on a shared host) read a false "slower" in
+# 6-9% of simulated A/B/A demos and 1.9-3.5% of A/B/A/B/A ones (benchmarks/sim_legs.py). A
 # llama-server leg starts a server and drives requests, so three there.
 SAMPLE_LEGS, LLAMA_LEGS = 5, 3
 
