@@ -2,8 +2,9 @@
 
 A simulation, not a recording: it shows why `ckptrace demo` records five legs of the sample
 workload (A/B/A/B/A) rather than three. On a shared host a memory-bound span (the checkpoint's
-copy) moves from leg to leg with the machine, not with the code: this project's CI once read the
-sample demo's copy +25% on CPU in its one pool-on leg, with the two pool-off legs 16% apart.
+copy) moves from leg to leg with the machine, not with the code: a CI-mode run of the suite here
+(2026-12-02, one busy loop) read the README sample's copy about 6.3 ms on CPU pool-off and 8.0 ms
+in its one pool-on leg, with the two pool-off legs' on-CPU checkpoint time 16.5% apart.
 
 Each leg's mean is the true value times exp(N(0, sigma)) (the same for every arm: no real change).
 compare's rule for a wall or on-CPU metric (analyzers/compare.py) is applied to the legs' means:
