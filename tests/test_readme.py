@@ -4,7 +4,7 @@ The first block runs whole (bash -eu, `ckptrace` on PATH, in an empty folder). T
 block runs line by line against the sample workload running as the server: its commands as
 written, the placeholder X replaced by that process's pid, and "Ctrl-C to stop" done by
 SIGINT once the recording holds checkpoints. README stays a front door: under 300 lines, its
-two set-up commands as they are.
+two set-up commands as they are, the trace format version it names the one the code writes.
 """
 from __future__ import annotations
 
@@ -107,3 +107,10 @@ def test_the_your_server_block_runs_as_written(require_root_ebpf, workload, tmp_
     doc = json.loads(ckptrace("analyze", "--json", tmp_path / "off.parquet").stdout)
     assert doc["summary"]["checkpoints"] > 0 and doc["trace"]["pid"] == server.pid
     assert doc["trace"]["machine"]["recorded"]  # what else the machine did, recorded beside it
+
+
+def test_docs_name_the_trace_format_version_the_code_writes():
+    from ckptrace.columns import VERSION
+
+    assert f"the trace file (format version {VERSION})" in README.read_text()
+    assert f"## Trace format (version {VERSION})" in (README.parent / "docs" / "trace-format.md").read_text()
