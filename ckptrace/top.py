@@ -245,7 +245,9 @@ class _View:
         if self.opts.as_json:
             import json
 
-            self.out.write(json.dumps(doc) + "\n")
+            from ckptrace.renderers.json import versioned  # pandas: loaded only for --json
+
+            self.out.write(json.dumps(versioned(doc)) + "\n")
         elif screen is not None:
             screen.draw(frame_lines(doc, list(self.notes)))
             return

@@ -188,8 +188,25 @@ def whatif_schema() -> dict:
         "warnings": {"type": "array", "items": {"type": "string"}}})}
 
 
+def top_schema() -> dict:
+    from ckptrace.top import WINDOW_COLUMNS
+
+    stat = strict({"count": COUNT, "p50": NUMBER, "p99": NUMBER})
+    process = strict({
+        "pid": {"type": "integer"}, "comm": {"type": "string"}, "start_ticks": COUNT, "attached_ns": COUNT,
+        "exited": {"type": "boolean"}, "checkpoints": COUNT, "pool_hits": COUNT, "restores": COUNT,
+        "checkpoints_per_s": {"type": "number"}, "held_bytes": {"type": "integer"}, "peak_held_bytes": COUNT,
+        "window": strict({"checkpoints": COUNT, **{c: stat for c in WINDOW_COLUMNS}})})
+    return {"$schema": DRAFT, "title": "ckptrace top --json (one document per frame, one per line)", **strict({
+        "schema_version": VERSION, "time": {"type": "number"}, "interval_s": {"type": "number"},
+        "once": {"type": "boolean"}, "window_s": {"type": "number"}, "elapsed_s": {"type": "number"},
+        "monotonic_ns": COUNT, "lost_events": COUNT, "processes": {"type": "array", "items": process},
+        "waiting": {"type": "string"}}, optional=("waiting",))}
+
+
 SCHEMAS = {"analyze": analyze_schema, "compare": compare_schema, "doctor": doctor_schema, "drive": drive_schema,
-           "record": record_schema, "symbols": symbols_schema, "demo": demo_schema, "whatif": whatif_schema}
+           "record": record_schema, "symbols": symbols_schema, "demo": demo_schema, "whatif": whatif_schema,
+           "top": top_schema}
 
 
 def schema_text(name: str) -> str:

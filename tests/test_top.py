@@ -11,6 +11,7 @@ import signal
 import subprocess
 import time
 
+import jsonschema
 import numpy as np
 import pytest
 
@@ -18,7 +19,7 @@ from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.memory import memory_summary
 from ckptrace.trace import read_trace
 from helpers import (CKPTRACE, assert_one_line_error, ckptrace, clock_tolerance, go, load_truth, recorder, started,
-                     wait_until, waiting_workload)
+                     validate_json, wait_until, waiting_workload)
 
 # The only escapes a frame may hold: home, clear to end of line, clear below, hide/show the cursor.
 PLAIN_ANSI = {"\x1b[H", "\x1b[K", "\x1b[J", "\x1b[?25l", "\x1b[?25h"}
@@ -51,6 +52,9 @@ def test_top_shows_what_analyze_of_a_recording_of_the_same_seconds_shows(tmp_pat
         assert top.wait(120) == 0, top.stderr.read()  # it stops when its process has exited
         assert rec.wait(120) == 0, rec.stderr.read()
         doc = json.loads(top.stdout.read())
+    validate_json("top", doc)  # docs/schemas/top.schema.json, schema_version included
+    with pytest.raises(jsonschema.ValidationError):  # and the schema says something
+        validate_json("top", {k: v for k, v in doc.items() if k != "lost_events"})
     (p,) = doc["processes"]
     assert p["pid"] == wl.pid and p["exited"] and doc["lost_events"] == 0
 
