@@ -21,7 +21,7 @@ COMMANDS = {
     "analyze": "Per-checkpoint and per-iteration breakdown of one trace.",
     "compare": "Compare baseline and candidate legs (A/B/A) with drift-aware verdicts.",
     "dashboard": "Write a self-contained HTML report of one or more traces.",
-    "demo": "Record the sample pool-off, pool-on, pool-off; analyze, compare, write a dashboard.",
+    "demo": "Record the sample pool-off and pool-on in turn (A/B/A/B/A); analyze, compare, write a dashboard.",
     "drive": "Send a bounded load of distinct prompts to a llama-server and report TTFT.",
     "export": "Write traces as a timeline for Perfetto (protobuf) or Chrome (Trace Event JSON).",
     "serve": "Serve Prometheus metrics of running servers' checkpoints at /metrics.",
@@ -75,8 +75,8 @@ def cli():
     """Trace where llama-server's prefill time goes when it saves context checkpoints.
 
     Data flows probes -> trace -> analyzers -> dashboards. Only `doctor`, `record`,
-    `symbols --pid`, `serve` and `demo` need root and eBPF; the rest work on any machine with
-    the trace files.
+    `symbols --pid`, `serve`, `top` and `demo` need root and eBPF; the rest work on any machine
+    with the trace files.
     """
 
 

@@ -1,4 +1,4 @@
-"""`ckptrace demo`: record A/B/A (sample or real llama-server), check it, analyze, compare, dashboard."""
+"""`ckptrace demo`: record A/B/A/B/A (sample) or A/B/A (real llama-server), check it, analyze, compare, dashboard."""
 from __future__ import annotations
 
 import json
@@ -118,7 +118,7 @@ def llama_server_legs(out_dir: Path, say, version: str = "0.3.36", model: str = 
 @click.command(epilog="""\b
 Examples:
   ckptrace demo                  # sample workload, A/B/A/B/A, into ./ckptrace-demo/
-  ckptrace demo --out /tmp/demo --iterations 60
+  ckptrace demo --out runs/demo --iterations 60
   ckptrace demo --json           # machine-readable summary on stdout
   ckptrace demo --llama-server   # a real llama-server, pool off/on/off
   ckptrace demo --llama-server --llama-version 11434 --libcxx

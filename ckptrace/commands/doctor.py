@@ -120,7 +120,7 @@ def format_check(c: Check) -> str:
 @click.command(epilog="""\b
 Examples:
   sudo ckptrace doctor
-  sudo ckptrace doctor --json | jq '.[] | select(.ok | not)'
+  sudo ckptrace doctor --json | jq '.checks[] | select(.ok | not)'
 """)
 @click.option("--json", "as_json", is_flag=True, help="Print {schema_version, checks: [{check, ok, detail, fix}]} as JSON.")
 def command(as_json: bool) -> None:

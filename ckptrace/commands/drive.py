@@ -51,7 +51,7 @@ Examples:
 @click.option("--json", "as_json", is_flag=True, help="Print {schema_version, requests: [...]} as JSON for scripts (-o writes the list alone: the request file).")
 @click.option("-o", "--output", metavar="FILE", default=None,
               help="Also write the per-request JSON list to FILE (the request file `analyze --requests` and "
-                   "`compare` read; name it TRACE-NAME.requests.json beside the trace to pair them).")
+                   "`compare` read; name it NAME.requests.json beside the trace NAME.parquet to pair them).")
 def command(url, clients, n_requests, prompt_tokens, n_predict, timeout_s, request_timeout_s, seed, as_json,
             output):
     """Send distinct streaming prompts to URL/completion and report time to first token.

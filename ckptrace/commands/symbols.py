@@ -12,7 +12,7 @@ from ckptrace.terminal import echo, printable
 Examples:
   ckptrace symbols ./build/bin/llama-server
   ckptrace symbols --pid $(pidof llama-server)
-  ckptrace symbols --json ckpt-workload | jq '.points[].object'
+  ckptrace symbols --json "$(ckptrace workload)" | jq '.points[].object'
 """)
 @click.argument("binary", required=False)
 @click.option("--pid", type=click.IntRange(min=1), help="Resolve in a running process (its /proc/PID/maps).")

@@ -136,7 +136,7 @@ struct common_state_buffer_pool_stats {
     size_t n_held = 0;  // buffers in the pool now
 };
 
-// A process-wide bounded pool of checkpoint buffers (the seed PR's design). Buffers above the
+// A process-wide bounded pool of checkpoint buffers (llama.cpp PR #201's design). Buffers above the
 // size floor are kept resident for reuse instead of going back to glibc, which would munmap()
 // them; the byte cap, count cap and smallest-first displacement keep what it holds bounded.
 class common_state_buffer_pool {
