@@ -3,6 +3,9 @@
 prometheus_client's own server starts a thread per connection and waits on each without a time
 limit, so a client that opens sockets and sends nothing (slowloris) made serve hold a thread and
 its stack per socket, without bound. Here one thread serves every connection from a selector:
+- the kernel hands over a connection only once its first bytes arrived (TCP_DEFER_ACCEPT), so a
+  scraper's request is there when it is accepted, however late after its connect it was sent;
+  connections that send nothing come after the deferral (about a second);
 - at most MAX_CONNECTIONS are open; a new one past that closes the connection idle longest that
   has not yet sent a whole request, so a scraper always gets in and is answered at once;
 - a request must arrive whole (at most MAX_REQUEST_BYTES of request line and headers) within
@@ -23,18 +26,21 @@ from urllib.parse import unquote, urlsplit
 
 MAX_CONNECTIONS = 64
 ACCEPT_BURST = 256  # connections accepted before the others' events are looked at
-BACKLOG = 1024  # connections the kernel queues for accept (a burst is queued, not dropped)
+BACKLOG = 4096  # connections the kernel queues (a burst is queued, not dropped; under TCP_DEFER_ACCEPT, also those yet to send: past it the kernel falls back to SYN cookies, which skip the deferral)
 MAX_REQUEST_BYTES = 8192
+DEFER_ACCEPT_S = 1  # a connection that sends nothing is accepted after about this (then on a clock)
 REQUEST_TIMEOUT_S = 10.0
 RESPONSE_TIMEOUT_S = 30.0
+GRACE_S = 0.05
 TICK_S = 0.5  # how often deadlines are looked at while nothing happens
 
 
 class _Client:
-    __slots__ = ("sock", "since", "deadline", "inbox", "outbox")
+    __slots__ = ("sock", "born", "since", "deadline", "inbox", "outbox")
 
     def __init__(self, sock: socket.socket, now: float):
         self.sock = sock
+        self.born = time.monotonic()  # accepted at
         self.since = now  # last activity: the longest idle goes first when the table is full
         self.deadline = now + REQUEST_TIMEOUT_S
         self.inbox = bytearray()
@@ -52,6 +58,9 @@ class MetricsServer:
         try:
             self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             self.listener.bind((host, port))
+            # Before it, a scraper accepted before its request arrived (descheduled between connect
+            # and send) could be closed to make room for an attacker's next connections.
+            self.listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_DEFER_ACCEPT, DEFER_ACCEPT_S)
             self.listener.listen(BACKLOG)
         except OSError:
             self.listener.close()
@@ -123,6 +132,10 @@ class MetricsServer:
         """Close the connection idle longest that is still sending its request (an answer being
         taken is left to finish); where every one is being answered, the oldest."""
         waiting = [c for c in self.clients.values() if c.outbox is None] or list(self.clients.values())
+        # one accepted in the last GRACE_S is closed only where all are that young: a scraper whose
+        # connection skipped the deferral (SYN cookies) still gets a moment to send its request
+        now = time.monotonic()
+        waiting = [c for c in waiting if now - c.born >= GRACE_S] or waiting
         if waiting:
             self._drop(min(waiting, key=lambda c: c.since))
 
