@@ -84,6 +84,8 @@ def open_regular(path, what: str = "trace") -> pa.NativeFile:
         raise TraceFormatError(f"{shown}: no such file") from None
     except OSError as e:
         raise TraceFormatError(f"{shown}: cannot read it ({e.strerror})") from None
+    except ValueError:  # no path holds a NUL byte
+        raise TraceFormatError(f"{shown}: not a file name (it holds a NUL byte)") from None
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):

@@ -254,3 +254,45 @@ def test_root_s_output_never_takes_the_mode_of_a_file_it_replaces(planted, how):
     # nobody can no longer rewrite it
     r = subprocess.run([*AS_NOBODY, "sh", "-c", f"echo rewritten-by-nobody > '{planted}'"], capture_output=True, text=True)
     assert r.returncode != 0 and b"rewritten-by-nobody" not in planted.read_bytes()
+
+
+# --- the low ones: a clear line or the right word ------------------------------------------------
+
+def test_an_output_name_of_255_bytes_is_written_and_one_of_256_is_one_line(tmp_path):
+    """The temp name beside the output was the name plus 18 bytes: a legal 255-byte name failed
+    with ENAMETOOLONG. A name no filesystem takes is one line."""
+    name = "é" * 125 + ".json"  # 255 bytes in UTF-8
+    r = ckptrace("export", OFF1, "-o", tmp_path / name)
+    assert r.returncode == 0, r.stderr
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    assert_one_line_error(ckptrace("export", OFF1, "-o", tmp_path / ("a" + name)), "File name too long")
+
+
+def test_a_nul_byte_in_a_path_is_one_line():
+    import ckptrace
+    from ckptrace.errors import CkptraceError
+    from ckptrace.output import write_output
+
+    for path in ("\x00", "a\x00b"):
+        with pytest.raises(CkptraceError, match=r"not a file name \(it holds a NUL byte\)"):
+            ckptrace.open(path)
+        with pytest.raises(CkptraceError, match=r"not a file name \(it holds a NUL byte\)"):
+            write_output(path, lambda f: None)
+
+
+@pytest.mark.parametrize("mode", ["launch", "attach"])
+def test_partial_spans_of_a_launched_target_are_not_said_to_be_from_before_recording(tmp_path, mode):
+    """A launched command is held before exec until the probes are in: nothing it entered was missed,
+    so a return without its entry is not 'cut off at attach'."""
+    meta = _sample_meta()
+    meta.update(mode=mode, partial_spans=3)
+    r = ckptrace("analyze", _with_meta(tmp_path / "p.parquet", json.dumps(meta).encode()), "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)["summary"]
+    reliability = summary["reliability"]
+    assert summary["partial_spans"] == 3
+    if mode == "launch":
+        assert "3 partial spans (a return seen without its entry) were dropped" in reliability
+        assert "cut off at attach" not in reliability
+    else:
+        assert "3 spans were cut off at attach or stop and dropped (3 partial" in reliability
