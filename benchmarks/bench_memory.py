@@ -12,6 +12,10 @@ output goes to a file (export) or /dev/null. Reported per command and length: pe
 bytes of peak per event, and the CPU seconds it took (user + system); the figures to quote are
 the bytes per event and how they change from one length to the next (flat: memory grows with
 the trace at that rate; falling: a fixed part dominates).
+
+The repeated sample is very regular: from about 950,000 events it would expand past 256x its
+file and every command refuses it (the reader's memory bound, docs/trace-format.md), so lengths
+above that need a less regular synthetic trace.
 """
 from __future__ import annotations
 
