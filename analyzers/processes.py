@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from ckptrace.meta import ProcessInfo
+from ckptrace.errors import TraceFormatError
+from ckptrace.meta import MAX_PROCESSES, ProcessInfo
+from ckptrace.terminal import printable
 from ckptrace.trace import Trace
 
 
@@ -24,6 +26,9 @@ def process_info(trace: Trace, pids=None) -> list[ProcessInfo]:
     seen = {p.pid for p in known}
     pids = trace.events["pid"].unique() if pids is None else pids
     extra = sorted(int(p) for p in pids if int(p) not in seen and int(p) != 0)
+    if len(known) + len(extra) > MAX_PROCESSES:  # each is analysed apart: a hostile trace's 20,000 took 90 s
+        raise TraceFormatError(f"{printable(trace.path or 'the trace')}: rows of {len(known) + len(extra)} processes; "
+                               f"a recording follows at most {MAX_PROCESSES}: a damaged or hostile trace?")
     return known + [ProcessInfo(pid=p, label=f"pid {p}") for p in extra]
 
 

@@ -96,9 +96,12 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
     if lost:
         problems.append(f"{lost} events were lost (ring buffer full): counts and times may be low "
                         "and some checkpoints or iterations may be missing")
-    if partial or open_:
-        problems.append(f"{partial + open_} spans were cut off at attach or stop and dropped "
-                        f"({partial} partial, {open_} open at stop): the first or last iteration "
+    cut = 0 if meta.mode == "launch" else partial  # held before exec: nothing was entered before the probes
+    if partial - cut:
+        problems.append(f"{partial} partial spans (a return seen without its entry) were dropped")
+    if cut or open_:
+        problems.append(f"{cut + open_} spans were cut off at attach or stop and dropped "
+                        f"({cut} partial, {open_} open at stop): the first or last iteration "
                         "may be incomplete")
     if getattr(meta, "map_full", 0):
         problems.append(f"{meta.map_full} thread events were not seen (the recorder's per-thread map was "

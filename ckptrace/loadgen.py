@@ -26,6 +26,13 @@ from ckptrace.terminal import printable
 # The network policy allows no other target: the server must be on this machine.
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
 REASON_CHARS = 80  # a failure's reason, as shown in the status column
+# One line of the event stream, at most: llama-server's longest, the last chunk with its timings
+# and settings, is a few KiB. A server sending a line without end once took drive to 3.1 GB.
+LINE_MAX = 1 << 20
+COUNT_MAX = (1 << 31) - 1  # a token count, as a trace holds one (ckptrace/validate.py)
+# Refused connections to a server we did not start: nothing listens, said after this long (a
+# server restarting has that long to listen again), not after --timeout.
+REFUSED_S = 1.0
 
 # Short common English words: about one GPT-2 style token each, so a prompt of T words is
 # close to T tokens. The server's own count is what the results report.
@@ -128,9 +135,9 @@ def wait_healthy(base: str, deadline: float, exited: Callable[[], int | None] | 
     """Return once GET /health answers 200 (503 while the model loads), by `deadline`.
 
     `exited`: for a server we started, its poll(); refused connections are then waited out,
-    else (someone's server) 10 s of refusals mean nothing listens."""
+    else (someone's server) REFUSED_S of refusals mean nothing listens."""
     last = "no answer"
-    refused_until = deadline if exited else min(deadline, time.monotonic() + 10.0)
+    refused_until = deadline if exited else min(deadline, time.monotonic() + REFUSED_S)
     while time.monotonic() < deadline:
         if exited is not None and exited() is not None:
             raise TargetError(f"the server exited ({exited()}) before {base}/health answered 200")
@@ -194,7 +201,9 @@ def _read_stream(resp: http.client.HTTPResponse, out: dict, t0: int) -> None:
     if resp.status != 200:
         raise BadStream(f"HTTP {resp.status}")
     first_chunk_ns = None
-    for raw in resp:
+    while raw := resp.readline(LINE_MAX + 1):
+        if len(raw) > LINE_MAX:
+            raise BadStream(f"a line longer than {LINE_MAX >> 20} MiB")
         line = raw.strip()
         if not line or line.startswith(b":"):
             continue  # SSE blank separator or comment
@@ -206,8 +215,10 @@ def _read_stream(resp: http.client.HTTPResponse, out: dict, t0: int) -> None:
         now = time.monotonic_ns()
         try:
             chunk = json.loads(payload)
-        except ValueError:
+        except ValueError:  # also an integer of over 4,300 digits
             raise BadStream("a data line is not JSON") from None
+        except RecursionError:
+            raise BadStream("a data line is nested too deep") from None
         if not isinstance(chunk, dict):
             raise BadStream("a data line is not a JSON object")
         if "error" in chunk:
@@ -223,8 +234,8 @@ def _read_stream(resp: http.client.HTTPResponse, out: dict, t0: int) -> None:
         for key, field in (("tokens_evaluated", "prompt_tokens"), ("tokens_predicted", "predicted_tokens")):
             count = chunk.get(key)
             if count is not None:
-                if type(count) is not int or count < 0:
-                    raise BadStream(f"{key} is not a count")
+                if type(count) is not int or not 0 <= count <= COUNT_MAX:
+                    raise BadStream(f"{key} is not a count (0..{COUNT_MAX})")
                 out[field] = count
         if chunk.get("stop") is True:
             if out["ttft_ns"] is None and first_chunk_ns is not None:

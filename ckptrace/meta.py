@@ -16,6 +16,13 @@ from typing import Any
 from ckptrace.errors import TraceFormatError
 
 INT_LIMIT = 1 << 62  # any integer field: sums and differences of a few stay inside int64
+# Bounds on what a hostile trace's metadata can make a reader build (20,000 processes once took
+# 1 GB and 90 s to analyse): the JSON's length, checked before parsing (trace.py), and every list's
+# items. A recording follows at most 64 processes (probes/recorder.py MAX_TARGETS); each maps a
+# few hundred objects, each with a handful of probe points. A `command` is bounded by JSON_MAX only.
+JSON_MAX = 8 << 20
+LIST_MAX = 1 << 16
+MAX_PROCESSES = 64
 
 
 @dataclass(frozen=True)
@@ -39,8 +46,8 @@ class ProbeInfo:
 @dataclass
 class OpenSpans:
     """Spans entered but not returned when recording stopped (dropped from the events)."""
-    checkpoints: int = 0
-    iterations: int = 0
+    checkpoints: int = field(default=0, metadata={"min": 0})
+    iterations: int = field(default=0, metadata={"min": 0})
 
     @property
     def total(self) -> int:
@@ -148,7 +155,8 @@ class TraceMeta:
     label: str = ""  # how compare groups legs
     tool_version: str | None = None
     mode: str | None = None  # "launch" or "attach"
-    command: list[str] | None = None  # launch mode: the command line
+    # launch mode: the command line (as long as the kernel let it be: bounded by JSON_MAX alone)
+    command: list[str] | None = field(default=None, metadata={"max_items": None})
     pid: int | None = None
     exit_code: int | None = None  # launch mode: the command's exit status
     executable: str | None = None
@@ -166,27 +174,32 @@ class TraceMeta:
     stop_ns: int | None = None
     first_event_ns: int | None = None
     stop_reason: str | None = None  # interrupted, terminated, duration, target exited
-    lost_events: int = 0  # ring buffer full
-    partial_spans: int = 0  # returns seen without their entry (attached mid-span): dropped
-    abandoned_spans: int = 0
+    lost_events: int = field(default=0, metadata={"min": 0})  # ring buffer full
+    # returns seen without their entry (attached mid-span): dropped
+    partial_spans: int = field(default=0, metadata={"min": 0})
+    abandoned_spans: int = field(default=0, metadata={"min": 0})
     open_at_stop: OpenSpans = field(default_factory=OpenSpans)
-    attach_retries: int | None = None
-    fault_sample_every: int | None = None  # --fault-sample
-    fault_slices_timed: int | None = None
+    attach_retries: int | None = field(default=None, metadata={"min": 0})
+    fault_sample_every: int | None = field(default=None, metadata={"min": 0})  # --fault-sample
+    fault_slices_timed: int | None = field(default=None, metadata={"min": 0})
     fault_time_definition: str | None = None
-    events: int | None = None  # rows in the event table
+    events: int | None = field(default=None, metadata={"min": 0})  # rows in the event table
     sched_counters: SchedCounters | None = None  # None: a version 1 trace
     fault_time: FaultTime | None = None
-    processes: list[ProcessInfo] = field(default_factory=list)  # version 3: each traced process
+    # version 3: each traced process (a recording follows at most MAX_PROCESSES)
+    processes: list[ProcessInfo] = field(default_factory=list, metadata={"max_items": MAX_PROCESSES})
     # Version 3 (ckptrace/stream.py). A finished trace is complete; a stream a killed recorder
     # left is not, and says so in one line.
     complete: bool = True
     cut_short: str | None = None
-    map_full: int = 0  # thread events not seen: the kernel's per-thread map was full
-    max_threads: int | None = None  # that map's size (--max-threads)
-    threads_seen: int | None = None  # threads the map took in, and removed again when they exited
-    threads_pruned: int | None = None
-    threads_peak: int | None = None  # most threads in the map at once (sampled at each flush)
+    # thread events not seen: the kernel's per-thread map was full
+    map_full: int = field(default=0, metadata={"min": 0})
+    max_threads: int | None = field(default=None, metadata={"min": 0})  # that map's size (--max-threads)
+    # threads the map took in, and removed again when they exited
+    threads_seen: int | None = field(default=None, metadata={"min": 0})
+    threads_pruned: int | None = field(default=None, metadata={"min": 0})
+    # most threads in the map at once (sampled at each flush)
+    threads_peak: int | None = field(default=None, metadata={"min": 0})
     profile: ProfileInfo | None = None  # version 3: the generation matched; None: not recorded
     # Version 4: the CUDA copy path, for a recording with a CUDA target; None (and no key written):
     # no CUDA library was probed
@@ -214,18 +227,22 @@ class TraceMeta:
         return _convert(data, cls, "metadata")
 
 
-def _convert(value: object, tp: object, where: str):
-    """`value` (parsed JSON) checked against the annotation `tp`, dataclasses built."""
+def _convert(value: object, tp: object, where: str, max_items: int | None = LIST_MAX):
+    """`value` (parsed JSON) checked against the annotation `tp`, dataclasses built; a list of
+    more than `max_items` items refused before its items are."""
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
             return None
         (inner,) = [a for a in args if a is not type(None)]
-        return _convert(value, inner, where)
+        return _convert(value, inner, where, max_items)
     if origin is list:
         (inner,) = typing.get_args(tp)
-        return [_convert(v, inner, f"{where}[{i}]") for i, v in enumerate(_expect(value, list, where))]
+        items = _expect(value, list, where)
+        if max_items is not None and len(items) > max_items:
+            raise TraceFormatError(f"{where} lists {len(items)} items, more than the {max_items} a trace has")
+        return [_convert(v, inner, f"{where}[{i}]") for i, v in enumerate(items)]
     if origin is dict or tp is dict:
         return dict(_expect(value, dict, where))
     if dataclasses.is_dataclass(tp):
@@ -244,7 +261,8 @@ def _convert(value: object, tp: object, where: str):
 def _build(cls, data: dict, where: str):
     hints = typing.get_type_hints(cls)
     known = {f.name: f for f in dataclasses.fields(cls) if f.metadata.get("json", True)}
-    kwargs = {k: _convert(v, hints[k], f"{where}.{k}") for k, v in data.items() if k in known}
+    kwargs = {k: _convert(v, hints[k], f"{where}.{k}", known[k].metadata.get("max_items", LIST_MAX))
+              for k, v in data.items() if k in known}
     for k, v in kwargs.items():  # a size or count the analysis divides by or subtracts from
         low = known[k].metadata.get("min")
         if low is not None and v is not None and v < low:

@@ -21,6 +21,8 @@
   before it starts anything; so does any other output of ckptrace pointed at it. A trace no
   recorder holds (finished, or left by a killed one) is replaced like any other file. Only locks
   on files of ours or root's count: another user's lock on a file of theirs stops nothing.
+- A new output's mode is 0666 less the umask, whatever file it replaces: a file planted at the
+  name (setuid, group- or world-writable) lends it nothing.
 Failures raise OutputError (one line, with errno), and nothing is left behind.
 """
 from __future__ import annotations
@@ -68,7 +70,7 @@ def write_output(path: str | os.PathLike, write: Writer, *, what: str = "output"
     if st is not None and (st.st_dev, st.st_ino) != own:
         _not_recording(target, st, path, what, fcntl.LOCK_SH)
     if st is None or stat.S_ISREG(st.st_mode):
-        _replace(target, folder_id, write, path, what, None if st is None else stat.S_IMODE(st.st_mode))
+        _replace(target, folder_id, write, path, what)
     elif _writable_in_place(st):
         try:
             fd = os.open(target, os.O_WRONLY | os.O_NOCTTY | os.O_CLOEXEC)
@@ -195,12 +197,11 @@ def _identity(path: str) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def _replace(real: str, folder_id, write: Writer, shown, what: str, mode: int | None) -> None:
+def _replace(real: str, folder_id, write: Writer, shown, what: str) -> None:
     folder, name = os.path.split(real)
     dfd = _open_folder(folder, folder_id, shown, what)
     try:
-        tmp = _write_temp(dfd, write, shown, what, f".{name}.", ".tmp",
-                          _default_mode() if mode is None else mode)
+        tmp = _write_temp(dfd, write, shown, what, _temp_prefix(name), ".tmp", _default_mode())
         try:
             os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)  # renameat never follows `name`
         except OSError as e:
@@ -235,14 +236,14 @@ def create_in_place(path: str | os.PathLike, head: bytes, *, what: str = "output
     held = _not_recording(target, st, path, what, fcntl.LOCK_EX, keep=True)
     dfd = _open_folder(folder, folder_id, path, what)
     try:
-        fd, tmp = _new_file(dfd, path, what, f".{name}.", ".tmp")
+        fd, tmp = _new_file(dfd, path, what, _temp_prefix(name), ".tmp")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: no one else can hold it
             view = memoryview(head)
             while view:
                 view = view[os.write(fd, view):]
-            os.fchmod(fd, _default_mode() if st is None else stat.S_IMODE(st.st_mode))
-            tmp = _named(fd, tmp, dfd, path, what, f".{name}.", ".tmp")
+            os.fchmod(fd, _default_mode())  # never the replaced file's mode: its owner chose it
+            tmp = _named(fd, tmp, dfd, path, what, _temp_prefix(name), ".tmp")
             if st is None:  # link() never replaces: a file made there meanwhile is not lost
                 try:
                     os.link(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
@@ -308,6 +309,12 @@ def _lock_holder(st: os.stat_result) -> int | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def _temp_prefix(name: str) -> str:
+    """A temp name's start beside `name`: the name cut to 200 bytes, so the temp name (18 bytes
+    more) stays a legal name even when `name` is NAME_MAX (255) bytes long."""
+    return "." + os.fsdecode(os.fsencode(name)[:200]) + "."
 
 
 def _new_file(dfd: int, shown, what: str, prefix: str, suffix: str) -> tuple[int, str | None]:
@@ -395,6 +402,9 @@ def _resolve(path: str, what: str) -> tuple[str | int, tuple[int, int] | None]:
     and the identity of the folder it is in."""
     if not path:
         raise OutputError(f"empty path for the {what}")
+    if "\0" in path:
+        raise OutputError(f"{printable(path)}: not a file name (it holds a NUL byte); choose a path for the {what}",
+                          errno.EINVAL)
     todo = [p for p in path.split("/") if p][::-1]
     current = "/" if path.startswith("/") else os.getcwd()
     current_id = _identity(current)

@@ -26,11 +26,11 @@ from ckptrace.columns import (ADDED_IN_3, ADDED_IN_5, COLUMN_TYPES, FORMAT, GPU_
                               MIN_READER_VERSION, OPTIONAL, OUTCOMES, PHASES, STATE_FLAG_ON_DEVICE,
                               STATE_FLAG_PARTIAL_ONLY, VERSION, with_meta)
 from ckptrace.errors import TraceFormatError
-from ckptrace.meta import TraceMeta
+from ckptrace.meta import JSON_MAX, TraceMeta
 from ckptrace.output import write_output
 from ckptrace.terminal import printable
 from ckptrace import stream
-from ckptrace.validate import (STREAM_EXPANSION, budget_rows, check_column, check_events, check_ids, check_table,
+from ckptrace.validate import (FOOTER_MAX, STREAM_EXPANSION, budget_rows, check_column, check_events, check_ids, check_table,
                                check_types, memory_budget, open_regular, reversed_error)
 
 # The tables share columns and rely on copy-on-write, pandas 3's rule: under pandas 2.2 and 2.3
@@ -143,6 +143,32 @@ def time_origin(meta: TraceMeta, events: pd.DataFrame | int | None) -> int:
     return events or 0
 
 
+def _check_footer(source: pa.NativeFile, size: int, path) -> None:
+    """A Parquet footer's length, from the file's last 8 bytes, bounded before pyarrow reads it."""
+    if size < 12:
+        return  # too short to be Parquet: pyarrow says so
+    tail = source.read_at(8, size - 8)
+    length = int.from_bytes(tail[:4], "little")
+    if tail[4:] == b"PAR1" and (length > FOOTER_MAX or length > size - 12):
+        why = "more than the file holds" if length > size - 12 else f"over the {FOOTER_MAX >> 20} MiB a trace has"
+        raise TraceFormatError(f"{printable(path)}: its Parquet footer claims {length} bytes, {why}: a damaged or "
+                               "hostile trace?")
+
+
+class _KeyTwice(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _no_key_twice(pairs: list[tuple[str, object]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        raise _KeyTwice(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out
+
+
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a number a trace can hold")
 
@@ -167,6 +193,7 @@ class TraceFile:
             if self.stream:
                 schema = stream.open_stream(path, self.source).schema
             else:  # a local file: read-ahead only costs memory
+                _check_footer(self.source, self.size, path)
                 self.parquet = pq.ParquetFile(self.source, pre_buffer=False)
                 schema = self.parquet.schema_arrow
             self.meta = _checked_meta(schema, path)
@@ -184,7 +211,7 @@ class TraceFile:
         assert self.parquet is not None, "a stream has no Parquet file"
         if not self._checked:
             try:
-                check_table(self.parquet, COLUMNS, self.size, self.shown)
+                check_table(self.parquet, COLUMNS, self.size, self.shown, self.source)
             except (pa.ArrowException, OSError) as e:
                 raise TraceFormatError(f"{self.path}: trace is damaged ({_first_line(e)})") from None
             self._checked = True
@@ -233,8 +260,14 @@ def _checked_meta(schema: pa.Schema, path) -> TraceMeta:
     raw = (schema.metadata or {}).get(META_KEY.encode())
     if raw is None:
         raise TraceFormatError(f"{path}: a Parquet file, but not a ckptrace trace (no '{META_KEY}' metadata)")
-    try:
-        meta = json.loads(raw, parse_constant=_no_constant)  # NaN/Infinity would break --json later
+    if len(raw) > JSON_MAX:
+        raise TraceFormatError(f"{path}: its ckptrace metadata is {len(raw)} bytes, over the {JSON_MAX >> 20} MiB a "
+                               "trace has: a damaged or hostile trace?")
+    try:  # NaN/Infinity would break --json later; a key twice: which one counts is anyone's guess
+        meta = json.loads(raw, parse_constant=_no_constant, object_pairs_hook=_no_key_twice)
+    except _KeyTwice as e:
+        raise TraceFormatError(f"{path}: ckptrace metadata holds the key {printable(e.key)[:80]!r} twice "
+                               "(which one counts is anyone's guess): a damaged or hostile trace?") from None
     except (ValueError, RecursionError):  # RecursionError: nested too deep to be ours
         raise TraceFormatError(f"{path}: ckptrace metadata is not valid JSON") from None
     if not isinstance(meta, dict):

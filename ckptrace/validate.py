@@ -18,6 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from ckptrace import pages
 from ckptrace.errors import TraceFormatError
 from ckptrace.order import in_order, increasing  # noqa: F401 (also read from here)
 from ckptrace.terminal import printable
@@ -61,6 +62,15 @@ BOOL_COLUMNS = {"draft", "spec"}
 EXPANSION = 256
 STREAM_EXPANSION = 64
 MIN_BUDGET = 256 << 20
+# Pages a column chunk may have: pyarrow ends a page only between batches of 1,024 values, so its
+# chunks have at most one page per 1,024 values and a few more (a dictionary page, the last one);
+# a file of millions of empty pages would only cost time to walk.
+VALUES_PER_PAGE = 64
+PAGES_MIN = 8
+# A Parquet footer: ckptrace's holds the metadata (at most meta.JSON_MAX, twice) and 2-3 KiB per
+# row group of 131,072 rows, so 64 MiB is over 2 billion events; a longer one is refused before
+# pyarrow reads it (a sparse file's lying footer length once made it read 2.2 GB).
+FOOTER_MAX = 64 << 20
 
 
 def open_regular(path, what: str = "trace") -> pa.NativeFile:
@@ -74,6 +84,8 @@ def open_regular(path, what: str = "trace") -> pa.NativeFile:
         raise TraceFormatError(f"{shown}: no such file") from None
     except OSError as e:
         raise TraceFormatError(f"{shown}: cannot read it ({e.strerror})") from None
+    except ValueError:  # no path holds a NUL byte
+        raise TraceFormatError(f"{shown}: not a file name (it holds a NUL byte)") from None
     try:
         mode = os.fstat(fd).st_mode
         if stat.S_ISDIR(mode):
@@ -86,8 +98,12 @@ def open_regular(path, what: str = "trace") -> pa.NativeFile:
         os.close(fd)
 
 
-def check_table(pf: pq.ParquetFile, columns: dict, size: int, shown: str) -> None:
-    """Before decoding: each column's Parquet type, and the memory the events would take."""
+def check_table(pf: pq.ParquetFile, columns: dict, size: int, shown: str,
+                source: pa.NativeFile | None = None) -> None:
+    """Before decoding: each column's Parquet type, and the memory the events would take: the
+    decoded columns, and every page of the columns read as its own header says it inflates
+    (`source`: the open file; the footer's sizes are the writer's word, a page header is what the
+    reader allocates), per column and in total."""
     check_types(pf.schema_arrow, columns, shown)
     md = pf.metadata
     rows = md.num_rows
@@ -95,15 +111,54 @@ def check_table(pf: pq.ParquetFile, columns: dict, size: int, shown: str) -> Non
         raise TraceFormatError(f"{shown}: {rows} events, more than the {ROWS_MAX} a trace may hold (their "
                                "sums would not stay in 64 bits): a damaged or hostile trace?")
     row_bytes = sum(_itemsize(d) for d in columns.values())
-    stored = sum(md.row_group(i).column(j).total_uncompressed_size
-                 for i in range(md.num_row_groups) for j in range(md.num_columns))
-    need = 2 * rows * row_bytes + stored  # the frame, a copy while typing it, the decoded pages
     budget = memory_budget(size)
+    decoded = 2 * rows * row_bytes  # the frame, a copy while typing it
+    if decoded > budget:
+        raise _over_budget(shown, rows, decoded, size, budget)
+    per_column = _page_bytes(pf, columns, size, shown, source)
+    need = decoded + sum(per_column.values())
     if need > budget:
-        raise TraceFormatError(
-            f"{shown}: {rows} events would take about {need >> 20} MiB of memory from a {size >> 10} KiB "
-            f"file; ckptrace reads at most {budget >> 20} MiB here ({EXPANSION}x the file, at least "
-            f"{MIN_BUDGET >> 20} MiB, at most half the available memory): a damaged or hostile trace?")
+        worst = max(per_column, key=lambda c: per_column[c])
+        raise _over_budget(shown, rows, need, size, budget,
+                           f" (its pages inflate to {sum(per_column.values()) >> 20} MiB, column {worst}'s to "
+                           f"{per_column[worst] >> 20} MiB)")
+
+
+def _over_budget(shown: str, rows: int, need: int, size: int, budget: int, detail: str = "") -> TraceFormatError:
+    return TraceFormatError(
+        f"{shown}: {rows} events would take about {need >> 20} MiB of memory{detail} from a {size >> 10} KiB "
+        f"file; ckptrace reads at most {budget >> 20} MiB here ({EXPANSION}x the file, at least "
+        f"{MIN_BUDGET >> 20} MiB, at most half the available memory): a damaged or hostile trace?")
+
+
+def _page_bytes(pf: pq.ParquetFile, columns: dict, size: int, shown: str,
+                source: pa.NativeFile | None) -> dict[str, int]:
+    """Each column read -> the bytes its pages inflate to: their headers' word when the file is at
+    hand, never less than the footer's (a chunk's pages are walked to its end, so a footer that
+    misplaces a chunk is caught too)."""
+    md = pf.metadata
+    names = pf.schema_arrow.names
+    out: dict[str, int] = {}
+    for j in range(md.num_columns):
+        name = md.schema.column(j).path
+        if name not in columns or name not in names:
+            continue  # not read
+        for i in range(md.num_row_groups):
+            chunk = md.row_group(i).column(j)
+            claimed = chunk.total_uncompressed_size
+            if source is not None:
+                try:
+                    found = pages.chunk_pages(source, chunk, size)
+                except pages.PageError as e:
+                    raise TraceFormatError(f"{shown}: trace is damaged (column {name}: {e})") from None
+                if found.pages > PAGES_MIN + chunk.num_values // VALUES_PER_PAGE:
+                    raise TraceFormatError(
+                        f"{shown}: column {name} has {found.pages} pages for {chunk.num_values} values in row group "
+                        f"{i}; ckptrace reads at most one page per {VALUES_PER_PAGE} values: a damaged or hostile "
+                        "trace?")
+                claimed = max(claimed, found.uncompressed)
+            out[name] = out.get(name, 0) + max(claimed, 0)
+    return out
 
 
 def memory_budget(size: int, expansion: int = EXPANSION) -> int:

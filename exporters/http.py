@@ -10,6 +10,7 @@ its stack per socket, without bound. Here one thread serves every connection fro
   has not yet sent a whole request, so a scraper always gets in and is answered at once;
 - a request must arrive whole (at most MAX_REQUEST_BYTES of request line and headers) within
   REQUEST_TIMEOUT_S of the connection, and the answer must be taken within RESPONSE_TIMEOUT_S;
+- only /metrics is answered (any other path 404, so no scraper mistakes a typo for the series);
 - one answer per connection (`Connection: close`, as HTTP/1.0), built by prometheus_client's own
   WSGI app (the same text, OpenMetrics negotiation, gzip and `name[]` filters as its server).
 So memory and threads stay bounded whatever clients do: at most MAX_CONNECTIONS sockets with a
@@ -33,6 +34,7 @@ REQUEST_TIMEOUT_S = 10.0
 RESPONSE_TIMEOUT_S = 30.0
 GRACE_S = 0.05
 TICK_S = 0.5  # how often deadlines are looked at while nothing happens
+PATHS = ("/metrics",)  # what serve answers (docs/commands.md); any other path is 404
 
 
 class _Client:
@@ -179,6 +181,8 @@ class MetricsServer:
             if sep:
                 headers[name.strip().lower()] = value.strip()
         url = urlsplit(target)
+        if unquote(url.path) not in PATHS:  # prometheus_client's app answers any path with the series
+            return "404 Not Found", [], b"not found: the series are at /metrics\n"
         environ = {"REQUEST_METHOD": method, "PATH_INFO": unquote(url.path or "/"),
                    "QUERY_STRING": url.query, "SERVER_PROTOCOL": "HTTP/1.0"}
         for name in ("accept", "accept-encoding"):

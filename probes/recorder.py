@@ -540,7 +540,8 @@ def _end_line(r: RecordResult) -> str:
     if meta.lost_events:
         notes.append(f"{meta.lost_events} events LOST")
     if meta.partial_spans:
-        notes.append(f"{meta.partial_spans} partial spans dropped (entered before recording)")
+        why = "entered before recording" if meta.mode == "attach" else "a return without its entry"  # launched: held
+        notes.append(f"{meta.partial_spans} partial spans dropped ({why})")
     if meta.open_at_stop.total:
         notes.append(f"{meta.open_at_stop.total} spans still open at stop, dropped")
     if meta.gpu is not None and meta.gpu.ranges_full:

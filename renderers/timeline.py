@@ -79,7 +79,7 @@ ITERATION_ARGS = ["iter", "kind", "span_ns", "checkpoints", "bytes", "fill_ns", 
                   "cpu_ns", "wait_ns", "tokens", "prompt_tokens", "faults", "mmaps", "munmaps"]
 
 
-@dataclass
+@dataclass(slots=True)  # one per exported span: no __dict__ each
 class Slice:
     ts: int
     end: int

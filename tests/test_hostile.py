@@ -766,7 +766,26 @@ GARBAGE = {
                  "bad response: HTTP 500"),
     "escapes in an error": (lambda c: c.sendall(sse(b'data: {"error": "\\u001b]52;c;aGk=\\u0007"}\n\n')),
                             "bad response: server error"),
+    # issue 39: each was a traceback (a thread's RecursionError, int64 overflow) or unbounded memory
+    "nested 200k deep": (lambda c: c.sendall(sse(b"data: " + b"[" * 200_000 + b"]" * 200_000 + b"\n\n")),
+                         "bad response: a data line is nested too deep"),
+    "10^100 tokens": (lambda c: c.sendall(sse(b'data: {"content": "a", "stop": true, "tokens_evaluated": 1'
+                                              + b"0" * 100 + b"}\n\n")),
+                      "bad response: tokens_evaluated is not a count"),
+    "2^63 tokens": (lambda c: c.sendall(sse(b'data: {"content": "a", "stop": true, "tokens_predicted": '
+                                            + str(1 << 63).encode() + b"}\n\n")),
+                    "bad response: tokens_predicted is not a count"),
+    "a line without end": (lambda c: endless_line(c, 64 << 20), "bad response: a line longer than 1 MiB"),
 }
+
+
+def endless_line(conn, total: int):
+    """One line of `total` bytes, sent as fast as the client reads (bounded, so a client that reads
+    it whole ends too)."""
+    conn.sendall(sse(b'data: {"content": "'))
+    block = b"x" * (1 << 20)
+    for _ in range(total >> 20):
+        conn.sendall(block)
 
 
 @pytest.mark.parametrize("case", GARBAGE, ids=list(GARBAGE))
@@ -782,6 +801,29 @@ def test_drive_counts_malformed_responses_as_failures(case):
     rows = r.stdout.splitlines()
     assert rows[-1].startswith("0 of 3 requests ok, 3 sent;")
     assert all(reason in row for row in rows[1:-1]), r.stdout
+
+
+def test_drive_reads_a_line_without_end_in_bounded_memory():
+    """A server sending one line of 512 MiB: read whole, it took drive to 3.1 GB (a 3 GB line)."""
+    from helpers import ckptrace_peak
+
+    srv = RawServer(lambda c: endless_line(c, 512 << 20))
+    try:
+        r, peak_kib = ckptrace_peak("drive", srv.url, "--requests", "2", "--timeout", "120")
+    finally:
+        srv.close()
+    assert "(first: bad response: a line longer than 1 MiB" in assert_one_error_line_after(r)
+    assert peak_kib < 300 << 10
+
+
+def test_drive_to_a_closed_port_says_so_long_before_its_timeout():
+    """Nothing listens: a refused connection is an answer; --timeout 600 is not waited out (the
+    run's own bound, 120 s, would stop the test first)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed once this block ends: nothing listens there
+    line = assert_one_error_line(run(["drive", f"http://127.0.0.1:{port}", "--timeout", "600"], timeout=120))
+    assert f"nothing listens at http://127.0.0.1:{port}" in line
 
 
 def test_drive_follows_no_redirect():

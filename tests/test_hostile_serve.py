@@ -125,3 +125,28 @@ def test_a_slowloris_of_thousands_of_idle_sockets_does_not_stop_a_real_scraper(r
             assert fds <= fds0 + MAX_CONNECTIONS + 4, (fds0, fds)
             assert rss - rss0 < 64 << 10, (rss0, rss)
             assert scrapes >= 5
+
+
+@pytest.mark.parametrize("path,status", [("/metrics", 200), ("/metrics?name[]=x", 200), ("/", 404),
+                                         ("/favicon.ico", 404), ("/metrics/../etc/passwd", 404),
+                                         ("/%6detrics", 200), ("/anything", 404)])
+def test_only_metrics_is_answered(path, status):
+    """serve's server answers /metrics (docs/commands.md) and 404 for any other path (issue 39:
+    prometheus_client's app served the series at every path)."""
+    import urllib.error
+
+    from prometheus_client import CollectorRegistry, make_wsgi_app
+
+    from ckptrace.exporters.http import MetricsServer
+
+    server = MetricsServer("127.0.0.1", 0, make_wsgi_app(CollectorRegistry()))
+    server.start()
+    try:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{server.port}{path}", timeout=30) as r:
+                got = r.status
+        except urllib.error.HTTPError as e:
+            got = e.code
+    finally:
+        server.close()
+    assert got == status
