@@ -7,7 +7,7 @@ import sys
 
 import click
 
-from ckptrace import __version__, stdio
+from ckptrace import __version__, stdio, stopping
 from ckptrace.errors import CkptraceError
 from ckptrace.heap import keep_freed_memory
 from ckptrace.terminal import printable
@@ -33,6 +33,26 @@ COMMANDS = {
 
 # Commands that read traces and exit: glibc keeps their freed memory for reuse (ckptrace/heap.py).
 READERS = {"analyze", "compare", "dashboard", "export", "whatif"}
+# Commands that take the held stop signals over (ckptrace/stopping.py); the others get Python's
+# defaults back before they run.
+STOPPABLE = {"record"}
+
+
+class Stopped(CkptraceError):
+    """A stop signal came before the command ran: exit as a shell would say it (130, 143...)."""
+
+    def __init__(self, signum: int):
+        super().__init__(f"{stopping.STOPS.get(signum, 'stopped')} before the command started: nothing was done")
+        self.exit_code = stopping.exit_code(signum)
+
+
+def settle_signals(name: str | None) -> None:
+    """A stop signal held while starting ends the command now; else the command gets the
+    signals: record keeps them held (it takes them over), the others their defaults."""
+    if stopping.pending() is not None:
+        raise Stopped(stopping.pending())
+    if name not in STOPPABLE:
+        stopping.release()
 
 
 class LazyGroup(click.Group):
@@ -50,6 +70,7 @@ class LazyGroup(click.Group):
                                 "reinstall ckptrace with its dependencies") from None
         if name in READERS:
             keep_freed_memory()
+        settle_signals(name)
         return module.command
 
     def format_commands(self, ctx, formatter):
@@ -90,6 +111,7 @@ def usage_line(e: click.ClickException) -> str:
 
 
 def main(argv=None):
+    stopping.hold()  # first: a Ctrl-C or SIGTERM from here on is never lost, nor a traceback
     stdio.guard()
     try:
         try:
@@ -116,5 +138,6 @@ def main(argv=None):
             click.echo(f"ckptrace: error: cannot write to stdout ({printable(e)})"
                        + (f"; {printable(e.note)}" if e.note else ""), err=True)
             rc = 1
+    stopping.release()
     if isinstance(rc, int) and rc:  # a command's ctx.exit(N) / click Exit(N) comes back as a return
         sys.exit(rc)

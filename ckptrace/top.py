@@ -152,9 +152,12 @@ def top(opts: TopOptions, out=None) -> int:
     probes = screen = None
     view = _View(opts, out, interactive)
     try:
-        probes = LiveProbes(opts.ringbuf_pages, status=sys.stderr.isatty(), preload=opts.comm is not None)
+        # A compile (a cold cache: seconds) is said, on a terminal or not, and counts in no window.
+        probes = LiveProbes(opts.ringbuf_pages, status=sys.stderr.isatty(), preload=opts.comm is not None,
+                            compile_line=True)
         view.probes = probes
         attach_given(opts.pids, view.attach, view.note, "showing", "show")
+        view.t0 = time.monotonic()  # the first interval (--once's window) from the probes being in
         if not interactive:
             what = (", ".join(f"PID {p.target.pid} ({p.target.comm}, {p.target.probes} uprobes)" for p in view.procs.values())
                     if opts.pids else f"every process named {printable(opts.comm)!r}")

@@ -97,6 +97,7 @@ struct tstate {
     u64 pin_arg[2];
     u64 pin_size[2];
     u32 pin_out[2];
+    u64 ck_sp;         /* the stack pointer at the open checkpoint's entry (0: not known) */
 };
 
 /* A sampled fault waiting for its rss_stat; per CPU so rss_stat needs no hash lookup. */
@@ -464,11 +465,12 @@ static __always_inline void open_ckpt(struct tstate *s, u32 draft, u32 in_create
     /* the server's speculative rounds call update_tgt directly, not from create_checkpoint */
     s->ck_spec = (target_flags() & TARGET_CREATE) && !s->cr_open;
     s->ck_bytes = 0;
+    s->ck_sp = 0;
     s->phase = P_NONE;
     open_span(&s->ck, s);
 }
 
-static __always_inline int ckpt_enter(u32 draft)
+static __always_inline int ckpt_enter(struct pt_regs *ctx, u32 draft)
 {
     u32 tid;
     if (!target_tid(&tid))
@@ -477,11 +479,29 @@ static __always_inline int ckpt_enter(u32 draft)
     if (!s)
         return 0;
     open_ckpt(s, draft, 0);
+    s->ck_sp = PT_REGS_SP(ctx);
     return 0;
 }
 
-int ckpt_enter_tgt(struct pt_regs *ctx) { return ckpt_enter(0); }
-int ckpt_enter_dft(struct pt_regs *ctx) { return ckpt_enter(1); }
+int ckpt_enter_tgt(struct pt_regs *ctx) { return ckpt_enter(ctx, 0); }
+int ckpt_enter_dft(struct pt_regs *ctx) { return ckpt_enter(ctx, 1); }
+
+/* The open checkpoint's frame is gone: a probe of this thread runs with the stack pointer above
+ * the one update_tgt was entered with, so an exception or a longjmp left it and it will never
+ * return. Counted abandoned, no row (its fill and copy rows that ended stay); what the thread
+ * does next is no longer the checkpoint's. */
+static __always_inline void unwound(struct tstate *s, u64 sp)
+{
+    if (!s->ckpt || !s->ck_sp || sp <= s->ck_sp)
+        return;
+    count(C_ABANDONED);
+    s->ckpt = 0;
+    s->phase = P_NONE;
+    s->ck_draft = 0;
+    s->ck_spec = 0;
+    s->ck_in_create = 0;
+    s->ck_sp = 0;
+}
 
 /* ik_llama.cpp: no update_tgt. server_context::create_checkpoint asks llama_state_seq_get_size,
  * builds the buffer (std::vector<uint8_t>(n): operator new, then memset) and copies into it with
@@ -510,6 +530,7 @@ static __always_inline void close_ckpt(u32 tid, struct tstate *s, u64 now)
     s->ck_draft = 0;
     s->ck_spec = 0;
     s->ck_in_create = 0;
+    s->ck_sp = 0;
 }
 
 int ckpt_return(struct pt_regs *ctx)
@@ -531,12 +552,14 @@ int ckpt_return(struct pt_regs *ctx)
 
 /* The calling thread's state when it is inside a checkpoint with no fill or copy open; else 0
  * (growth elsewhere in the process is not a checkpoint fill). */
-static __always_inline struct tstate *fill_state(void)
+static __always_inline struct tstate *fill_state(struct pt_regs *ctx)
 {
     u32 tid;
     if (!target_tid(&tid))
         return 0;
     struct tstate *s = threads.lookup(&tid);
+    if (s)
+        unwound(s, PT_REGS_SP(ctx));
     if (!s || !s->ckpt || s->phase != P_NONE)
         return 0;
     return s;
@@ -553,7 +576,7 @@ static __always_inline int open_fill(struct tstate *s, u64 bytes)
 
 int fill_enter(struct pt_regs *ctx)
 {
-    struct tstate *s = fill_state();
+    struct tstate *s = fill_state(ctx);
     return s ? open_fill(s, PT_REGS_PARM2(ctx)) : 0;
 }
 
@@ -561,7 +584,7 @@ int fill_enter(struct pt_regs *ctx)
  * Only a call that grows is a fill: n above the size its begin/end pointers give now. */
 int fill_enter_resize(struct pt_regs *ctx)
 {
-    struct tstate *s = fill_state();
+    struct tstate *s = fill_state(ctx);
     if (!s)
         return 0;
     u64 be[2] = {};
@@ -578,7 +601,7 @@ int fill_enter_resize(struct pt_regs *ctx)
  * uprobe to the instruction after the call, closes it. */
 int fill_enter_call(struct pt_regs *ctx)
 {
-    struct tstate *s = fill_state();
+    struct tstate *s = fill_state(ctx);
     return s ? open_fill(s, PT_REGS_PARM3(ctx)) : 0;
 }
 
@@ -604,6 +627,8 @@ int copy_enter(struct pt_regs *ctx)
     if (!target_tid(&tid))
         return 0;
     struct tstate *s = threads.lookup(&tid);
+    if (s)
+        unwound(s, PT_REGS_SP(ctx));
     if (s && !s->ckpt && s->ax_kind == K_PROMPT_SAVE && !s->ax_in_copy) {
         s->ax_in_copy = 1; /* a prompt save's copy: a copy row of its own (ckpt 0, phase prompt_save) */
         s->ph_addr = PT_REGS_PARM2(ctx);
@@ -691,6 +716,7 @@ int iter_enter(struct pt_regs *ctx)
     struct tstate *s = state_of(tid);
     if (!s)
         return 0;
+    unwound(s, PT_REGS_SP(ctx));
     if (s->iter)
         count(C_ABANDONED);
     s->iter = new_id();
@@ -707,6 +733,8 @@ int iter_return(struct pt_regs *ctx)
     if (!target_tid(&tid))
         return 0;
     struct tstate *s = threads.lookup(&tid);
+    if (s)
+        unwound(s, PT_REGS_SP(ctx));
     if (!s || !s->iter) {
         count(C_PARTIAL);
         return 0;
@@ -733,6 +761,7 @@ int decode_enter(struct pt_regs *ctx)
     struct tstate *s = state_of(tid);
     if (!s)
         return 0;
+    unwound(s, PT_REGS_SP(ctx));
     struct batch_head b = {};
     bpf_probe_read_user(&b, sizeof(b), (void *)(PT_REGS_SP(ctx) + 8));
     u32 n = b.n_tokens > 0 ? (u32)b.n_tokens : 0;

@@ -63,14 +63,16 @@ class LiveProbes:
     """One load of the recorder's program for every process (its kernel `targets` map says which);
     processes are attached and detached while it runs, and its events drained on demand."""
 
-    def __init__(self, ringbuf_pages: int = 512, status: bool = False, preload: bool = True):
+    def __init__(self, ringbuf_pages: int = 512, status: bool = False, preload: bool = True,
+                 compile_line: bool = False):
         """`preload` False: each program is verified when first attached, not all now (a caller
-        that attaches its processes at once: about a quarter of a second less to start)."""
+        that attaches its processes at once: about a quarter of a second less to start).
+        `compile_line`: a compile is said in a line off a terminal too (top)."""
         # The recorder's machine checks, minus its output file: a failure is one line, before anything attaches.
         recorder.machine_checks()
         # No RSS rows: serve has no series for them (the recorder's kmem:rss_stat program is left out).
         self.opts = recorder.RecordOptions(output=Path(os.devnull), ringbuf_pages=ringbuf_pages, status=status,
-                                           rss_step_mib=0)
+                                           rss_step_mib=0, compile_line=compile_line)
         self.bpf = recorder.load_program(recorder.Targets([]), self.opts, preload=preload)
         self.sched_recorded = self.bpf.sched.recorded
         # The ring buffer's records as they come (the recorder's _Session also streams them to its

@@ -9,10 +9,13 @@ from __future__ import annotations
 import array
 import ctypes
 import datetime as dt
+import errno
 import itertools
+import os
 import platform
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import time
@@ -23,7 +26,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ckptrace import __version__
+from ckptrace import __version__, stopping
 from ckptrace.columns import GPU_COLUMNS, KINDS, OPTIONAL, PHASES, arrow_array, arrow_schema, category_array, with_meta
 from ckptrace.errors import CkptraceError, EbpfUnavailable, TargetError
 from ckptrace.heap import return_freed_memory
@@ -158,6 +161,7 @@ class RecordOptions:
     status: bool = True  # live status line (only drawn on a terminal)
     no_checkpoint_hint_s: float = NO_CHECKPOINT_HINT_S
     rss_step_mib: int = 1  # an `rss` row when a process's RSS moved by this much (0: not recorded)
+    compile_line: bool = False  # off a terminal too, say in a line that the program is being compiled (top)
 
 
 @dataclass
@@ -221,12 +225,84 @@ class RecordResult:
     meta: TraceMeta
 
 
+class Interrupted(KeyboardInterrupt):
+    """A stop signal while the recording was starting (resolving, compiling, attaching): what was
+    set up is undone, nothing was recorded; the exit status is a shell's for that signal. A
+    KeyboardInterrupt, so no `except Exception` on the way (a library's) takes it for a failure."""
+
+    def __init__(self, signum: int, command: bool):
+        name = signal.Signals(signum).name
+        super().__init__(f"{STOP_SIGNALS.get(signum, 'stopped')} ({name}) while starting, before the output "
+                         f"was opened: nothing was recorded{', the command was not run' if command else ''}")
+        self.exit_code = stopping.exit_code(signum)
+
+
+class _Stopping:
+    """The stop signals of one recording, from its first instant. While it starts, the first one
+    raises Interrupted where the start is (a compile, an attach, a wait for --comm: each undoes
+    itself), once; from the moment the output is opened they are noted and the session stops at
+    its next poll, writing the trace. A signal the CLI held before (ckptrace/stopping.py) counts."""
+
+    def __init__(self, command: bool):
+        self.command = command
+        self.signum: int | None = None
+        self.raising = True
+        self.session: _Session | None = None
+        # A dropped SSH session (SIGHUP) or Ctrl-\\ (SIGQUIT) stops like Ctrl-C: the trace is
+        # written. Under nohup (SIGHUP ignored) a hangup still leaves the recording running.
+        signals = stopping.held() or [s for s in STOP_SIGNALS
+                                      if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)]
+        self.old = {s: signal.signal(s, self) for s in signals}
+        if stopping.pending() is not None:
+            self.signum = stopping.pending()
+
+    def __call__(self, signum, frame) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if self.session is not None:
+            self.session.request_stop(signum, frame)
+        elif self.raising:
+            self.raising = False  # once: the start undoes itself on the way out
+            raise Interrupted(signum, self.command)
+
+    def started(self) -> None:
+        """The output is about to be opened: from now a signal is noted (the trace is written).
+        Interrupted if one came (and was swallowed on the way) before."""
+        self.raising = False
+        if self.signum is not None:
+            raise Interrupted(self.signum, self.command)
+
+    def attach(self, session: _Session) -> None:
+        self.session = session
+        if self.signum is not None:
+            session.request_stop(self.signum, None)
+
+    def restore(self) -> None:
+        for s, h in self.old.items():
+            signal.signal(s, h)
+
+
 def record(opts: RecordOptions, pid: int | list | None = None, command: list[str] | None = None,
            comm: str | None = None) -> RecordResult:
     """Record processes: attach to pid(s) (an int, or a list of ints or (pid, label) pairs) or to
-    every process named `comm`, or launch `command`, held until the probes are in."""
-    _preflight(opts)
+    every process named `comm`, or launch `command`, held until the probes are in. A stop signal
+    at any moment ends it cleanly: before the output is opened with Interrupted (nothing
+    recorded), after with the trace written."""
+    stop = _Stopping(command=bool(command))
+    fifo = None
+    try:
+        fifo = _preflight(opts)
+        return _record(opts, pid, command, comm, stop, fifo)
+    finally:
+        stop.restore()
+        if fifo is not None:
+            os.close(fifo)
+
+
+def _record(opts: RecordOptions, pid, command: list[str] | None, comm: str | None, stop: _Stopping,
+            fifo: int | None) -> RecordResult:
     child, targets = resolve_targets(pid, command, comm, opts)
+    bpf = None
     try:
         kernel.open_files_for(sum(uprobe_count(t.plan) for t in targets), f"tracing {len(targets)} processes")
         bpf = load_program(targets, opts, attach=child is None)
@@ -246,9 +322,12 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
             attached, attach_retries = attached + n, attach_retries + r
         if any(t.plan.gpu_points for t in targets):
             attach_gpu_faults(bpf)
+        stop.started()
     except BaseException:
         if child:
             child.abandon()
+        if bpf is not None:
+            bpf.cleanup()  # the probes leave the targets now
         raise
 
     return_freed_memory()  # what resolving and loading left behind (pyelftools' symbol tables)
@@ -268,20 +347,19 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
                        fill_probed={t.pid: t.plan.fill_probed for t in targets})
     session.machine = MachineSampler([t.pid for t in targets], child.pid if child else None)
     session.machine.start()
+    stop.attach(session)  # a signal since the output was opened stops the session at once
     _say(_start_line(opts, targets, child, command, attached, meta.sched_counters))
 
     stop_reason = "interrupted"
-    # A dropped SSH session (SIGHUP) or Ctrl-\\ (SIGQUIT) stops like Ctrl-C: the trace is written.
-    # Under nohup (SIGHUP ignored) a hangup still leaves the recording running.
-    old = {s: signal.getsignal(s) for s in STOP_SIGNALS
-           if not (s == signal.SIGHUP and signal.getsignal(s) == signal.SIG_IGN)}
-    for s in old:
-        signal.signal(s, session.request_stop)
+    released = False
     try:
         if opts.fault_sample:
             session.set_fault_timing(True)  # the first slice is a timed one, from the first instruction
-        if child:
+        if child and session.stop_reason is None:
             child.release()
+            released = True
+        elif child:  # stopped before it ran: the trace says so, and the command never starts
+            child.abandon()
         stop_reason = session.run(child, targets)
     except KeyboardInterrupt:
         stop_reason = "interrupted"
@@ -290,7 +368,7 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
         # only asks again, it does not lose the recording.
         if child and child.poll() is None:
             child.terminate()  # we started it: we stop it
-        meta.exit_code = child.exit_code if child else None
+        meta.exit_code = child.exit_code if released else None
         meta.stop_ns = time.monotonic_ns()
         meta.machine = session.machine.stop()
         session.drain()
@@ -308,12 +386,10 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
             if session.full and out.in_place:
                 written, why_not = _rescue_full(opts.output, out, session, meta)
             else:
-                written, why_not = _finish(opts.output, out, session, meta)
+                written, why_not = _finish(opts.output, out, session, meta, fifo)
         finally:
             out.close()
             bpf.cleanup()
-            for s, h in old.items():
-                signal.signal(s, h)
     if session.full:
         raise TargetError(why_not or f"no space left for the recording's spool in TMPDIR "
                                      f"({session.full.strerror or 'write failed'}): recording stopped there; "
@@ -327,8 +403,9 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
     return result
 
 
-def _preflight(opts: RecordOptions) -> None:
-    """Every check that needs no target, so a bad option or machine fails before anything starts."""
+def _preflight(opts: RecordOptions) -> int | None:
+    """Every check that needs no target, so a bad option or machine fails before anything starts.
+    -o a FIFO: its write end, held open until the end (see _fifo_writer)."""
     if opts.fault_sample not in FAULT_SAMPLE_CHOICES:
         raise TargetError(f"--fault-sample must be one of {', '.join(map(str, FAULT_SAMPLE_CHOICES))}")
     if opts.ringbuf_pages < 1 or opts.ringbuf_pages & (opts.ringbuf_pages - 1):
@@ -337,6 +414,30 @@ def _preflight(opts: RecordOptions) -> None:
         raise TargetError(f"--max-threads must be from 1 to {1 << 20}, got {opts.max_threads}")
     check_output(opts.output, what="trace")  # a refused -o is said now, not after the recording
     machine_checks()
+    return _fifo_writer(opts.output)
+
+
+def _fifo_writer(path: Path) -> int | None:
+    """-o names a FIFO: a write end opened now without waiting (held until the trace is written,
+    so its reader sees no end of file before it), or one line when nothing reads it: the write at
+    the end would wait in open() for a reader, deaf to Ctrl-C, the recording done. None otherwise."""
+    try:
+        if not stat.S_ISFIFO(os.stat(path).st_mode):
+            return None
+        return os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as e:
+        if e.errno == errno.ENXIO:
+            raise TargetError(f"{printable(str(path))}: a FIFO that no process reads: start its reader "
+                              "first (e.g. cat FIFO > trace.parquet), or give a file path") from None
+        return None  # gone or not ours to open: check_output and the write say what is wrong
+
+
+def _fifo_has_reader(path: Path) -> bool:
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC))
+        return True
+    except OSError:
+        return False
 
 
 def machine_checks() -> None:
@@ -539,6 +640,9 @@ def _end_line(r: RecordResult) -> str:
     notes = []
     if meta.lost_events:
         notes.append(f"{meta.lost_events} events LOST")
+    if meta.abandoned_spans:
+        notes.append(f"{meta.abandoned_spans} spans never returned (an exception or a longjmp left them, or their "
+                     "thread exited): not rows")
     if meta.partial_spans:
         why = "entered before recording" if meta.mode == "attach" else "a return without its entry"  # launched: held
         notes.append(f"{meta.partial_spans} partial spans dropped ({why})")
@@ -571,9 +675,19 @@ def _calibrate(session: _Session, meta: TraceMeta) -> dict | None:
         return None
 
 
-def _finish(path: Path, out: Recording, session: _Session, meta: TraceMeta) -> tuple[Path, str | None]:
-    """The finished trace from the stream, in place of the stream (or rescued elsewhere)."""
+def _finish(path: Path, out: Recording, session: _Session, meta: TraceMeta,
+            fifo: int | None = None) -> tuple[Path, str | None]:
+    """The finished trace from the stream, in place of the stream (or rescued elsewhere). `fifo`:
+    -o is a FIFO we hold open; its reader must still be there, else the trace is rescued (opening
+    it would wait, the recording done, for a reader that may never come)."""
     write, n = _finisher(out, session, meta)
+    if fifo is not None and not _fifo_has_reader(path):
+        written, failures = _rescue(write)
+        gone = f"cannot write the trace {printable(str(path))}: its reader went away"
+        if written is None:
+            raise TargetError(f"{gone}; no copy could be saved either ({'; '.join(failures)}): "
+                              f"the recording ({n} events) is lost")
+        return written, gone
     return _write_or_rescue(path, write, n, own=out.identity)
 
 
@@ -741,7 +855,7 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True, pre
         f"-DTOKEN_SIZE_STDCXX={TOKEN_SIZE['libstdc++']}",
         f"-DTOKEN_SIZE_LIBCXX={TOKEN_SIZE['libc++']}",
     ]
-    status = _Status(opts.status)
+    status = _Status(opts.status, line=opts.compile_line)
     try:
         obj = bpf_compile.compiled(BPF_SOURCE, cflags, kernel.kernel_headers_dir(), status=status.draw, note=_note)
     finally:
@@ -778,16 +892,21 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True, pre
 
 
 class _Status:
-    """A transient line on a terminal (the first run's compile takes seconds), cleared after."""
+    """A transient line on a terminal (the first run's compile takes seconds), cleared after;
+    `line`: elsewhere, the same said once as a line of its own."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, line: bool = False):
         self.enabled = enabled and sys.stderr.isatty()
+        self.line = line and not self.enabled
         self.drawn = False
 
     def draw(self, text: str) -> None:
         if self.enabled:
             _to_stderr("\r" + f"ckptrace: {text}"[:79].ljust(79))
             self.drawn = True
+        elif self.line:
+            _say(f"ckptrace: {text}")
+            self.line = False
 
     def clear(self) -> None:
         if self.drawn:
@@ -814,7 +933,26 @@ def _quietly(what: str, call, *args, **kwargs):
 
 def uprobe_count(plan, gpu: bool = True) -> int:
     """Public API (record and serve): the uprobes attach_probes puts on a process of this plan."""
-    return sum(2 if PROGRAMS[p.point][1] else 1 for p in plan.points if gpu or p.point not in cuda.POINTS)
+    return sum(1 + (len(ends(p) or [None]) if PROGRAMS[p.point][1] else 0)
+               for p in plan.points if gpu or p.point not in cuda.POINTS)
+
+
+_ENDS: dict[tuple[str, int, str], list[tuple[int, int]] | None] = {}
+
+
+def ends(p) -> list[tuple[int, int]] | None:
+    """Public API: where a probed function's return program goes: [(vaddr, file offset)] of its
+    return instructions (plain uprobes, which leave the stack as it is: an exception thrown
+    through the function still unwinds), or None for a uretprobe (its returns can't all be found:
+    probes/returns.py; a CUDA library's functions, which throw nothing, keep theirs)."""
+    if p.point in cuda.POINTS:
+        return None
+    key = (p.object, p.vaddr, p.build_id)
+    if key not in _ENDS:
+        from ckptrace.probes import returns
+
+        _ENDS[key] = returns.return_sites(p.object, p.vaddr, p.mangled)
+    return _ENDS[key]
 
 
 def attach_probes(bpf, plan, target: int, start: int | None = None, gpu: bool = True) -> tuple[int, int]:
@@ -835,21 +973,27 @@ def attach_probes(bpf, plan, target: int, start: int | None = None, gpu: bool = 
     for p, entry in order:
         enter, ret = PROGRAMS[p.point]
         what = f"could not attach a uprobe to {p.symbol} in {p.object}"
-        attach, fn = (bpf.attach_uprobe, enter) if entry else (bpf.attach_uretprobe, ret)
-        # The kernel has refused an attach here now and then (libbcc hides the errno) and
-        # accepted the same one a moment later: retry with backoff, and count it.
-        for delay in (0.1, 0.3, 0.9, 0.0):
-            try:
-                _quietly(what, attach, p.object, p.offset, fn.encode(), pid=target)
-                break
-            except EbpfUnavailable:
-                if not alive(target, start):
-                    raise gone from None
-                if not delay:
-                    raise
-                retries += 1
-                time.sleep(delay)
-        n += 1
+        if entry:
+            calls = [(bpf.attach_uprobe, p.offset, enter)]
+        else:  # a uprobe on each return instruction, else a uretprobe (see ends())
+            sites = ends(p)
+            calls = ([(bpf.attach_uprobe, off, ret) for _, off in sites] if sites
+                     else [(bpf.attach_uretprobe, p.offset, ret)])
+        for attach, offset, fn in calls:
+            # The kernel has refused an attach here now and then (libbcc hides the errno) and
+            # accepted the same one a moment later: retry with backoff, and count it.
+            for delay in (0.1, 0.3, 0.9, 0.0):
+                try:
+                    _quietly(what, attach, p.object, offset, fn.encode(), pid=target)
+                    break
+                except EbpfUnavailable:
+                    if not alive(target, start):
+                        raise gone from None
+                    if not delay:
+                        raise
+                    retries += 1
+                    time.sleep(delay)
+            n += 1
     if not alive(target, start):
         raise gone
     return n, retries

@@ -271,14 +271,15 @@ class Recording:
     path: Path
 
 
-def record_with_truth(tmp_path: Path, workload_argv: list, *record_args, name: str = "t") -> Recording:
-    """`ckptrace record --json` of the workload writing its truth beside the trace; must succeed."""
+def record_with_truth(tmp_path: Path, workload_argv: list, *record_args, name: str = "t", rc: int = 0) -> Recording:
+    """`ckptrace record --json` of the workload writing its truth beside the trace; must succeed
+    (exit with `rc`: the workload's own exit status)."""
     from ckptrace.trace import read_trace
 
     trace, truth = tmp_path / f"{name}.parquet", tmp_path / f"{name}.truth.jsonl"
     p = ckptrace("record", "--quiet", "--json", "-o", trace, *record_args, "--", *workload_argv,
                  "--truth", truth, timeout=180)
-    assert p.returncode == 0, p.stderr
+    assert p.returncode == rc, p.stderr
     assert "Traceback" not in p.stderr
     return Recording(read_trace(trace), load_truth(truth), json.loads(p.stdout), p, trace)
 

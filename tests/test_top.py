@@ -45,7 +45,9 @@ def test_top_shows_what_analyze_of_a_recording_of_the_same_seconds_shows(tmp_pat
                           "--decode-us", "2000", truth=truth_file) as wl, \
             recorder(trace, "--pid", wl.pid) as rec, \
             started([CKPTRACE, "top", "--pid", wl.pid, "--once", "--json", "--interval", "600"],
-                    ready="ckptrace: top: PID", stdout=subprocess.PIPE) as (top, line):
+                    ready="ckptrace: ", stdout=subprocess.PIPE) as (top, line):
+        while line.startswith("ckptrace: compiling"):  # a cold program cache says so first
+            line = top.stderr.readline()
         assert f"PID {wl.pid} (ckpt-workload, " in line and "one frame after 600 s" in line, line
         go(wl)
         assert wl.wait(120) == 0
@@ -241,3 +243,21 @@ def test_enclosing_in_numpy_is_the_asof_join_it_replaced():
         assert enclosing(inner, outer).tolist() == want.tolist()
         assert enclosing(inner.to_records(index=False), outer.to_records(index=False)).tolist() == want.tolist()
         assert n_in < 200 or (want >= 0).sum() > 20  # the case is not empty
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
+def test_once_counts_its_interval_from_the_attach_and_says_it_compiles(workload):
+    """No program cache (every run compiles: seconds): `top --once` says it compiles, on a pipe
+    too, and its one frame comes at least one interval after its probes were in, holding the
+    checkpoints of that interval (the compile used to eat the interval: an empty frame)."""
+    with waiting_workload(workload, "--iterations", "1000000", "--ckpt-mib", "40", "--gap-us", "20000") as wl:
+        go(wl)
+        p = ckptrace("top", "-p", wl.pid, "--once", "--json", "--interval", "2", env={"CKPTRACE_BPF_CACHE": "off"},
+                     timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert p.stderr.splitlines()[0].startswith("ckptrace: compiling the BPF program"), p.stderr
+    doc = json.loads(p.stdout)
+    (proc,) = doc["processes"]
+    assert doc["monotonic_ns"] - proc["attached_ns"] >= 2 * 10**9
+    assert proc["checkpoints"] > 0 and doc["window_s"] >= 2

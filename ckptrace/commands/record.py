@@ -13,14 +13,16 @@ from ckptrace.probes.recorder import FAULT_SAMPLE_CHOICES
 
 
 @click.command(
-    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+    # Options end at the command (or at --): its own options are its, and an unknown option
+    # before it is refused, never taken for the command.
+    context_settings={"allow_interspersed_args": False},
     epilog="""\b
 Examples:
   # launch: probes are in place before the command's first instruction
   # (the sample workload: its path from `ckptrace workload`)
   ckptrace record -o off.parquet --label pool-off -- "$(ckptrace workload)" --pool off
   # attach to a running server for 60 s
-  ckptrace record --pid $(pidof llama-server) -o live.parquet --duration 60
+  ckptrace record -p $(pidof llama-server) -o live.parquet --duration 60
   # two servers at once, each with its own label (PID=LABEL; a comma list works too)
   ckptrace record --pid 4242=east --pid 4343=west -o both.parquet
   # every running llama-server (waits for one if none runs yet)
@@ -29,7 +31,7 @@ Examples:
   ckptrace record --fault-sample 1 -o legacy.parquet -- "$(ckptrace workload)"
 """,
 )
-@click.option("--pid", "pids", multiple=True, metavar="PID[=LABEL]",
+@click.option("-p", "--pid", "pids", multiple=True, metavar="PID[=LABEL]",
               help="Attach to this running process; repeat it or give a comma list for several. "
                    "LABEL names the process in analyze and compare --per-process (default: its name "
                    "and rank, in the order given (by pid for --comm), e.g. llama-server#2).")
@@ -38,7 +40,7 @@ Examples:
               "later is not added (serve --comm follows those).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, writable=True, path_type=Path),
               required=True, help="Trace file: an Arrow stream while recording (a killed recorder leaves it, cut "
-                   "short), replaced by the finished Parquet trace at the end.")
+                   "short), replaced by the finished Parquet trace at the end. A FIFO needs its reader first.")
 @click.option("--label", default="", help="Name of this leg, e.g. pool-off (compare groups legs by it).")
 @click.option("--duration", type=seconds(), default=None,
               help="Stop after this many seconds.")
@@ -64,21 +66,29 @@ def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, ma
             as_json, quiet, command):
     """Record checkpoint, iteration, fault, mmap and RSS events of one or more processes.
 
-    Give one of --pid PID (repeatable), --comm NAME or -- COMMAND [ARGS...]. Each process keeps
+    Give one of -p/--pid PID (repeatable), --comm NAME or -- COMMAND [ARGS...]. Each process keeps
     its pid, label, executable and build-id (trace metadata `processes`); every row has its pid.
     A process that exits ends its part; recording stops when all have exited, on Ctrl-C,
     SIGTERM or --duration, and always writes a complete trace; events reach the file at least
-    twice a second, so a killed recorder leaves a cut-short one. Needs root.
+    twice a second, so a killed recorder leaves a cut-short one. A launched COMMAND that ends by
+    itself gives record its exit status (128+N when signal N ended it, as a shell says it). Needs
+    root.
     """
     if sum(map(bool, (pids, comm, command))) != 1:
         raise click.UsageError("give exactly one of --pid PID, --comm NAME or -- COMMAND [ARGS...]")
-    from ckptrace.probes.recorder import RecordOptions, record
+    from ckptrace.errors import CkptraceError
+    from ckptrace.probes.recorder import Interrupted, RecordOptions, record
 
     opts = RecordOptions(output=output, label=label, duration_s=duration,
                          fault_sample=int(fault_sample), ringbuf_pages=ringbuf_pages, max_threads=max_threads,
                          status=not quiet, no_checkpoint_hint_s=hint_after, rss_step_mib=rss_step)
-    result = record(opts, pid=_pid_list(pids) if pids else None, command=list(command) if command else None,
-                    comm=comm)
+    try:
+        result = record(opts, pid=_pid_list(pids) if pids else None, command=list(command) if command else None,
+                        comm=comm)
+    except Interrupted as e:  # stopped while starting: one line, a shell's status for the signal
+        err = CkptraceError(str(e))
+        err.exit_code = e.exit_code
+        raise err from None
     if as_json:
         from ckptrace.renderers.json import versioned
 
@@ -88,6 +98,11 @@ def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, ma
             "stop_reason": result.stop_reason, "exit_code": result.exit_code,
             "processes": [{"pid": p.pid, "label": p.label, "exited_ns": p.exited_ns} for p in result.meta.processes],
         }), result.path)
+    # The command's own status when it ended by itself, as strace and time give it (one record
+    # stopped at --duration or on a signal to it exits 0: the recording is what was asked for).
+    if command and result.stop_reason == "target exited" and result.exit_code:
+        code = result.exit_code if result.exit_code > 0 else 128 - result.exit_code
+        raise click.exceptions.Exit(min(code, 255))
 
 
 def _summary(doc: dict, trace: Path) -> None:

@@ -20,7 +20,7 @@ Examples:
   # port 0: the kernel picks a free port; the ready line says which
   ckptrace serve --pid 4242 --listen 127.0.0.1:0
 """)
-@click.option("--pid", "pids", type=click.IntRange(min=1), multiple=True,
+@click.option("-p", "--pid", "pids", type=click.IntRange(min=1), multiple=True,
               help="A running process to serve metrics for (repeat for several).")
 @click.option("--comm", default=None,
               help="Serve every process with this name (/proc/PID/comm, 15 characters at most), those "

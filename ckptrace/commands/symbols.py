@@ -15,7 +15,7 @@ Examples:
   ckptrace symbols --json "$(ckptrace workload)" | jq '.points[].object'
 """)
 @click.argument("binary", required=False)
-@click.option("--pid", type=click.IntRange(min=1), help="Resolve in a running process (its /proc/PID/maps).")
+@click.option("-p", "--pid", type=click.IntRange(min=1), help="Resolve in a running process (its /proc/PID/maps).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan as JSON for scripts.")
 def command(binary, pid, as_json):
     """Resolve every probe point in BINARY (and the libraries it needs) or in process PID.

@@ -17,7 +17,7 @@ Examples:
   # frames one after another into a log, percentiles over the last minute
   ckptrace top --pid 4242 --window 60 > top.log
 """)
-@click.option("--pid", "pids", type=click.IntRange(min=1), multiple=True,
+@click.option("-p", "--pid", "pids", type=click.IntRange(min=1), multiple=True,
               help="A running process to show (repeat for several).")
 @click.option("--comm", default=None,
               help="Show every process with this name (/proc/PID/comm, 15 characters at most), those running "
@@ -28,7 +28,8 @@ Examples:
               metavar="SECONDS", help="The percentiles cover the checkpoints of the last this many seconds "
                                       "(with --once: all of them).")
 @click.option("--once", is_flag=True, help="Print one frame after one interval (or when every process has "
-                                           "exited) and exit.")
+                                           "exited) and exit. The interval counts from the moment the probes are "
+                                           "attached (a first run's compile is said, and not in it).")
 @click.option("--json", "as_json", is_flag=True, help="Print each frame as one line of JSON (with --once: one "
                                                       "document).")
 @click.option("--ringbuf-pages", type=click.IntRange(min=1, max=1 << 18), default=512, show_default=True,
