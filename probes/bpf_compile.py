@@ -127,7 +127,7 @@ def decode(data: bytes) -> dict:
         _check(_int(out["kern_version"], 0, 1 << 32), "kern_version")
         kernel = out["kernel"]
         _check(isinstance(kernel, dict) and isinstance(kernel.get("sched"), bool)
-               and isinstance(kernel.get("sched_note"), str), "kernel")
+               and isinstance(kernel.get("sched_note"), str) and isinstance(kernel.get("rss"), bool), "kernel")
         _check(isinstance(maps, list) and len(maps) < 1024, "maps")
         for m in maps:
             spec = {k: m[k] for k in ("name", "type", "key_size", "leaf_size", "max_entries", "flags",
@@ -221,7 +221,9 @@ def _compile(source: Path, cflags: list[str]) -> dict:
             insns = ct.string_at(lib.bpf_function_start(module, name), lib.bpf_function_size(module, name))
             functions[name.decode()] = {"insns": insns, "relocs": _relocations(name.decode(), insns, by_fd)}
         return {"license": lib.bpf_module_license(module).decode(), "kern_version": lib.bpf_module_kern_version(module),
-                "kernel": {"sched": sched, "sched_note": sched_note}, "maps": maps, "functions": functions}
+                "kernel": {"sched": sched, "sched_note": sched_note,
+                           "rss": not isinstance(kernel.rss_counters(), str)},
+                "maps": maps, "functions": functions}
     finally:
         lib.bpf_module_destroy(module)
 

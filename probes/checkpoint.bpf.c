@@ -5,7 +5,10 @@
  *   MAX_TARGETS     most processes traced at once; which ones is the `targets` map (tgid -> 1),
  *                   filled by the recorder (integers in a map, never text in this source)
  *   RSS_STEP        emit an `rss` row when a process's resident bytes moved by at least this
- *                   many bytes since its last row (0: the rss_stat program is detached)
+ *                   many bytes since its last row (0: no RSS rows)
+ *   RSS_PER_FAULT   1: RSS from kmem:rss_stat, a program on every fault (record --rss-per-fault);
+ *                   0: from the mm's counters at a few events (TASK_MM_OFF, MM_RSS_OFF,
+ *                   MM_RSS_STRIDE from the BTF, RSS_PAGE_SHIFT; without them no RSS rows)
  *   MIN_FLT_OFF     byte offset of task_struct.min_flt in the RUNNING kernel (from its BTF; the
  *   MAJ_FLT_OFF     installed headers are for another kernel version, so never take it from them)
  *   RINGBUF_PAGES   ring buffer size in pages (power of two)
@@ -23,6 +26,10 @@
  */
 #include <uapi/linux/ptrace.h>
 #include "checkpoint.h"
+
+#ifndef RSS_PER_FAULT
+#define RSS_PER_FAULT 0
+#endif
 
 /* A fault's own accounting comes within microseconds; a longer gap is a sample that lost its pair. */
 #define MAX_FAULT_NS 1000000ULL
@@ -453,6 +460,62 @@ static __always_inline void emit_syscall(u32 kind, u32 tid, struct tstate *s, u6
     events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
 }
 
+/* ---- resident memory at defaults: the mm's own counters, read at a few events ----
+ * No program runs per fault (kmem:rss_stat fires on every one: record --rss-per-fault). RSS is
+ * what /proc/PID/statm shows (file + anon + shmem pages, each counter's folded value), read when a
+ * checkpoint or an iteration returns and when a munmap starts (before it gives pages back, so the
+ * peaks are seen); a row when it moved by RSS_STEP since the process's last one. */
+#if RSS_STEP && !RSS_PER_FAULT && defined(TASK_MM_OFF)
+BPF_HASH(rss_last, u32, s64, 1024); /* tgid -> resident bytes in its last row; gone at its exit */
+
+static __always_inline s64 rss_pages(u64 mm, u32 member)
+{
+    s64 v = (s64)kread(mm + MM_RSS_OFF + member * MM_RSS_STRIDE);
+    return v > 0 ? v : 0; /* percpu_counter_read_positive, as get_mm_counter */
+}
+
+static __always_inline void rss_sample(u32 tid, u64 now)
+{
+    u32 tgid = bpf_get_current_pid_tgid() >> 32;
+    if (rss_before_exec.lookup(&tgid))
+        return; /* still the recorder's forked child, not the command */
+    u64 mm = kread((u64)bpf_get_current_task() + TASK_MM_OFF);
+    if (!mm)
+        return;
+    s64 rss = (rss_pages(mm, 0) + rss_pages(mm, 1) + rss_pages(mm, 3)) << RSS_PAGE_SHIFT;
+    s64 *last = rss_last.lookup(&tgid);
+    if (last) {
+        s64 moved = rss - *last;
+        if (moved < RSS_STEP && moved > -RSS_STEP)
+            return;
+        *last = rss;
+    } else {
+        rss_last.update(&tgid, &rss);
+    }
+    struct ckpt_event *e = events.ringbuf_reserve(sizeof(struct ckpt_event));
+    if (!e) {
+        count(C_LOST);
+        return;
+    }
+    __builtin_memset(e, 0, sizeof(*e));
+    e->start_ns = e->end_ns = now;
+    e->bytes = rss;
+    e->pid = tgid;
+    e->tid = tid;
+    e->kind = K_RSS;
+    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+}
+
+static __always_inline void rss_forget(u32 tid)
+{
+    if (tid == bpf_get_current_pid_tgid() >> 32)
+        rss_last.delete(&tid); /* the process exits: its pid may come back as another */
+}
+#else
+static __always_inline void rss_sample(u32 tid, u64 now) {}
+static __always_inline void rss_forget(u32 tid) {}
+#endif
+
 /* ---- checkpoints: common_prompt_checkpoint::update_tgt / update_dft ---- */
 
 static __always_inline void open_ckpt(struct tstate *s, u32 draft, u32 in_create)
@@ -545,6 +608,7 @@ int ckpt_return(struct pt_regs *ctx)
         return 0;
     }
     close_ckpt(tid, s, now);
+    rss_sample(tid, now);
     return 0;
 }
 
@@ -741,6 +805,7 @@ int iter_return(struct pt_regs *ctx)
     }
     emit_span(K_ITERATION, tid, s, &s->it, now, 0, 0);
     s->iter = 0;
+    rss_sample(tid, now);
     return 0;
 }
 
@@ -1393,11 +1458,13 @@ TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
     struct tstate *s = state_of(tid);
     if (!s)
         return 0;
-    emit_syscall(K_MUNMAP, tid, s, bpf_ktime_get_ns(), args->len, args->addr, 0, 0);
+    u64 now = bpf_ktime_get_ns();
+    rss_sample(tid, now); /* before the pages go */
+    emit_syscall(K_MUNMAP, tid, s, now, args->len, args->addr, 0, 0);
     return 0;
 }
 
-/* ---- resident memory: kmem:rss_stat, rate-limited to one row per RSS_STEP bytes of change ----
+/* ---- resident memory per fault (record --rss-per-fault): kmem:rss_stat, one row per RSS_STEP ----
  * The tracepoint fires on every RSS counter change of every process (each fault), so the common
  * path (a process not traced) is one hash lookup of its tgid, and a row is emitted only when the process's resident bytes (file +
  * anon + shmem, as in /proc/PID/status VmRSS) moved by RSS_STEP since its last row. */
@@ -1488,6 +1555,7 @@ TRACEPOINT_PROBE(sched, sched_process_exit)
     u32 tid;
     if (!target_tid(&tid))
         return 0;
+    rss_forget(tid);
     struct tstate *s = threads.lookup(&tid);
     if (!s)
         return 0;

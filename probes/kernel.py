@@ -329,6 +329,42 @@ def sched_offsets() -> tuple[dict[str, int] | None, str]:
                      "entry and return")
 
 
+@functools.cache
+def rss_counters() -> tuple[int, int, int] | str:
+    """Where the mm's resident page counters are: (task_struct.mm, the byte offset of the first
+    counter's value in mm_struct, the stride between counters), or why they can't be read.
+
+    6.2 and later: `struct percpu_counter rss_stat[NR_MM_COUNTERS]`, each read at its `count`
+    (what /proc/PID/statm shows: the per-CPU deltas not yet folded in are left out, as there);
+    before: `struct mm_rss_stat { atomic_long_t count[NR_MM_COUNTERS]; }`.
+    """
+    mm = _u64_offset("task_struct.mm")
+    if isinstance(mm, str):
+        return mm
+    types, t = btf_types(), _struct("mm_struct")
+    found = _find_member(types, t, "rss_stat") if t else None
+    if found is None:
+        return "mm_struct.rss_stat is not in this kernel's BTF"
+    bits, _, rss = found
+    if rss["kind"] == "STRUCT":  # mm_rss_stat: one array of 8-byte atomics
+        inner = _find_member(types, rss, "count")
+        if inner is None or inner[2]["kind"] != "ARRAY":
+            return "mm_struct.rss_stat has no count array in this kernel's BTF"
+        bits, rss = bits + inner[0], inner[2]
+        elem, stride, value_bits = _resolve(types, rss["type_id"]), 8, 0
+    elif rss["kind"] == "ARRAY":
+        elem = _resolve(types, rss["type_id"])
+        value = _find_member(types, elem, "count") if elem["kind"] == "STRUCT" else None
+        if value is None or value[2].get("size") != 8:
+            return "mm_struct.rss_stat's counters have no 8-byte count in this kernel's BTF"
+        stride, value_bits = elem["size"], value[0]
+    else:
+        return "mm_struct.rss_stat is neither an array nor mm_rss_stat in this kernel's BTF"
+    if rss.get("nr_elems", 0) < 4 or elem.get("size", 0) > stride or (bits + value_bits) % 8:
+        return "mm_struct.rss_stat is not four counters in this kernel's BTF"
+    return mm, (bits + value_bits) // 8, stride
+
+
 def btf_cflags() -> tuple[list[str], bool, str]:
     """The -D flags probes/checkpoint.bpf.c takes from the running kernel's BTF (fault counter
     and scheduler field offsets), whether the scheduler counters are recorded, and why not."""
@@ -337,6 +373,10 @@ def btf_cflags() -> tuple[list[str], bool, str]:
     flags = [f"-DMIN_FLT_OFF={int(offsets['min_flt'])}", f"-DMAJ_FLT_OFF={int(offsets['maj_flt'])}",
              f"-DSCHED_COUNTERS={int(sched is not None)}"]
     flags += [f"-D{name.upper()}_OFF={int(off)}" for name, off in (sched or {}).items()]
+    rss = rss_counters()  # without them RSS is recorded only per fault (record --rss-per-fault)
+    if not isinstance(rss, str):
+        flags += [f"-DTASK_MM_OFF={rss[0]}", f"-DMM_RSS_OFF={rss[1]}", f"-DMM_RSS_STRIDE={rss[2]}",
+                  f"-DRSS_PAGE_SHIFT={resource.getpagesize().bit_length() - 1}"]
     return flags, sched is not None, note
 
 

@@ -162,6 +162,7 @@ class RecordOptions:
     no_checkpoint_hint_s: float = NO_CHECKPOINT_HINT_S
     rss_step_mib: int = 1  # an `rss` row when a process's RSS moved by this much (0: not recorded)
     compile_line: bool = False  # off a terminal too, say in a line that the program is being compiled (top)
+    rss_per_fault: bool = False  # RSS from kmem:rss_stat (a program on every fault), not at events
 
 
 @dataclass
@@ -348,7 +349,7 @@ def _record(opts: RecordOptions, pid, command: list[str] | None, comm: str | Non
     session.machine = MachineSampler([t.pid for t in targets], child.pid if child else None)
     session.machine.start()
     stop.attach(session)  # a signal since the output was opened stops the session at once
-    _say(_start_line(opts, targets, child, command, attached, meta.sched_counters))
+    _say(_start_line(opts, targets, child, command, attached, meta.sched_counters, bpf.rss_sampled))
 
     stop_reason = "interrupted"
     released = False
@@ -607,7 +608,7 @@ def _note_stop(meta: TraceMeta, session: _Session, stop_reason: str) -> None:
 
 
 def _start_line(opts: RecordOptions, targets: Targets, child, command, attached: int,
-                sched: SchedCounters) -> str:
+                sched: SchedCounters, rss_sampled: bool = True) -> str:
     what = (f"command {command[0]!r} (pid {targets[0].pid})" if child else
             ", ".join(f"PID {t.pid} ({t.plan.target}" + (f", {t.label}" if len(targets) > 1 else "") + ")"
                       for t in targets))
@@ -616,7 +617,9 @@ def _start_line(opts: RecordOptions, targets: Targets, child, command, attached:
               f"page faults (+ legacy service interval in 1 of {opts.fault_sample} slices)"
               if opts.fault_sample else "page faults")
     faults += ", on-CPU time and run-queue wait" if sched.recorded else f" ({sched.note.split(':')[0]})"
-    rss = f", RSS (a row per {opts.rss_step_mib} MiB moved)" if opts.rss_step_mib else ""
+    rss = (f", RSS (a row per {opts.rss_step_mib} MiB moved, " + ("per fault)" if opts.rss_per_fault else
+                                                                  "at checkpoints, iterations, munmaps)")
+           if opts.rss_step_mib and (opts.rss_per_fault or rss_sampled) else "")
     gpu = [t.plan.gpu_line() for t in targets if t.plan.gpu_points]
     if gpu:
         rss += f", CUDA copies ({gpu[0]}; faults on their destinations)"
@@ -624,6 +627,9 @@ def _start_line(opts: RecordOptions, targets: Targets, child, command, attached:
     line = (f"ckptrace: tracing {what}: {attached} uprobes in {objects} "
             f"objects (profile {profiles}), {faults}, mmap/munmap/mremap{rss}. "
             + ("Ctrl-C to stop." if not opts.duration_s else f"{opts.duration_s:g} s, or Ctrl-C to stop."))
+    if opts.rss_step_mib and not opts.rss_per_fault and not rss_sampled:
+        line += ("\nckptrace: note: RSS not recorded: this kernel's BTF does not say where a process's "
+                 "resident counters are; --rss-per-fault takes it from kmem:rss_stat")
     for fill in dict.fromkeys(t.plan.fill for t in targets if t.plan.by_point("fill_call")):
         line += (f"\nckptrace: note: fill: {fill}: each fill is a memset call to its return "
                  "(operator new's mmap before it is its own row)")
@@ -848,6 +854,7 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True, pre
         f"-I{BPF_SOURCE.parent}",
         f"-DMAX_TARGETS={MAX_TARGETS}",
         f"-DRSS_STEP={int(opts.rss_step_mib) << 20}",
+        f"-DRSS_PER_FAULT={int(opts.rss_per_fault)}",
         f"-DRINGBUF_PAGES={int(pages)}",
         f"-DMAX_THREADS={int(opts.max_threads)}",
         f"-DBATCH_TOKENS_OFF={BATCH_TOKENS_OFF}",
@@ -860,10 +867,13 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True, pre
         obj = bpf_compile.compiled(BPF_SOURCE, cflags, kernel.kernel_headers_dir(), status=status.draw, note=_note)
     finally:
         status.clear()
-    # Without RSS rows the rss_stat program and its exec companion are not attached: their cost goes too.
-    skip = frozenset() if opts.rss_step_mib else frozenset({b"kmem:rss_stat", b"sched:sched_process_exec"})
-    bpf = _quietly("could not load the BPF program", bpf_runtime.Program, obj, skip)
+    # kmem:rss_stat runs on every fault: attached only when asked (--rss-per-fault). Its exec
+    # companion ends a launched command's pre-exec time, for RSS read either way.
+    skip = {b"kmem:rss_stat"} if not (opts.rss_step_mib and opts.rss_per_fault) else set()
+    skip |= {b"sched:sched_process_exec"} if not opts.rss_step_mib else set()
+    bpf = _quietly("could not load the BPF program", bpf_runtime.Program, obj, frozenset(skip))
     bpf.sched = SchedCounters(obj["kernel"]["sched"], obj["kernel"]["sched_note"])
+    bpf.rss_sampled = obj["kernel"]["rss"]  # the mm's counters are readable (RSS at defaults)
     try:
         # Load the uprobe programs now, so a verifier rejection is reported here, in one line:
         # those the targets' probe points use, or (serve, attaching later) every one.
@@ -880,7 +890,7 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True, pre
                 bpf[b"rss_before_exec"][ctypes.c_uint32(t.pid)] = ctypes.c_uint32(1)
             # A running process's counters so far; a launched one starts from zero at its exec.
             members = resident_members(t.pid) if attach else None
-            if members is not None and opts.rss_step_mib:
+            if members is not None and opts.rss_step_mib and opts.rss_per_fault:
                 seed = seeds.Leaf()
                 for i, v in enumerate(members):
                     seed.member[i] = v

@@ -181,7 +181,7 @@ def test_an_object_with_a_bad_relocation_or_map_is_refused():
 
     ld_map = bytes([0x18, 0x11, 0, 0, 7, 0, 0, 0]) + bytes(8)  # r1 = map fd 7 (two slots)
     exit_ = bytes([0x95, 0, 0, 0, 0, 0, 0, 0])
-    obj = {"license": "GPL", "kern_version": 0, "kernel": {"sched": True, "sched_note": ""},
+    obj = {"license": "GPL", "kern_version": 0, "kernel": {"sched": True, "sched_note": "", "rss": True},
            "maps": [{"name": "m", "type": 1, "key_size": 4, "leaf_size": 4, "max_entries": 8, "flags": 0,
                      "key_desc": "unsigned int", "leaf_desc": "unsigned int"}],
            "functions": {"f": {"insns": ld_map + exit_, "relocs": [[0, 0]]}}}

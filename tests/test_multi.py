@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import uuid
 
 import pytest
@@ -19,8 +20,9 @@ from test_record import assert_matches_truth, checkpoints_vs_truth
 pytestmark = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
 
 PAGE = 4096  # glibc maps a buffer with one page more, for its chunk header
-# RSS rows come every 1 MiB moved (--rss-step); the kernel's per-CPU counters lag by up to a
-# batch per CPU; the workload samples its RSS between iterations only.
+# RSS rows come every 1 MiB moved (--rss-step), read at checkpoints, iterations and munmaps (or
+# per fault with --rss-per-fault); the kernel's per-CPU counters lag by up to a batch per CPU;
+# the workload samples its RSS between iterations only.
 RSS_SLACK = 4 * MIB
 # Pool on, a new request every 3 prefills with the state growing 8 MiB a prefill: the first
 # request's buffers stay pooled and serve every later one (docs/validation.md, the pool's memory cost).
@@ -139,6 +141,36 @@ def test_pool_costs_memory_and_saves_fill(tmp_path, workload):
     faults = {m["metric"]: m for m in doc["metrics"]}["checkpoint_faults"]
     assert faults["verdict"] == "faster" and faults["change_pct"] < -30  # half the checkpoints hit
     assert "Time against memory: fill" in doc["explanation"] and "held checkpoint memory +" in doc["explanation"]
+
+
+def tracepoints_of(pid: int) -> set[str]:
+    """The tracepoints a process holds BPF programs on, as the kernel lists them."""
+    p = subprocess.run(["bpftool", "-j", "perf", "list"], capture_output=True, text=True, check=True)
+    return {e["tracepoint"] for e in json.loads(p.stdout) if e["pid"] == pid and e["fd_type"] == "tracepoint"}
+
+
+@pytest.mark.parametrize("per_fault", [False, True], ids=["default", "rss-per-fault"])
+def test_rss_without_a_program_per_fault_and_with_one(tmp_path, workload, per_fault):
+    """At defaults no program runs per page fault (kmem:rss_stat is not attached, as the kernel's
+    list of the recorder's perf events says): RSS is read from the process's counters at its
+    checkpoints, iterations and munmaps, and its peak is still the workload's own (/proc/self/statm).
+    --rss-per-fault attaches kmem:rss_stat and meets the same truth (a process already running:
+    its counters at attach are the start)."""
+    out, truth = tmp_path / "r.parquet", tmp_path / "r.jsonl"
+    extra = ["--rss-per-fault"] if per_fault else []
+    with waiting_workload(workload, *POOLED, "--pool", "off", truth=truth) as w, \
+            started([CKPTRACE, "record", "--quiet", "-o", out, *extra, "--pid", w.pid],
+                    ready="ckptrace: tracing") as (rec, line):
+        assert "RSS (a row per 1 MiB moved, " + ("per fault)" if per_fault else "at checkpoints") in line, line
+        held = tracepoints_of(rec.pid)
+        assert "sys_enter_munmap" in held and ("rss_stat" in held) == per_fault, held
+        go(w)
+        assert w.wait(120) == 0
+        _, err = rec.communicate(timeout=120)
+        assert rec.returncode == 0, err
+    memory = analyze_json(out)["memory"]
+    assert memory["rss_samples"] > 0
+    assert_memory_matches(memory, memory_truth(truth))
 
 
 def test_bad_multi_process_input(tmp_path):

@@ -57,13 +57,18 @@ Examples:
 @click.option("--hint-after", type=seconds(), default=30.0, show_default=True,
               help="Say why, if no checkpoint has been seen after this many seconds.")
 @click.option("--rss-step", type=click.IntRange(min=0, max=1 << 20), default=1, show_default=True,
-              metavar="MIB", help="Record the process's RSS (kmem:rss_stat) as a row each time it "
-              "moved by this many MiB; 0 = do not record RSS.")
+              metavar="MIB", help="Record the process's RSS as a row each time it moved by this "
+              "many MiB, read from its counters when a checkpoint or an iteration returns and "
+              "when a munmap starts; 0 = do not record RSS.")
+@click.option("--rss-per-fault", is_flag=True,
+              help="Take RSS from kmem:rss_stat instead: a row the moment it moves, at the cost of "
+                   "a BPF program on every page fault of every process (about 16% of fault-bound "
+                   "code on some hosts; docs/performance.md).")
 @click.option("--json", "as_json", is_flag=True, help="Print a JSON summary on stdout at the end.")
 @click.option("--quiet", is_flag=True, help="No live status line.")
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
 def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, max_threads, hint_after, rss_step,
-            as_json, quiet, command):
+            rss_per_fault, as_json, quiet, command):
     """Record checkpoint, iteration, fault, mmap and RSS events of one or more processes.
 
     Give one of -p/--pid PID (repeatable), --comm NAME or -- COMMAND [ARGS...]. Each process keeps
@@ -81,7 +86,8 @@ def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, ma
 
     opts = RecordOptions(output=output, label=label, duration_s=duration,
                          fault_sample=int(fault_sample), ringbuf_pages=ringbuf_pages, max_threads=max_threads,
-                         status=not quiet, no_checkpoint_hint_s=hint_after, rss_step_mib=rss_step)
+                         status=not quiet, no_checkpoint_hint_s=hint_after, rss_step_mib=rss_step,
+                         rss_per_fault=rss_per_fault)
     try:
         result = record(opts, pid=_pid_list(pids) if pids else None, command=list(command) if command else None,
                         comm=comm)
