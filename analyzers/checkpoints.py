@@ -8,7 +8,13 @@
   those spans, from the trace's `cpu_ns`/`wait_ns`. Blocked time is wall - cpu - wait. NA when
   not recorded (trace format 1, or a kernel without the counters); 0 for a fill that did not
   happen (pool hit) when the checkpoint's own span was recorded.
-- `pool_hit`: the checkpoint has no fill row (the buffer did not need to grow).
+- `buffer`: what the destination buffer's pages did (ckptrace/rules.py `checkpoint_rules`, the
+  one definition): "grown" (a fill ran), "reused" (no fill, the copy took no faults, the
+  destination not mapped by this checkpoint: a pool hit), "fresh" (no fill, the copy faulted
+  every page in), "partial" (no fill, the copy faulted some pages in), "touched" (no fill, no
+  copy faults, but the destination was mapped while the checkpoint was open).
+- `pool_hit`: `buffer` is "reused". `fresh_bytes`: the bytes the copy wrote into pages it faulted
+  in (copy faults x 4 KiB, at most its bytes): on a CUDA context, the slow pageable path.
 - An update_tgt/update_dft call that made no state copy (update_dft without a draft model
   returns at once) saved nothing and is not a checkpoint: it is left out.
 - Fault time (`fill_fault_ns`, `copy_fault_ns`, `fault_ns` = their sum): the whole cost of the
@@ -33,8 +39,8 @@
 - `fill_source`: "measured" (the growth was probed: a fill row, or none for a pool hit) or
   "derived" (a build with the growth inlined, no probe point: see the trace's `profile`). A derived
   fill is the checkpoint's total minus its copy, in wall time, on-CPU time, wait and faults; its
-  other_ns is then 0 (folded into the fill), its fill fault time not recorded (NA), and it is a
-  pool hit when it neither faulted nor mapped memory.
+  other_ns is then 0 (folded into the fill), its fill fault time not recorded (NA), and it
+  grew when the checkpoint faulted outside its copies.
 """
 from __future__ import annotations
 
@@ -46,10 +52,15 @@ from ckptrace.trace import STATE_FLAG_ON_DEVICE, empty_frame
 from ckptrace.validate import increasing
 
 from .events import KindRows, kind_rows
-from ckptrace.rules import checkpoint_rules, enclosing, saved  # noqa: F401 (also read from here)
+from ckptrace.rules import BUFFER_CLASSES, checkpoint_rules, enclosing, mapped_destination, saved  # noqa: F401
 from .spans import CLOCK_COLUMNS, NA_INT, Groups, Ids, assign_iterations, by_start, kind_mask
 from .sums import SUM_MAX, bound, bound_table, checked_product
 
+# Each buffer class in words (the dashboard's hover, docs/metrics.md).
+BUFFER_SAID = {"reused": "reused, resident (pool hit)", "grown": "grown (a fill ran)",
+               "fresh": "fresh, no fill (the copy faulted its pages in)",
+               "partial": "partly resident (the copy faulted some pages in)",
+               "touched": "fresh, pre-touched before the copy"}
 FAULT_SOURCES = ["none", "measured", "estimated", "not recorded"]  # a checkpoint takes the last of its spans'
 FILL_SOURCES = ["measured", "derived", "not recorded"]
 
@@ -75,7 +86,9 @@ CHECKPOINT_COLUMNS: dict[str, object] = {
     "faults": np.dtype("int64"),
     "mmaps": np.dtype("int64"),
     "munmaps": np.dtype("int64"),
+    "buffer": pd.CategoricalDtype(BUFFER_CLASSES),
     "pool_hit": np.dtype("bool"),
+    "fresh_bytes": np.dtype("int64"),
     "spec": np.dtype("bool"),
     "fill_source": pd.CategoricalDtype(FILL_SOURCES),
     "on_device": np.dtype("bool"),
@@ -170,8 +183,14 @@ def checkpoint_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, fill_pr
     for kind in ("mmap", "munmap"):
         t[f"{kind}s"] = np.bincount(at[kind_mask(memory, kind) & (at >= 0)], minlength=n).astype("int64", copy=False)
 
-    t.update(checkpoint_rules(t["total_ns"], ck["faults"].to_numpy(), t["copy_ns"], t["copy_faults"], fill_rows,
-                              t["fill_ns"], t["fill_faults"], t["mmaps"], fill_probed))
+    maps = kind_mask(memory, "mmap") & (at >= 0)
+    copy_rows = rows.of("copy")
+    mapped = mapped_destination(copy_at, copy_rows["addr"].to_numpy(), copy_rows["bytes"].to_numpy(), at[maps],
+                                memory["addr"].to_numpy()[maps], memory["bytes"].to_numpy()[maps], n)
+    rules = checkpoint_rules(t["total_ns"], ck["faults"].to_numpy(), t["copy_ns"], t["copy_faults"], fill_rows,
+                             t["fill_ns"], t["fill_faults"], t["mmaps"], ck["bytes"].to_numpy(), mapped, fill_probed)
+    t["buffer"] = pd.Categorical.from_codes(rules.pop("buffer"), dtype=CHECKPOINT_COLUMNS["buffer"])
+    t.update(rules)
     t["fill_source"] = pd.Categorical.from_codes(np.zeros(n, "int8"), dtype=CHECKPOINT_COLUMNS["fill_source"])
     flags = rows.of("copy")["state_flags"].to_numpy("int64")
     t["on_device"] = Groups(copy_at, n).any((flags & STATE_FLAG_ON_DEVICE) != 0)
@@ -204,7 +223,7 @@ DERIVED = [("fill_ns", "copy_ns"), ("fill_cpu_ns", "copy_cpu_ns"), ("fill_wait_n
 
 
 def _derive_fill(t: pd.DataFrame) -> None:
-    """The rest of a derived fill (checkpoint_rules made its time, faults and pool hit): its clocks,
+    """The rest of a derived fill (checkpoint_rules made its time, faults and class): its clocks,
     the checkpoint's less its copy's; its fault time not recorded (in place)."""
     for c in ("cpu_ns", "wait_ns"):
         t[f"fill_{c}"] = (t[c] - t[f"copy_{c}"]).astype(NA_INT)

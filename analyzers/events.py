@@ -36,7 +36,7 @@ GROUPS: dict[str, tuple[tuple[str, ...], list[str]]] = {
     "decode": (("decode",), [*SPAN, "tokens", "prompt_tokens", "faults", "pid"]),
     "checkpoint": (("checkpoint",), ["ckpt", "iter", *SPAN, "bytes", "draft", "faults", *CLOCKS, "pid", "spec"]),
     "fill": (("fill",), PART),
-    "copy": (("copy",), [*PART, *GPU, "state_flags"]),
+    "copy": (("copy",), [*PART, *GPU, "state_flags", "addr"]),
     # memory.py's syscalls and RSS, and state_path.py's restores, creates and prompt saves
     "memory": (("mmap", "munmap", "mremap", "rss", "create", "restore", "restore_copy", "prompt_save",
                 "slot_save", "slot_restore"),

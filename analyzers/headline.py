@@ -8,7 +8,10 @@ comparison already judged, taken from its rows, never computed apart:
 - per prefill iteration: the host's work removed (the update_slots call's on-CPU time,
   `prefill_iteration_cpu_ns`; wall `prefill_iteration_ns` when not recorded);
 - time to first token p90 (`ttft_p90_ms`), when the legs have request files;
-- the candidate's pool hit rate after warm-up (and with it);
+- the candidate's pool hit rate after warm-up (and with it): hits are reused, resident buffers
+  (the `buffer` class, ckptrace/rules.py), never a fill that vanished because the copy now faults
+  the pages in: that is said as such ("moved"), with the copy's fault time before and after, and
+  every leg whose copies landed in pages not yet resident is named (`fresh_copies`);
 - what it costs: checkpoint memory held at peak (and RSS, where recorded), arms' means.
 """
 from __future__ import annotations
@@ -70,6 +73,69 @@ def _hit_rate(c, analyses, arms, warm) -> dict:
             "hits": all_hits, "checkpoints": all_n, "baseline_warm_hits": base_hits, "baseline_warm_checkpoints": base_n}
 
 
+def _mean_ms(values) -> float | None:
+    v = np.asarray(values, dtype="float64")
+    v = v[~np.isnan(v)]
+    return float(v.mean()) / 1e6 if len(v) else None
+
+
+def _moved(analyses, arms, warm) -> dict | None:
+    """The candidate's warm checkpoints that had no fill because their copy faulted the pages in
+    (buffer "fresh" or "partial"): what they faulted in, and the copy's fault time per warm
+    checkpoint in each arm (ms, where measured). None when it has none."""
+    import pandas as pd
+
+    def of(arm):
+        cks = [a.checkpoints.loc[w.warm] for a, w, x in zip(analyses, warm, arms) if x == arm]
+        return pd.concat(cks) if cks else None
+
+    cand, base = of("candidate"), of("baseline")
+    if cand is None or base is None:
+        return None
+    moved = cand["buffer"].isin(["fresh", "partial"]).to_numpy()
+    if not moved.any():
+        return None
+    fresh = int(cand.loc[moved, "fresh_bytes"].sum())
+    return {"checkpoints": int(moved.sum()), "warm_checkpoints": len(cand), "fresh_bytes": fresh,
+            "fresh_mib_per_checkpoint": fresh / int(moved.sum()) / 2**20,
+            "baseline_copy_fault_ms": _mean_ms(base["copy_fault_ns"].to_numpy("float64", na_value=np.nan)),
+            "candidate_copy_fault_ms": _mean_ms(cand["copy_fault_ns"].to_numpy("float64", na_value=np.nan))}
+
+
+def _fresh_copies(analyses, arms) -> list[dict]:
+    """Each leg whose copies landed in pages not yet resident: how many and how much."""
+    out = []
+    for i, (a, arm) in enumerate(zip(analyses, arms), 1):
+        s = a.summary
+        if s["fresh_copy_checkpoints"]:
+            out.append({"leg": i, "arm": arm, "label": a.trace.label, "checkpoints": s["checkpoints"],
+                        "fresh_checkpoints": s["fresh_copy_checkpoints"], "fresh_bytes": s["fresh_copy_bytes"]})
+    return out
+
+
+def moved_said(m: dict) -> str:
+    """A fill that vanished into the copy, in the words a reader repeats (llama.cpp PR #201's warning)."""
+    out = (f"the fill was not pooled away but moved into the copy: fill removed, but the copy now faults in "
+           f"{m['fresh_mib_per_checkpoint']:.1f} MiB of fresh pages per checkpoint ({m['checkpoints']} of its "
+           f"{m['warm_checkpoints']} checkpoints after warm-up, {m['fresh_bytes'] / 2**20:.1f} MiB in all): not a "
+           "pool hit")
+    b, c = m["baseline_copy_fault_ms"], m["candidate_copy_fault_ms"]
+    if b is not None and c is not None:
+        out += f"; the copy's fault time {'rose' if c >= b else 'fell'} by {abs(c - b):.1f} ms per checkpoint " \
+               f"({b:.1f} -> {c:.1f} ms)"
+    return out + ("; on a CUDA context this is the slow pageable path (llama.cpp PR #201), a cost measured only "
+                  "on a GPU")
+
+
+def fresh_copies_said(items: list[dict], quote=str) -> str:
+    """The GPU hazard a CPU trace can see, per leg (headline's fresh_copies): copies into pages not yet resident."""
+    legs = "; ".join(f"leg {x['leg']} ({quote(shown_label(x['label']))}) {x['fresh_checkpoints']} of "
+                     f"{x['checkpoints']} checkpoints, {x['fresh_bytes'] / 2**20:.1f} MiB" for x in items)
+    return (f"copies into pages not yet resident (faulted in by the copy): {legs}. On a CUDA context such a copy "
+            "is the slow pageable path (llama.cpp PR #201: about 140x slower than into resident memory); its cost "
+            "there is measured only on a GPU.")
+
+
 def _memory(c) -> dict | None:
     if c.memory is None or not len(c.memory):
         return None
@@ -97,7 +163,8 @@ def headline(c, analyses, arms, warm) -> dict:
     """{"sentence": ..., and each figure} for a Comparison (see the module docstring)."""
     rows = c.metrics.set_index("metric")
     h = {key: _removed(rows, metric, fallback) for key, metric, fallback, _, _ in FIGURES}
-    h.update(ttft_p90=_ttft(rows), hit_rate=_hit_rate(c, analyses, arms, warm), memory=_memory(c))
+    h.update(ttft_p90=_ttft(rows), hit_rate=_hit_rate(c, analyses, arms, warm), memory=_memory(c),
+             moved=_moved(analyses, arms, warm), fresh_copies=_fresh_copies(analyses, arms))
     return {"sentence": sentence(h, c.candidate, c.baseline), **h}
 
 
@@ -113,6 +180,8 @@ def sentence(h: dict, candidate: str, baseline: str, quote=str) -> str:
                                                  f"{ttft['candidate_ms']:.0f} ms, {ttft['verdict']})"
                                                  if ttft["change_pct"] is not None else ttft["verdict"]))
     hit = h["hit_rate"]
+    if h.get("moved"):
+        out += f"; {moved_said(h['moved'])}"
     if hit["warm_checkpoints"]:
         out += (f"; {100 * hit['rate']:.0f}% of its checkpoints after warm-up hit the pool "
                 f"({hit['warm_hits']} of {hit['warm_checkpoints']}; {hit['hits']} of {hit['checkpoints']} "

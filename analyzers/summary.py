@@ -71,6 +71,13 @@ def _meta_field(meta: TraceMeta, name: str):
     return value if value is not None else meta.extra.get(name)
 
 
+def gpu_hazard(checkpoints: int, fresh_bytes: int, of: int) -> str:
+    """The warning where copies landed in pages they faulted in: what a CPU trace can say of CUDA."""
+    return (f"{checkpoints} of {of} checkpoints copied into pages not yet resident ({fresh_bytes / MIB:.1f} MiB "
+            "faulted in by the copy): on a CUDA context that copy is the slow pageable path (llama.cpp PR #201 "
+            "measured about 140x slower than into resident memory); its cost there is measured only on a GPU")
+
+
 def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMeta) -> dict:
     # Only the columns read here: a whole-row copy of millions of iterations costs more than the rest.
     is_prefill = (iterations["kind"] == "prefill").to_numpy()
@@ -80,6 +87,8 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
 
     n = len(checkpoints)
     hits = int(checkpoints["pool_hit"].sum())
+    classes = checkpoints["buffer"].value_counts().reindex(checkpoints["buffer"].cat.categories, fill_value=0)
+    fresh = checkpoints["fresh_bytes"].to_numpy() > 0
     # Every sum of times or bytes is exact or refused (sums.py): never a wrapped int64 printed.
     total = {c: checked_sum(checkpoints[c], f"the checkpoints' {c}")
              for c in ("bytes", "faults", "total_ns", "fill_ns", "copy_ns")}
@@ -135,6 +144,9 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
             notes.append(f"{what} spent {share * 100:.0f}% of their wall time waiting for a CPU: the machine "
                          "was busy; read the on-CPU figures (*_cpu_ns)")
     unassigned = int((checkpoints["iter"] == 0).sum())
+    if fresh.any():
+        notes.append(gpu_hazard(int(fresh.sum()), checked_sum(checkpoints.loc[fresh, "fresh_bytes"],
+                                                              "the checkpoints' fresh_bytes"), n))
     if unassigned:
         notes.append(f"{unassigned} checkpoints fall in no iteration (no update_slots or llama_decode "
                      "boundary on their thread, or cut off)")
@@ -143,6 +155,9 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
         "checkpoints": n,
         "pool_hits": hits,
         "pool_hit_rate": _ratio(hits, n),
+        "buffers": {str(k): int(v) for k, v in classes.items()},
+        "fresh_copy_checkpoints": int(fresh.sum()),
+        "fresh_copy_bytes": checked_sum(checkpoints["fresh_bytes"], "the checkpoints' fresh_bytes"),
         "draft_checkpoints": int(checkpoints["draft"].sum()),
         "unassigned_checkpoints": unassigned,
         "checkpoint_bytes": total["bytes"],

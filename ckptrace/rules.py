@@ -1,5 +1,5 @@
 """analyze's rules that the live tools apply too, in numpy only: which calls are checkpoints, a
-checkpoint's fill and pool hit, which restores restored state, and the per-checkpoint sums they
+checkpoint's fill, buffer class and pool hit, which restores restored state, and the per-checkpoint sums they
 read (Ids, Groups). analyzers/checkpoints.py, spans.py and state_path.py use them on a trace;
 `serve`, `top` and the recorder's status line (probes/fold.py) on each live batch, without
 pandas (about 50 MiB resident). Beside the layers, as ckptrace/buffers.py: probes/ and analyzers/
@@ -100,21 +100,65 @@ def saved(copy_rows: np.ndarray) -> np.ndarray:
     return copy_rows > 0
 
 
+# What a checkpoint's destination buffer's pages did (checkpoint_rules; docs/metrics.md "Buffer
+# classes"), the codes of the `buffer` column. Only "reused" is a pool hit.
+BUFFER_CLASSES = ("reused", "grown", "fresh", "partial", "touched")
+REUSED, GROWN, FRESH, PARTIAL, TOUCHED = range(len(BUFFER_CLASSES))
+PAGE_BYTES = 4096  # a fault is counted as one base page (x86-64's; no transparent huge pages)
+# A copy "faulted" when its faults reach 1/64 of its pages: fewer are strays (the tracer's first
+# hit of a probe, a stack or source page), not its destination (a 48 MiB copy: 192 faults).
+STRAY_SHARE = 64
+
+
+def mapped_destination(copy_at: np.ndarray, copy_addr: np.ndarray, copy_bytes: np.ndarray, map_at: np.ndarray,
+                       map_addr: np.ndarray, map_bytes: np.ndarray, n: int) -> np.ndarray:
+    """Per checkpoint (positions 0..n-1; -1: in none), whether a mapping made while it was open
+    (map_*: its mmap rows) overlaps where its copies wrote ([addr, addr + bytes) of its copy rows,
+    their hull): the destination was mapped by this checkpoint, not reused."""
+    copy_addr, map_addr = copy_addr.astype("int64", copy=False), map_addr.astype("int64", copy=False)
+    copy_end = copy_addr + copy_bytes.astype("int64", copy=False)
+    g = Groups(copy_at, n)
+    lo, hi = -g.max(-copy_addr), g.max(copy_end)  # a checkpoint without copies: [0, 0), overlaps nothing
+    mine = map_at >= 0
+    at = map_at[mine]
+    start, end = map_addr[mine], map_addr[mine] + map_bytes[mine].astype("int64", copy=False)
+    overlaps = (start < hi[at]) & (end > lo[at]) & g.has[at]
+    return np.bincount(at[overlaps], minlength=n) > 0
+
+
 def checkpoint_rules(total_ns: np.ndarray, faults: np.ndarray, copy_ns: np.ndarray, copy_faults: np.ndarray,
                      fill_rows: np.ndarray, fill_ns: np.ndarray, fill_faults: np.ndarray, mmaps: np.ndarray,
-                     fill_probed: bool = True) -> dict[str, np.ndarray]:
-    """A checkpoint's fill, pool hit and other time from its own span (total_ns, faults) and the
-    per-checkpoint sums of its parts (numpy arrays, one value per checkpoint): the one definition
-    analyze (checkpoint_table) and the live tools (probes/fold.py) apply. Probed: the
-    fill is its fill rows, a pool hit a checkpoint without one. Not probed (the growth inlined):
-    the fill is the checkpoint less its copies, in time and faults, a pool hit a checkpoint whose
-    fill neither faulted nor mapped memory, other_ns 0 (folded into the fill)."""
+                     nbytes: np.ndarray, mapped: np.ndarray, fill_probed: bool = True) -> dict[str, np.ndarray]:
+    """A checkpoint's fill, buffer class, pool hit and other time from its own span (total_ns,
+    faults, nbytes: the bytes its copies wrote), the per-checkpoint sums of its parts and
+    `mapped` (mapped_destination): the one definition analyze (checkpoint_table) and the live
+    tools (probes/fold.py) apply (numpy arrays, one value per checkpoint).
+
+    The fill: probed, its fill rows; not probed (the growth inlined), the checkpoint less its
+    copies, in time and faults, other_ns 0 (folded into the fill). The buffer (BUFFER_CLASSES),
+    by what its pages did: "grown" when a fill ran (a fill row; derived: the checkpoint faulted
+    outside its copies); else by the copy's faults: none (or strays, under 1/STRAY_SHARE of its
+    pages), "reused" (a pool hit) unless the destination was mapped while the checkpoint was open
+    ("touched": fresh pages made resident before the copy); at least one per page of its
+    bytes, "fresh" (the copy faulted every page in: the fill moved into the copy); between,
+    "partial". fresh_bytes: the bytes the copy wrote into pages it faulted in (a fault a page, at
+    most its bytes; 0 for strays)."""
     if fill_probed:
-        return {"fill_ns": fill_ns, "fill_faults": fill_faults, "pool_hit": fill_rows == 0,
-                "other_ns": total_ns - fill_ns - copy_ns}
-    derived_faults = np.maximum(faults - copy_faults, 0)
-    return {"fill_ns": np.maximum(total_ns - copy_ns, 0), "fill_faults": derived_faults,
-            "pool_hit": (derived_faults == 0) & (mmaps == 0), "other_ns": np.zeros_like(total_ns)}
+        out = {"fill_ns": fill_ns, "fill_faults": fill_faults, "other_ns": total_ns - fill_ns - copy_ns}
+        grown = fill_rows > 0
+    else:
+        derived_faults = np.maximum(faults - copy_faults, 0)
+        out = {"fill_ns": np.maximum(total_ns - copy_ns, 0), "fill_faults": derived_faults,
+               "other_ns": np.zeros_like(total_ns)}
+        grown = derived_faults > 0
+    nbytes, copy_faults = nbytes.astype("int64", copy=False), copy_faults.astype("int64", copy=False)
+    pages = -(-nbytes // PAGE_BYTES)
+    faulted = (copy_faults > 0) & (copy_faults * STRAY_SHARE >= pages)
+    buffer = np.select([grown, ~faulted, copy_faults >= pages], [GROWN, np.where(mapped, TOUCHED, REUSED), FRESH],
+                       PARTIAL).astype("int8")
+    out.update(buffer=buffer, pool_hit=buffer == REUSED,
+               fresh_bytes=np.where(faulted, np.minimum(copy_faults * PAGE_BYTES, nbytes), 0))
+    return out
 
 
 def enclosing(inner, outer) -> np.ndarray:

@@ -51,7 +51,7 @@ class _Process:
         self.target = target
         self.fold = ProcessFold(target.plan.fill_probed)
         self.attached_ns = time.monotonic_ns()
-        self.checkpoints = self.pool_hits = self.restores = self.in_interval = 0
+        self.checkpoints = self.pool_hits = self.fresh_copies = self.restores = self.in_interval = 0
         self.window: deque[tuple[float, dict[str, np.ndarray]]] = deque()  # (when folded, columns)
         self.exited_at: float | None = None
 
@@ -62,6 +62,7 @@ class _Process:
         n = len(ck["bytes"])
         self.checkpoints += n
         self.pool_hits += int(ck["pool_hit"].sum())
+        self.fresh_copies += int((ck["fresh_bytes"] > 0).sum())
         self.restores += folded.restores
         self.in_interval += n
         if n:
@@ -78,7 +79,7 @@ class _Process:
         t = self.target
         doc = {"pid": t.pid, "comm": t.comm, "start_ticks": t.start, "attached_ns": self.attached_ns,
                "exited": self.exited_at is not None, "checkpoints": self.checkpoints, "pool_hits": self.pool_hits,
-               "restores": self.restores,
+               "fresh_copies": self.fresh_copies, "restores": self.restores,
                "checkpoints_per_s": self.in_interval / interval if interval > 0 else 0.0,
                "window": {"checkpoints": int(len(cols["wait_ns"])), **{c: _stat(v) for c, v in cols.items()}},
                "held_bytes": self.fold.buffers.held, "peak_held_bytes": self.fold.peak_bytes}

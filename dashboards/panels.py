@@ -21,6 +21,7 @@ from ckptrace.terminal import shown_label
 from ckptrace.trace import time_origin
 from ckptrace.units import MIB
 
+from ckptrace.analyzers.checkpoints import BUFFER_SAID
 from ckptrace.analyzers.headline import PARTS as TIME_PARTS, time_parts
 from ckptrace.analyzers.warmup import AUTO, split
 
@@ -234,8 +235,10 @@ def timeline_panel(legs: list[Leg], warmup=AUTO) -> Panel:
                 PHASE_COLOURS["decode"], 0.8, [f"{d / 1e6:.2f} ms" for d in (dec["end_ns"] - dec["start_ns"])])
         bar([ck_row[int(c)] for c in ck["ckpt"]], ck["start_ns"], ck["end_ns"], "checkpoint",
             PHASE_COLOURS["checkpoint"], 0.8,
-            [f"total {a / 1e6:.2f} ms, {b / MIB:.1f} MiB, faults {f}, {'pool hit' if h else 'fresh buffer'}"
-             for a, b, f, h in zip(ck["total_ns"], ck["bytes"], ck["faults"], ck["pool_hit"])])
+            [f"total {a / 1e6:.2f} ms, {b / MIB:.1f} MiB, faults {f}, {BUFFER_SAID[k]}"
+             + (f"; {fb / MIB:.1f} MiB copied into fresh pages (on CUDA: the slow pageable path)" if fb else "")
+             for a, b, f, k, fb in zip(ck["total_ns"], ck["bytes"], ck["faults"], ck["buffer"].astype(str),
+                                       ck["fresh_bytes"])])
         for phase in ("fill", "copy"):
             s = spans.loc[(spans["kind"].astype(object) == phase).to_numpy()]
             if len(s):

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import plotly.io as pio
 
+from ckptrace.analyzers.summary import gpu_hazard
 from ckptrace.errors import CkptraceError
 from ckptrace.output import write_output
 from ckptrace.terminal import printable
@@ -69,6 +70,8 @@ def build_panels(analyses: list, comparison=None, title: str = "ckptrace report"
         ("metadata", panels.metadata_panel(legs)),
     ]
     page_notes = [plain(n) for n in notes] + [n for _, p in first + body for n in p.notes]
+    page_notes += [f"{leg.name}: " + gpu_hazard(s["fresh_copy_checkpoints"], s["fresh_copy_bytes"], s["checkpoints"])
+                   for leg in legs if (s := leg.analysis.summary)["fresh_copy_checkpoints"]]
     page_notes += [f"{leg.name}: cut short: {plain(leg.meta.cut_short or 'the recorder did not finish this trace')}"
                    for leg in legs if leg.meta.complete is False]
     page_notes += [f"Panel '{pid}' omitted: {p.omitted}." for pid, p in first + body if p.figure is None]

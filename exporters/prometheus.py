@@ -38,7 +38,9 @@ HISTOGRAMS = {m.series: (m.columns[0], 1e-9 if m.unit == "ns" else 1.0,
 COUNTERS = {
     "checkpoints": "Checkpoints saved (update_tgt/update_dft calls that copied state).",
     "checkpoint_faults": "Page faults (minor + major) taken inside checkpoints.",
-    "pool_hits": "Checkpoints whose buffer did not need to grow (no fill): served by a pool.",
+    "pool_hits": "Checkpoints whose buffer was reused and resident (no fill, the copy faulted nothing): pool hits.",
+    "fresh_copy_bytes": "Bytes checkpoint copies wrote into pages they faulted in (no fill before them): on a CUDA "
+                        "context, the slow pageable path (llama.cpp PR #201).",
     "restores": "Checkpoint restores: load_tgt/load_dft calls that copied state in (analyze's restores of "
                 "source checkpoint), where the build has the probes.",
 }
@@ -129,6 +131,7 @@ class CheckpointMetrics(Collector):
             t.counters["checkpoints"] += len(ck["bytes"])
             t.counters["checkpoint_faults"] += int(ck["faults"].sum())
             t.counters["pool_hits"] += int(ck["pool_hit"].sum())
+            t.counters["fresh_copy_bytes"] += int(ck["fresh_bytes"].sum())
             t.counters["restores"] += folded.restores
             folded.apply_held()
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ckptrace.rules import Groups, Ids, checkpoint_rules, enclosing, restored, saved
+from ckptrace.rules import Groups, Ids, checkpoint_rules, enclosing, mapped_destination, restored, saved
 from ckptrace.buffers import HeldBuffers
 from ckptrace.columns import KINDS, PHASES
 
@@ -102,23 +102,26 @@ def checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool, fill_probed: boo
         g, f = Groups(at[rows], n), fault[rows]
         return {"n": g.count, "ns": g.sum(dur[rows]), "cpu_ns": g.sum(cpu[rows]),
                 "faults": g.sum(ev["faults"][rows].astype(np.int64)),
-                "fault_ns": g.sum(np.maximum(f, 0)), "missing": g.any(f < 0)}
+                "fault_ns": g.sum(np.maximum(f, 0)), "missing": g.any(f < 0), "rows": rows}
 
-    fill, copy, mmaps = summed(K_FILL), summed(K_COPY), summed(K_MMAP)["n"]
+    fill, copy, maps = summed(K_FILL), summed(K_COPY), summed(K_MMAP)
+    mmaps, cr, mr = maps["n"], copy["rows"], maps["rows"]
+    mapped = mapped_destination(at[cr], ev["addr"][cr], ev["bytes"][cr], at[mr], ev["addr"][mr], ev["bytes"][mr], n)
     total = ck["end_ns"].astype(np.int64) - ck["start_ns"].astype(np.int64)
     faults = ck["faults"].astype(np.int64)
     ck_cpu = ck["cpu_ns"].astype(np.int64)
     rules = checkpoint_rules(total, faults, copy["ns"], copy["faults"], fill["n"], fill["ns"], fill["faults"], mmaps,
-                             fill_probed)
+                             ck["bytes"].astype(np.int64), mapped, fill_probed)
     fault_ns = np.where(fill["missing"] | copy["missing"] | (not fill_probed), -1, fill["fault_ns"] + copy["fault_ns"])
     fill_cpu = fill["cpu_ns"] if fill_probed else ck_cpu - copy["cpu_ns"]
     clock = (lambda v: v.astype("float64")) if sched else (lambda v: np.full(n, -1.0))
     cols = {"total_ns": total, "fill_ns": rules["fill_ns"], "copy_ns": copy["ns"], "fault_ns": fault_ns,
             "cpu_ns": clock(ck_cpu), "wait_ns": clock(ck["wait_ns"]), "fill_cpu_ns": clock(fill_cpu),
             "copy_cpu_ns": clock(copy["cpu_ns"]), "bytes": ck["bytes"], "faults": faults,
-            "pool_hit": rules["pool_hit"], "end_ns": ck["end_ns"]}
+            "pool_hit": rules["pool_hit"], "buffer": rules["buffer"], "fresh_bytes": rules["fresh_bytes"],
+            "end_ns": ck["end_ns"]}
     kept = saved(copy["n"])
-    return {c: (v[kept] if c == "pool_hit" else v[kept].astype("float64")) for c, v in cols.items()}, waiting
+    return {c: (v[kept] if c in ("pool_hit", "buffer") else v[kept].astype("float64")) for c, v in cols.items()}, waiting
 
 
 def _restores(ev: np.ndarray) -> tuple[int, np.ndarray]:

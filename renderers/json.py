@@ -15,7 +15,7 @@ import pandas as pd
 
 # The layout of every --json document. Bump it for a change an existing reader would misread (a
 # key removed, renamed or changing meaning); a key added keeps it (readers ignore keys they don't know).
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: pool_hit means a reused, resident buffer (the `buffer` class), not "no fill"
 
 
 def versioned(doc: dict) -> dict:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ckptrace.analyzers.checkpoints import CHECKPOINT_COLUMNS
+from ckptrace.analyzers.checkpoints import BUFFER_CLASSES, CHECKPOINT_COLUMNS
 from ckptrace.analyzers.gpu import GPU_COPY_COLUMNS
 from ckptrace.analyzers.compare import LEG_COLUMNS, MEMORY_COLUMNS, METRIC_COLUMNS, POOL_COLUMNS, WARMUP_COLUMNS
 from ckptrace.analyzers.iterations import ITERATION_COLUMNS
@@ -78,6 +78,8 @@ DESCRIBED = strict({"count": COUNT, "not_recorded": COUNT, "mean": NUMBER, "medi
 NULLABLE_INT = {"type": ["integer", "null"]}
 SUMMARY = strict({
     "checkpoints": COUNT, "pool_hits": COUNT, "pool_hit_rate": NUMBER, "draft_checkpoints": COUNT,
+    "buffers": strict({c: COUNT for c in BUFFER_CLASSES}), "fresh_copy_checkpoints": COUNT,
+    "fresh_copy_bytes": COUNT,
     "unassigned_checkpoints": COUNT, "checkpoint_bytes": COUNT, "iterations": COUNT, "prefill_iterations": COUNT,
     "decode_iterations": COUNT, "stats": strict({m: DESCRIBED for m in STAT_METRICS}),
     "checkpoint_share_of_prefill": NUMBER, "faults_per_mib": NUMBER, "ns_per_mib": NUMBER,
@@ -194,7 +196,7 @@ def top_schema() -> dict:
     stat = strict({"count": COUNT, "p50": NUMBER, "p99": NUMBER})
     process = strict({
         "pid": {"type": "integer"}, "comm": {"type": "string"}, "start_ticks": COUNT, "attached_ns": COUNT,
-        "exited": {"type": "boolean"}, "checkpoints": COUNT, "pool_hits": COUNT, "restores": COUNT,
+        "exited": {"type": "boolean"}, "checkpoints": COUNT, "pool_hits": COUNT, "fresh_copies": COUNT, "restores": COUNT,
         "checkpoints_per_s": {"type": "number"}, "held_bytes": {"type": "integer"}, "peak_held_bytes": COUNT,
         "window": strict({"checkpoints": COUNT, **{c: stat for c in WINDOW_COLUMNS}})})
     return {"$schema": DRAFT, "title": "ckptrace top --json (one document per frame, one per line)", **strict({

@@ -68,6 +68,10 @@ def comparison_markdown(c, fail_on: str | None = None, tripped: pd.DataFrame | N
         from ckptrace.analyzers.headline import sentence
 
         out += [f"**{sentence(c.headline, c.candidate, c.baseline, code)}**", ""]
+        if c.headline.get("fresh_copies"):
+            from ckptrace.analyzers.headline import fresh_copies_said
+
+            out += [fresh_copies_said(c.headline["fresh_copies"], code), ""]
     flagged = set()
     if fail_on:
         gate = f"Gate `--fail-on {fail_on}`"

@@ -59,6 +59,10 @@ def header_lines(analysis) -> list[str]:
     return lines
 
 
+BUFFER_LEGEND = ("buffer: reused = a pool hit (no fill, the copy faulted nothing), grown = a fill ran, fresh = no fill "
+                 "and the copy faulted every page in, partial = some, touched = mapped and touched before the copy")
+
+
 def checkpoint_lines(analysis, limit: int | None) -> list[str]:
     ck = analysis.checkpoints
     if not len(ck):
@@ -79,9 +83,9 @@ def checkpoint_lines(analysis, limit: int | None) -> list[str]:
         "wait": ms_column(shown["wait_ns"]),
         "faults": shown["faults"].astype(str),
         "MiB": (shown["bytes"] / MIB).map("{:.1f}".format),
-        "hit": shown["pool_hit"].map({True: "yes", False: "no"}),
+        "buffer": shown["buffer"].astype(str),
     }
-    minimum = {"ckpt": 4, "iter": 4, "at s": 6, "faults": 6, "MiB": 5, "hit": 3}
+    minimum = {"ckpt": 4, "iter": 4, "at s": 6, "faults": 6, "MiB": 5, "buffer": 6}
     widths = {k: max(len(k), minimum.get(k, 6), int(v.str.len().max()) if len(v) else 0)
               for k, v in cols.items()}
     head = " ".join(k.rjust(widths[k]) for k in cols)
@@ -95,7 +99,8 @@ def checkpoint_lines(analysis, limit: int | None) -> list[str]:
               (shown["fill_source"] == "derived").any())]
     fault = "fault: the faults' whole cost" + (", * estimated" if (shown["fault_source"] == "estimated").any() else "")
     missing = any(v.eq("-").any() for k, v in cols.items() if k in ("total", "fill", "copy", "fault", "cpu", "wait"))
-    legend = "; ".join(["ms"] + [m for m, on in marks if on] + [fault, "cpu: on CPU, wait: waiting for a CPU"]
+    legend = "; ".join(["ms"] + [m for m, on in marks if on] + [fault, "cpu: on CPU, wait: waiting for a CPU",
+                                                                  BUFFER_LEGEND]
                        + (["- = not recorded"] if missing else []))
     lines = [wrap(f"Checkpoints ({legend})"), head, *body.tolist()]
     if len(shown) < len(ck):
@@ -209,6 +214,7 @@ def summary_lines(s: dict) -> list[str]:
         else "checkpoint share of prefill time: - (no prefill iterations)",
         f"pool hit rate: {rate * 100:.0f}% ({s['pool_hits']} of {s['checkpoints']})" if rate is not None
         else "pool hit rate: -",
+        "buffers: " + (", ".join(f"{k} {v}" for k, v in s["buffers"].items() if v) or "-"),
         f"state copied: {s['checkpoint_bytes'] / MIB:.1f} MiB",
     ]
     if s["faults_per_mib"] is not None:
@@ -452,6 +458,10 @@ def compare_report(c) -> str:
         from ckptrace.analyzers.headline import sentence
 
         lines += [wrap(sentence(c.headline, c.candidate, c.baseline, printable)), ""]
+        if c.headline.get("fresh_copies"):
+            from ckptrace.analyzers.headline import fresh_copies_said
+
+            lines += [wrap(fresh_copies_said(c.headline["fresh_copies"], printable)), ""]
     lines += [wrap(_arm_line(c, "baseline")), wrap(_arm_line(c, "candidate")),
               wrap(f"samples: {c.samples}, after each thread's warm-up; each arm is summarised by its "
                    f"{c.statistic}; 95% bootstrap intervals of the change ({c.n_boot} resamples, seed {c.seed})")]

@@ -61,6 +61,9 @@ def frame_lines(doc: dict, notes: list[str] = ()) -> list[str]:
             f"{100 * p['pool_hits'] / p['checkpoints']:.0f}%" if p["checkpoints"] else "-",
             pair(w["fill_cpu_ns"]), pair(w["copy_cpu_ns"]), pair(w["fault_ns"]), ms(w["wait_ns"]["p50"]),
             size(p["held_bytes"])))
+    for p in procs:
+        if p["fresh_copies"]:  # the GPU hazard a CPU trace sees (analyze's note)
+            lines.append(f"{p['pid']}: {p['fresh_copies']} copies into non-resident pages: slow pageable path on CUDA")
     if not procs:
         lines.append(doc.get("waiting") or "no process traced")
     lines += [printable(n) for n in notes]

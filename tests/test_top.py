@@ -195,10 +195,10 @@ def test_a_frame_holds_any_figures_and_names_in_79_columns_escaped():
     big = {"count": 1, "p50": 3.6e15, "p99": 9.9e17}
     none = {"count": 0, "p50": None, "p99": None}
     procs = [{"pid": (1 << 22) - 1, "comm": "\x1b[31m\u202eevil-server-with-a-long-name", "exited": False,
-              "checkpoints": 10 ** 12, "pool_hits": 10 ** 12, "checkpoints_per_s": 123456.7,
+              "checkpoints": 10 ** 12, "pool_hits": 10 ** 12, "fresh_copies": 10 ** 12, "checkpoints_per_s": 123456.7,
               "window": {"checkpoints": 1, "fill_cpu_ns": big, "copy_cpu_ns": big, "fault_ns": none, "wait_ns": big},
               "held_bytes": 1 << 50},
-             {"pid": 2, "comm": "x", "exited": True, "checkpoints": 0, "pool_hits": 0, "checkpoints_per_s": 0.0,
+             {"pid": 2, "comm": "x", "exited": True, "checkpoints": 0, "pool_hits": 0, "fresh_copies": 0, "checkpoints_per_s": 0.0,
               "window": {"checkpoints": 0, "fill_cpu_ns": none, "copy_cpu_ns": none, "fault_ns": none,
                          "wait_ns": none}, "held_bytes": 0}]
     doc = {"time": 1.8e9, "interval_s": 1.0, "once": False, "window_s": 86400.0, "lost_events": 10 ** 15,

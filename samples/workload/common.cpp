@@ -59,6 +59,32 @@ uint8_t * sample_raw_buffer::fresh(size_t bytes) {
 #endif
 
 
+const char * const SAMPLE_FILL_NAMES[4] = {"zero", "none", "touch", "half"};
+const char * const SAMPLE_BUFFER_NAMES[5] = {"reused", "grown", "fresh", "touched", "partial"};
+static int fill_mode = SAMPLE_FILL_ZERO;
+
+void common_checkpoint_fill(int mode) { fill_mode = mode; }
+
+// --fill none|touch|half: a fresh buffer made without the zero fill (new[] of this size is an
+// mmap() of its own: above glibc's threshold), then none, all or half of its pages touched.
+static uint8_t * fresh_without_fill(std::unique_ptr<uint8_t[]> & own, size_t size, common_checkpoint_truth & t) {
+    own.reset();  // the last one goes first, as a resize's old buffer would
+    own.reset(new uint8_t[size]);  // default-initialised: nothing written
+    const size_t touched = fill_mode == SAMPLE_FILL_TOUCH ? size : fill_mode == SAMPLE_FILL_HALF ? size / 2 : 0;
+    const int64_t f0 = thread_faults();
+    volatile uint8_t * p = own.get();
+    for (size_t i = 0; i < touched; i += 4096) {
+        p[i] = 1;
+    }
+    if (touched == size) {
+        p[size - 1] = 1;  // the last page, which the stride may step over
+    }
+    t.touch_faults = thread_faults() - f0;
+    t.buffer = fill_mode == SAMPLE_FILL_TOUCH ? SAMPLE_BUF_TOUCHED
+             : fill_mode == SAMPLE_FILL_HALF ? SAMPLE_BUF_PARTIAL : SAMPLE_BUF_FRESH;
+    return own.get();
+}
+
 // --pause-in-checkpoint: the first checkpoint stops between its fill and its copy, says so on
 // stderr and waits for SIGUSR1 (blocked by main before any thread starts), so a tracer can be
 // attached while a checkpoint is open.
@@ -88,7 +114,8 @@ static void pause_here() {
 static inline __attribute__((always_inline)) void update_state(std::vector<uint8_t> & data,
                                                                common_checkpoint_truth & t,
                                                                llama_context * ctx, int seq_id,
-                                                               unsigned int flags RAW_PARAM) {
+                                                               unsigned int flags,
+                                                               std::unique_ptr<uint8_t[]> & own RAW_PARAM) {
     t = common_checkpoint_truth();
     t.tid = (int) syscall(SYS_gettid);
     t.start_ns = now_ns();
@@ -100,6 +127,7 @@ static inline __attribute__((always_inline)) void update_state(std::vector<uint8
         data = pool.get(size);
     }
     t.pool_hit = data.size() >= size;
+    t.buffer = t.pool_hit ? SAMPLE_BUF_REUSED : SAMPLE_BUF_GROWN;
     t.bytes = size;
 
     // Wall clock outside, thread CPU clock inside, around exactly the call a tracer times.
@@ -108,9 +136,13 @@ static inline __attribute__((always_inline)) void update_state(std::vector<uint8
     t.cuda_dst = cuda_dst_for_next();
     if (t.cuda_dst == SAMPLE_CUDA_FRESH) {
         t.pool_hit = false;
+        t.buffer = SAMPLE_BUF_FRESH;
         dst = raw.fresh(size);  // no fill: the copy is the first to touch these pages
     }
 #endif
+    if (dst == nullptr && !t.pool_hit && fill_mode != SAMPLE_FILL_ZERO) {
+        dst = fresh_without_fill(own, size, t);
+    }
     if (dst == nullptr) {
         const int64_t f0 = thread_faults();
         t.fill_start_ns = now_ns();
@@ -133,6 +165,7 @@ static inline __attribute__((always_inline)) void update_state(std::vector<uint8
     }
 #endif
 
+    t.dst = (uintptr_t) dst;
     const int64_t f2 = thread_faults();
     t.copy_start_ns = now_ns();
     const int64_t c2 = thread_cpu_ns();
@@ -159,12 +192,12 @@ static inline __attribute__((always_inline)) void update_state(std::vector<uint8
 
 __attribute__((noinline)) void common_prompt_checkpoint::update_tgt(llama_context * ctx, int seq_id,
                                                                     unsigned int flags) {
-    update_state(data_tgt, truth_tgt, ctx, seq_id, flags RAW_ARG(raw_tgt));
+    update_state(data_tgt, truth_tgt, ctx, seq_id, flags, own_tgt RAW_ARG(raw_tgt));
 }
 
 __attribute__((noinline)) void common_prompt_checkpoint::update_dft(llama_context * ctx, int seq_id,
                                                                     unsigned int flags) {
-    update_state(data_dft, truth_dft, ctx, seq_id, flags RAW_ARG(raw_dft));
+    update_state(data_dft, truth_dft, ctx, seq_id, flags, own_dft RAW_ARG(raw_dft));
 }
 
 #ifdef SAMPLE_UPSTREAM

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <memory>
 #include <mutex>
 #include <vector>
 
@@ -61,9 +62,25 @@ struct common_checkpoint_truth {
     int64_t copy_faults = 0;
     size_t bytes = 0;
     bool pool_hit = false;  // the resize did not have to grow the buffer
+    int buffer = 0;  // what the destination's pages did, by the workload's own account (sample_buffer)
+    int64_t touch_faults = 0;
+    uintptr_t dst = 0;  // where the copy went  // --fill touch|half: faults of the pre-touch, outside the fill and the copy
     int tid = 0;
     int cuda_dst = -1;  // the CUDA build: where the copy went (sample_cuda_dst), -1 otherwise
 };
+
+// --fill: how a buffer that must grow is made, the variants llama.cpp PR #201 discusses. zero:
+// resize() (the zero fill, as llama.cpp); none: a fresh `new uint8_t[n]`, never touched, so the
+// copy faults every page in; touch: the same, one byte per page written first (pre-touched);
+// half: only the first half of its pages touched (the copy finds it partly resident).
+enum sample_fill { SAMPLE_FILL_ZERO = 0, SAMPLE_FILL_NONE = 1, SAMPLE_FILL_TOUCH = 2, SAMPLE_FILL_HALF = 3 };
+extern const char * const SAMPLE_FILL_NAMES[4];
+void common_checkpoint_fill(int mode);
+// What the destination's pages did, as the workload knows it (truth "buffer"): a pooled buffer
+// reused as it was, a buffer the fill grew, a fresh one the copy faulted in, pre-touched, half touched.
+enum sample_buffer { SAMPLE_BUF_REUSED = 0, SAMPLE_BUF_GROWN = 1, SAMPLE_BUF_FRESH = 2, SAMPLE_BUF_TOUCHED = 3,
+                     SAMPLE_BUF_PARTIAL = 4 };
+extern const char * const SAMPLE_BUFFER_NAMES[5];
 
 #ifdef SAMPLE_CUDA
 // The CUDA build's checkpoint destinations (--cuda-dst): the buffer as llama.cpp has it (filled,
@@ -91,6 +108,8 @@ struct common_prompt_checkpoint {
 
     common_checkpoint_truth truth_tgt;
     common_checkpoint_truth truth_dft;
+    std::unique_ptr<uint8_t[]> own_tgt;  // --fill none|touch|half: the buffer made without a fill
+    std::unique_ptr<uint8_t[]> own_dft;
 #ifdef SAMPLE_CUDA
     sample_raw_buffer raw_tgt;
     sample_raw_buffer raw_dft;

@@ -65,6 +65,11 @@ static void usage(FILE * f) {
             "  --ckpt-mib M            checkpoint size in MiB (48; at most 32 is served from the heap)\n"
             "  --grow-mib G            checkpoint growth per prefill iteration, MiB (0)\n"
             "  --pool on|off           bounded checkpoint buffer pool (off)\n"
+            "  --fill MODE             how a checkpoint buffer that must grow is made (llama.cpp PR #201's\n"
+            "                          variants): zero (resize(): the zero fill, as llama.cpp), none (a\n"
+            "                          fresh new uint8_t[n]: the copy faults every page in), touch (the\n"
+            "                          same, one byte per page written first), half (half its pages\n"
+            "                          written first); none, touch and half need --pool off (zero)\n"
             "  --pool-cap-mib M        the pool's byte cap in MiB (1/16 of physical memory)\n"
             "  --pool-count N          the pool's count cap (64)\n"
             "  --pool-trim-idle-ms T   trim the pool once a gap between update_slots() calls has\n"
@@ -110,6 +115,7 @@ struct options {
     server_params sp;
     int64_t iterations = 24;
     bool pool = false;
+    int fill = SAMPLE_FILL_ZERO;
     int64_t decode_us = 2000;
     int32_t noise_threads = 0;
     std::string truth;
@@ -132,7 +138,7 @@ static options parse_options(int argc, char ** argv) {
         O_SLOTS = 1000, O_ITER, O_DPP, O_CKPT, O_GROW, O_POOL, O_KEEP, O_PROMPT, O_DECODE_US,
         O_NOISE, O_TRUTH, O_WAIT, O_PAUSE, O_MREMAP, O_EXIT, O_DRAFT, O_HELP, O_REQUEST, O_GAP, O_CHURN, O_RESTORE, O_SPEC,
         O_SPEC_STATE, O_PROMPT_SAVE, O_PROMPT_SAVE_INLINED, O_CUDA_DST, O_CUDA_TENSORS, O_CUDA_API, O_POOL_CAP,
-        O_POOL_COUNT, O_POOL_TRIM, O_SLOT_FILE
+        O_POOL_COUNT, O_POOL_TRIM, O_SLOT_FILE, O_FILL
     };
     static const struct option longopts[] = {
         {"slots", required_argument, nullptr, O_SLOTS},
@@ -167,6 +173,7 @@ static options parse_options(int argc, char ** argv) {
         {"pool-count", required_argument, nullptr, O_POOL_COUNT},
         {"pool-trim-idle-ms", required_argument, nullptr, O_POOL_TRIM},
         {"slot-file", required_argument, nullptr, O_SLOT_FILE},
+        {"fill", required_argument, nullptr, O_FILL},
         {nullptr, 0, nullptr, 0},
     };
     options o;
@@ -238,12 +245,28 @@ static options parse_options(int argc, char ** argv) {
             case O_POOL_COUNT: o.pool_count = parse_int("--pool-count", optarg, 0, 1 << 20); break;
             case O_POOL_TRIM: o.pool_trim_idle_ms = parse_int("--pool-trim-idle-ms", optarg, 0, 1000000); break;
             case O_SLOT_FILE: o.sp.slot_file = optarg; break;
+            case O_FILL: {
+                o.fill = -1;
+                for (int m = 0; m < 4; m++) {
+                    if (strcmp(optarg, SAMPLE_FILL_NAMES[m]) == 0) {
+                        o.fill = m;
+                    }
+                }
+                if (o.fill < 0) {
+                    usage_error("--fill takes zero, none, touch or half, got '%s'", optarg);
+                }
+                break;
+            }
             case ':': usage_error("%s needs a value", argv[optind - 1]);
             default: usage_error("unknown option '%s'", argv[optind - 1]);
         }
     }
     if (optind < argc) {
         usage_error("unexpected argument '%s'", argv[optind]);
+    }
+    if (o.fill != SAMPLE_FILL_ZERO && o.pool) {
+        usage_error("--fill %s needs --pool off (a buffer made without the fill is never pooled)",
+                    SAMPLE_FILL_NAMES[o.fill]);
     }
 #ifndef SAMPLE_CUDA
     if (o.cuda_dst >= 0 || o.cuda_tensors || o.cuda_driver_api >= 0) {
@@ -337,12 +360,14 @@ static void write_checkpoint(FILE * f, const server_checkpoint_truth & c, const 
             "\"start_ns\":%lld,\"end_ns\":%lld,\"cpu_ns\":%lld,\"fill_start_ns\":%lld,\"fill_ns\":%lld,"
             "\"fill_cpu_ns\":%lld,\"copy_start_ns\":%lld,\"copy_ns\":%lld,\"copy_cpu_ns\":%lld,"
             "\"fill_faults\":%lld,\"copy_faults\":%lld,\"pool_hit\":%s,\"spec\":%s,"
-            "\"resident_fill_cpu_ns\":%lld,\"resident_copy_cpu_ns\":%lld",
+            "\"resident_fill_cpu_ns\":%lld,\"resident_copy_cpu_ns\":%lld,\"buffer\":\"%s\",\"touch_faults\":%lld,"
+            "\"dst\":%llu",
             (long long) c.iter, c.slot, t.tid, t.bytes, c.draft ? "true" : "false", (long long) t.start_ns,
             (long long) t.end_ns, (long long) t.cpu_ns, (long long) t.fill_start_ns, (long long) t.fill_ns,
             (long long) t.fill_cpu_ns, (long long) t.copy_start_ns, (long long) t.copy_ns, (long long) t.copy_cpu_ns,
             (long long) t.fill_faults, (long long) t.copy_faults, t.pool_hit ? "true" : "false",
-            c.spec ? "true" : "false", (long long) r.fill_cpu_ns, (long long) r.copy_cpu_ns);
+            c.spec ? "true" : "false", (long long) r.fill_cpu_ns, (long long) r.copy_cpu_ns,
+            SAMPLE_BUFFER_NAMES[t.buffer], (long long) t.touch_faults, (unsigned long long) t.dst);
 #ifdef SAMPLE_CUDA
     fprintf(f, ",\"cuda_dst\":\"%s\"", SAMPLE_CUDA_DST_NAMES[t.cuda_dst]);  // where the copy went
 #endif
@@ -473,6 +498,7 @@ int main(int argc, char ** argv) {
         pthread_sigmask(SIG_BLOCK, &usr1, nullptr);
     }
     common_checkpoint_pause_first(o.pause_in_checkpoint);
+    common_checkpoint_fill(o.fill);
 
     auto & pool = common_state_buffer_pool::instance();
     pool.set_enabled(o.pool);
@@ -573,13 +599,13 @@ int main(int argc, char ** argv) {
     if (truth) {
         fprintf(truth,
                 "{\"type\":\"summary\",\"checkpoints\":%lld,\"iterations\":%lld,\"prefill_iterations\":%lld,"
-                "\"pool\":%s,\"slots\":%d,\"keep\":%d,\"draft\":%s,\"ckpt_bytes_first\":%zu,\"grow_bytes\":%zu,"
+                "\"pool\":%s,\"fill\":\"%s\",\"slots\":%d,\"keep\":%d,\"draft\":%s,\"ckpt_bytes_first\":%zu,\"grow_bytes\":%zu,"
                 "\"wall_ns\":%lld,\"minflt_total\":%lld,\"pool_hits\":%lld,\"pool_hwm\":%zu,"
                 "\"pool_byte_cap\":%zu,\"pool_count_cap\":%lld,\"pool_gets\":%lld,\"pool_get_hits\":%lld,"
                 "\"pool_accepted\":%lld,\"pool_declined\":%lld,\"pool_evicted\":%lld,\"pool_bytes_hwm\":%zu,"
                 "\"pool_trims\":%lld,\"pool_trimmed_bytes\":%zu,\"noise_threads\":%d,\"noise_calls\":%lld,\"pid\":%d,\"exit_code\":%d,"
                 "\"churn_threads\":%lld}\n",
-                (long long) n_ckpt, (long long) o.iterations, (long long) n_prefill, o.pool ? "true" : "false",
+                (long long) n_ckpt, (long long) o.iterations, (long long) n_prefill, o.pool ? "true" : "false", SAMPLE_FILL_NAMES[o.fill],
                 o.sp.n_slots, o.sp.n_keep, o.sp.draft ? "true" : "false", bytes_first, o.sp.grow_bytes,
                 (long long) wall, (long long) minflt, (long long) n_hits, ps.n_hwm, pool.byte_cap(),
                 (long long) o.pool_count, (long long) (ps.hits + ps.misses), (long long) ps.hits,
