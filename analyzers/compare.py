@@ -41,6 +41,9 @@ Rules:
   population per class), with the same interval, drift and verdict rules.
 - Warnings: legs whose checkpoints or prefill iterations waited for a CPU more than 10% of their
   wall time (read the on-CPU metrics), values not recorded, too few samples, lost events, builds.
+- The legs' own guard rails (leg_checks.py): the same recording twice is refused; arms the labels
+  or the order contradict, an unbracketed candidate and legs of different programs or builds are
+  warned, first.
 """
 from __future__ import annotations
 
@@ -60,6 +63,7 @@ from ckptrace.units import MIB
 from . import Analysis, analyze_processes, analyze_trace
 from .metrics import COUNT, METRICS as REGISTRY, POOL, compared
 from . import machine_state
+from .leg_checks import check_distinct, leg_warnings
 from .processes import process_label
 from .summary import WAIT_WARN_SHARE
 from .warmup import AUTO, Warmup, described, split
@@ -284,10 +288,6 @@ def _warnings(analyses: list[Analysis], arms: list[str], g) -> list[str]:
     if derived:
         out.append(f"leg{'s' if len(derived) > 1 else ''} {', '.join(derived)}: fill derived, not measured (the "
                    "growth is inlined in that build: checkpoint total - copy), so fill compares totals less copies")
-    ids = {tuple(_build_ids(a.trace.meta)) for _, a in base}
-    if len(ids) > 1:
-        out.append("baseline legs were recorded from different builds (build-ids differ): "
-                   "drift between them includes the build change")
     ref_i, ref = base[0]
     ref_points = _probe_points(ref.trace.meta)
     for i, a in enumerate(analyses):
@@ -590,6 +590,7 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
     if len(traces) < 2:
         raise AnalysisError(f"compare needs at least two traces, a baseline and a candidate label "
                             f"(ideally A/B/A); got {len(traces)}")
+    check_distinct([(t.path, t.meta) for t in (x.trace if isinstance(x, Analysis) else x for x in traces)])
     analyses = [t if isinstance(t, Analysis) else analyze_trace(t) for t in traces]
     labels = list(dict.fromkeys(a.trace.label for a in analyses))
     if len(labels) == 1:
@@ -677,7 +678,8 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
     memory = _memory_rows(analyses, arms)
     explanation = " ".join(x for x in (_explain(metrics, analyses, arms, warm, baseline, candidate),
                                        memory_sentence(memory, metrics)) if x)
-    warnings = (_warnings(analyses, arms, g) + auto_off + _short_warnings(analyses, warm, warmup)
+    warnings = (leg_warnings([a.trace.meta for a in analyses], arms, baseline, candidate)
+                + _warnings(analyses, arms, g) + auto_off + _short_warnings(analyses, warm, warmup)
                 + _guard_warnings(g, metrics, pool, arms))
     c = Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
                    warnings=warnings + (_request_warnings(analyses, requests, outside) if has_requests else []),
