@@ -240,6 +240,9 @@ class Comparison:
                            "drift_pct, verdict (and the plain difference where the baseline is 0).")
     pool = property(lambda self: self.result.pool, doc="Pool hits and misses apart (empty without pool hits).")
     memory = property(lambda self: self.result.memory, doc="Peak held checkpoint memory and RSS per arm (MiB).")
+    ttft = property(lambda self: self.result.ttft,
+                    doc="Each TTFT percentile's change split into what the traced checkpoint path explains and "
+                        "the rest (analyzers/ttft.py); None without request files.")
     warnings = property(lambda self: list(self.result.warnings), doc="Why a figure may mislead, one line each.")
     explanation = property(lambda self: self.result.explanation, doc="The headline and what moved, as sentences.")
     samples = property(lambda self: self.result.samples, doc="What an arm's samples are.")
