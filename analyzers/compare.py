@@ -41,6 +41,9 @@ Rules:
   population per class), with the same interval, drift and verdict rules.
 - Warnings: legs whose checkpoints or prefill iterations waited for a CPU more than 10% of their
   wall time (read the on-CPU metrics), values not recorded, too few samples, lost events, builds.
+- The legs' own guard rails (leg_checks.py): the same recording twice is refused; arms the labels
+  or the order contradict, an unbracketed candidate and legs of different programs or builds are
+  warned, first.
 """
 from __future__ import annotations
 
@@ -60,6 +63,7 @@ from ckptrace.units import MIB
 from . import Analysis, analyze_processes, analyze_trace
 from .metrics import COUNT, METRICS as REGISTRY, POOL, compared
 from . import machine_state
+from .leg_checks import check_distinct, leg_warnings
 from .processes import process_label
 from .summary import WAIT_WARN_SHARE
 from .warmup import AUTO, Warmup, described, split
@@ -130,6 +134,7 @@ class Comparison:
     warmup_setting: int | str = AUTO
     machine: dict | None = None  # the machine-state guard (_machine_doc)
     headline: dict | None = None  # the answer in one sentence and its figures (headline.py)
+    ttft: pd.DataFrame | None = None  # each TTFT percentile's change split by the traced path (ttft.py)
 
 
 def _rows_of(a: Analysis, source: str) -> pd.DataFrame:
@@ -284,10 +289,6 @@ def _warnings(analyses: list[Analysis], arms: list[str], g) -> list[str]:
     if derived:
         out.append(f"leg{'s' if len(derived) > 1 else ''} {', '.join(derived)}: fill derived, not measured (the "
                    "growth is inlined in that build: checkpoint total - copy), so fill compares totals less copies")
-    ids = {tuple(_build_ids(a.trace.meta)) for _, a in base}
-    if len(ids) > 1:
-        out.append("baseline legs were recorded from different builds (build-ids differ): "
-                   "drift between them includes the build change")
     ref_i, ref = base[0]
     ref_points = _probe_points(ref.trace.meta)
     for i, a in enumerate(analyses):
@@ -424,8 +425,11 @@ def memory_sentence(memory: pd.DataFrame | None, metrics: pd.DataFrame) -> str:
     return "Time against memory: " + time + ", ".join(parts) + "."
 
 
-def _ttft_said(m: pd.DataFrame) -> str:
-    """A sentence on what requests felt (TTFT p90, throughput), when request files were given."""
+def _ttft_said(m: pd.DataFrame, split: pd.DataFrame | None = None) -> str:
+    """A sentence on what requests felt (TTFT p90 and what the traced path explains of it,
+    throughput), when request files were given."""
+    from .ttft import explained_said
+
     r = m.set_index("metric")
     if "ttft_p90_ms" not in r.index:
         return ""
@@ -434,7 +438,10 @@ def _ttft_said(m: pd.DataFrame) -> str:
         x = r.loc[name]
         parts.append(f"{what} {x['change_pct']:+.1f}% ({x['verdict']})" if math.isfinite(x["change_pct"])
                      else f"{what} {x['verdict']}")
-    return " Requests: " + ", ".join(parts) + "."
+        s = split.set_index("metric") if split is not None and len(split) else None
+        if s is not None and name in s.index:
+            parts[-1] += ", " + explained_said(s.loc[name].to_dict())
+    return " Requests: " + "; ".join(parts) + "."
 
 
 MIN_EFFECT_PCT = 20.0
@@ -518,11 +525,20 @@ def _percentile(q: int):
 
 
 def _request_rows(analyses: list[Analysis], arms: list[str], requests: list, seed: int, n_boot: int,
-                  min_effect_pct: float) -> list[dict]:
-    """TTFT percentiles and throughput of the legs that have a request file (None: no file)."""
-    from .requests import throughput_samples, throughput_stat, ttft_samples_ms
+                  min_effect_pct: float) -> tuple[list[dict], pd.DataFrame]:
+    """TTFT percentiles and throughput of the legs that have a request file (None: no file), and
+    each TTFT percentile's change split by the traced path, whose two rules (ttft.py) may withhold
+    its verdict."""
+    from . import ttft
+    from .requests import completed, throughput_samples, throughput_stat, ttft_samples_ms
 
-    rows = []
+    def arm_ms(arm):  # (TTFT, stall) in ms of the arm's completed requests
+        legs = [completed(r) for r, x in zip(requests, arms) if x == arm and r is not None]
+        return tuple(np.concatenate([f[c].to_numpy("float64") / 1e6 for f in legs]) if legs else np.empty(0)
+                     for c in ("ttft_ns", "stall_ns"))
+
+    base_ms, cand_ms = arm_ms("baseline"), arm_ms("candidate")
+    rows, splits = [], []
     for k, (name, (q, unit)) in enumerate(REQUEST_METRICS.items()):
         per_leg = [None if r is None else (ttft_samples_ms(r) if q is not None else throughput_samples(r))
                    for r in requests]
@@ -536,8 +552,17 @@ def _request_rows(analyses: list[Analysis], arms: list[str], requests: list, see
         if row["verdict"] == "not measured" and (not base or not cand or any(
                 x is not None and not len(x) for x in per_leg)):
             row["verdict"] = "not recorded"
-        rows.append({"metric": name, "unit": unit, "sample": "request", **row})
-    return rows
+        why = ""
+        if q is not None and len(base_ms[0]) and len(cand_ms[0]):
+            s = ttft.split(name, q, base_ms, cand_ms)
+            splits.append(s)
+            few = ttft.too_few(s)
+            if few and row["verdict"] in JUDGED:
+                row["verdict"], why = TOO_FEW, few
+            elif row["verdict"] in ("faster", "slower") and ttft.unsupported(s):
+                row["verdict"], why = NOT_JUDGED, ttft.unsupported(s)
+        rows.append({"metric": name, "unit": unit, "sample": "request", **row, "why": why})
+    return rows, ttft.table(splits)
 
 
 def _requests_inside(analyses: list[Analysis], requests: list) -> tuple[list, list[int]]:
@@ -554,7 +579,8 @@ def _requests_inside(analyses: list[Analysis], requests: list) -> tuple[list, li
             continue
         t = request_table(r, a, source=f"the request file of {a.trace.path or a.trace.label}")  # same run?
         out = ((t["status"] == "ok") & t["ttft_ns"].notna() & ~t["in_recording"]).to_numpy()
-        kept.append(r.loc[~out])
+        # each request's stall (checkpoints and restores inside its TTFT window): ttft.py's split
+        kept.append(r.loc[~out].assign(stall_ns=t["stall_ns"].to_numpy("float64", na_value=np.nan)[~out]))
         outside.append(int(out.sum()))
     return kept, outside
 
@@ -590,6 +616,7 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
     if len(traces) < 2:
         raise AnalysisError(f"compare needs at least two traces, a baseline and a candidate label "
                             f"(ideally A/B/A); got {len(traces)}")
+    check_distinct([(t.path, t.meta) for t in (x.trace if isinstance(x, Analysis) else x for x in traces)])
     analyses = [t if isinstance(t, Analysis) else analyze_trace(t) for t in traces]
     labels = list(dict.fromkeys(a.trace.label for a in analyses))
     if len(labels) == 1:
@@ -660,8 +687,10 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
             row["verdict"] = "not recorded"
         rows.append({**row, "why": ""})
     has_requests = requests is not None and any(r is not None for r in requests)
+    ttft_rows = None
     if has_requests:
-        rows += [{**r, "why": ""} for r in _request_rows(analyses, arms, requests, seed, n_boot, min_effect_pct)]
+        request_rows, ttft_rows = _request_rows(analyses, arms, requests, seed, n_boot, min_effect_pct)
+        rows += request_rows
     metrics = pd.DataFrame(rows, columns=list(METRIC_COLUMNS)).astype(METRIC_COLUMNS)
     pooled = legs["pool_hits"].sum() > 0
     pool = (_pool_rows(analyses, arms, warm, seed, n_boot, min_effect_pct) if pooled
@@ -677,14 +706,15 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
     memory = _memory_rows(analyses, arms)
     explanation = " ".join(x for x in (_explain(metrics, analyses, arms, warm, baseline, candidate),
                                        memory_sentence(memory, metrics)) if x)
-    warnings = (_warnings(analyses, arms, g) + auto_off + _short_warnings(analyses, warm, warmup)
+    warnings = (leg_warnings([a.trace.meta for a in analyses], arms, baseline, candidate)
+                + _warnings(analyses, arms, g) + auto_off + _short_warnings(analyses, warm, warmup)
                 + _guard_warnings(g, metrics, pool, arms))
     c = Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
                    warnings=warnings + (_request_warnings(analyses, requests, outside) if has_requests else []),
-                   explanation=explanation + _ttft_said(metrics),
+                   explanation=explanation + _ttft_said(metrics, ttft_rows),
                    seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, statistic=statistic,
                    pool=pool, memory=memory, warmup=_warmup_rows(analyses, arms, warm), warmup_setting=warmup,
-                   machine=_machine_doc(g))
+                   machine=_machine_doc(g), ttft=ttft_rows)
     from .headline import headline
     c.headline = headline(c, analyses, arms, warm)
     return c

@@ -7,7 +7,9 @@ comparison already judged, taken from its rows, never computed apart:
   (`checkpoint_total_ns`) when on-CPU time was not recorded;
 - per prefill iteration: the host's work removed (the update_slots call's on-CPU time,
   `prefill_iteration_cpu_ns`; wall `prefill_iteration_ns` when not recorded);
-- time to first token p90 (`ttft_p90_ms`), when the legs have request files;
+- time to first token p90 (`ttft_p90_ms`), when the legs have request files: its change in ms,
+  how much of it the traced checkpoint path explains and the rest (ttft.py), and its verdict only
+  where ttft.py's rules let it stand (enough requests; the traced path explains it);
 - the candidate's pool hit rate after warm-up (and with it): hits are reused, resident buffers
   (the `buffer` class, ckptrace/rules.py), never a fill that vanished because the copy now faults
   the pages in: that is said as such ("moved"), with the copy's fault time before and after, and
@@ -149,22 +151,46 @@ def _memory(c) -> dict | None:
     return out or None
 
 
-def _ttft(rows) -> dict | None:
+def _ttft(rows, split) -> dict | None:
     if "ttft_p90_ms" not in rows.index:
         return None
     r = rows.loc["ttft_p90_ms"]
-    return {"baseline_ms": None if not math.isfinite(r["baseline_value"]) else float(r["baseline_value"]),
-            "candidate_ms": None if not math.isfinite(r["candidate_value"]) else float(r["candidate_value"]),
-            "change_pct": None if not math.isfinite(r["change_pct"]) else float(r["change_pct"]),
-            "verdict": str(r["verdict"])}
+
+    def num(v):
+        return None if v is None or not math.isfinite(v) else float(v)
+
+    out = {"baseline_ms": num(r["baseline_value"]), "candidate_ms": num(r["candidate_value"]),
+           "change_pct": num(r["change_pct"]), "verdict": str(r["verdict"]), "why": str(r["why"])}
+    s = split.set_index("metric") if split is not None and len(split) else None
+    if s is not None and "ttft_p90_ms" in s.index:
+        x = s.loc["ttft_p90_ms"]
+        out.update(change_ms=num(x["change_ms"]), explained_ms=num(x["explained_ms"]), outside_ms=num(x["outside_ms"]),
+                   requests_baseline=int(x["requests_baseline"]), requests_candidate=int(x["requests_candidate"]),
+                   min_requests=int(x["min_requests"]))
+    return out
+
+
+def _ttft_said(t: dict) -> str:
+    """'; time to first token p90 +2976 ms (+36%, 8367 -> 11343 ms; too few samples: ...), of which
+    the checkpoint path explains -34 ms; the rest (+3010 ms) lies outside the traced path (...)'."""
+    from .ttft import explained_said, ms
+
+    if t["change_pct"] is None:
+        return "; time to first token p90 " + t["verdict"]
+    verdict = t["verdict"] + (f": {t['why']}" if t["verdict"] == "too few samples" and t.get("why") else "")
+    if t.get("change_ms") is None:
+        return (f"; time to first token p90 {t['change_pct']:+.0f}% ({t['baseline_ms']:.0f} -> "
+                f"{t['candidate_ms']:.0f} ms, {verdict})")
+    return (f"; time to first token p90 {ms(t['change_ms'])} ({t['change_pct']:+.0f}%, {t['baseline_ms']:.0f} -> "
+            f"{t['candidate_ms']:.0f} ms, {verdict}), " + explained_said(t))
 
 
 def headline(c, analyses, arms, warm) -> dict:
     """{"sentence": ..., and each figure} for a Comparison (see the module docstring)."""
     rows = c.metrics.set_index("metric")
     h = {key: _removed(rows, metric, fallback) for key, metric, fallback, _, _ in FIGURES}
-    h.update(ttft_p90=_ttft(rows), hit_rate=_hit_rate(c, analyses, arms, warm), memory=_memory(c),
-             moved=_moved(analyses, arms, warm), fresh_copies=_fresh_copies(analyses, arms))
+    h.update(ttft_p90=_ttft(rows, getattr(c, "ttft", None)), hit_rate=_hit_rate(c, analyses, arms, warm),
+             memory=_memory(c), moved=_moved(analyses, arms, warm), fresh_copies=_fresh_copies(analyses, arms))
     return {"sentence": sentence(h, c.candidate, c.baseline), **h}
 
 
@@ -176,9 +202,7 @@ def sentence(h: dict, candidate: str, baseline: str, quote=str) -> str:
     out = f"{quote(candidate)} " + (" and ".join(parts) if parts else "could not be measured")
     ttft = h.get("ttft_p90")
     if ttft is not None:
-        out += ("; time to first token p90 " + (f"{ttft['change_pct']:+.0f}% ({ttft['baseline_ms']:.0f} -> "
-                                                 f"{ttft['candidate_ms']:.0f} ms, {ttft['verdict']})"
-                                                 if ttft["change_pct"] is not None else ttft["verdict"]))
+        out += _ttft_said(ttft)
     hit = h["hit_rate"]
     if h.get("moved"):
         out += f"; {moved_said(h['moved'])}"

@@ -18,6 +18,7 @@ import pandas as pd
 from ckptrace.analyzers import Analysis, analyze_file
 from ckptrace.analyzers.compare import Comparison as Result, compare as compare_analyses, compare_per_process, gate
 from ckptrace.analyzers.gpu import GPU_COPY_COLUMNS, gpu_summary
+from ckptrace.analyzers.leg_checks import check_distinct
 from ckptrace.analyzers.metrics import METRICS as REGISTRY
 from ckptrace.analyzers.requests import (process_analysis, request_pids, request_process, request_summary,
                                          request_table)
@@ -239,6 +240,9 @@ class Comparison:
                            "drift_pct, verdict (and the plain difference where the baseline is 0).")
     pool = property(lambda self: self.result.pool, doc="Pool hits and misses apart (empty without pool hits).")
     memory = property(lambda self: self.result.memory, doc="Peak held checkpoint memory and RSS per arm (MiB).")
+    ttft = property(lambda self: self.result.ttft,
+                    doc="Each TTFT percentile's change split into what the traced checkpoint path explains and "
+                        "the rest (analyzers/ttft.py); None without request files.")
     warnings = property(lambda self: list(self.result.warnings), doc="Why a figure may mislead, one line each.")
     explanation = property(lambda self: self.result.explanation, doc="The headline and what moved, as sentences.")
     samples = property(lambda self: self.result.samples, doc="What an arm's samples are.")
@@ -276,12 +280,13 @@ class Comparison:
         return gate(self.result, fail_on, None if metrics is None else list(metrics))
 
 
-def legs_with_requests(traces: Sequence, requests=None, requests_pid: Iterable[str] = ()
+def legs_with_requests(traces: Sequence, requests=None, requests_pid: Iterable[str] = (), distinct: bool = False
                        ) -> tuple[list[Trace], list | None, list, list[str]]:
     """The legs of a comparison, each opened, with its request frame (None: the leg has none) and
     the pid its requests went to (None: all of it): `requests` one file per trace (None or "-"
     for a leg without), else NAME.requests.json beside each NAME.parquet where there is one.
-    Also the lines saying which legs are compared as one process."""
+    Also the lines saying which legs are compared as one process. `distinct`: a recording given
+    twice is refused before any leg is analysed (compare's rule, analyzers/leg_checks.py)."""
     paths = [t.path if isinstance(t, Trace) else os.fspath(t) for t in traces]
     frames = leg_requests(paths, tuple(requests or ()))
     choices = request_pid_choices(paths, frames, tuple(requests_pid))
@@ -294,6 +299,14 @@ def legs_with_requests(traces: Sequence, requests=None, requests_pid: Iterable[s
             if leg is not given:
                 leg.close()
         raise
+    if distinct:
+        try:
+            check_distinct([(leg.path, leg.meta) for leg in legs])
+        except AnalysisError:
+            for leg, given in zip(legs, traces):
+                if leg is not given:
+                    leg.close()
+            raise
     if frames is not None:
         for leg, frame in zip(legs, frames):
             if frame is not None:
@@ -311,7 +324,7 @@ def compare(traces: Sequence, *, requests=None, requests_pid: Iterable[str] = ()
     without; default: NAME.requests.json beside each trace where there is one) adds TTFT and
     throughput; `requests_pid`: the process they went to, once or per leg; `warmup`: each
     thread's warm-up (N prefill iterations or "auto"), left out of the metrics and reported apart."""
-    legs, frames, pids, alone = legs_with_requests(traces, requests, requests_pid)
+    legs, frames, pids, alone = legs_with_requests(traces, requests, requests_pid, distinct=True)
     try:
         analyses = [process_analysis(leg.analysis, pid) for leg, pid in zip(legs, pids)]
     finally:

@@ -39,7 +39,11 @@ def _cards(h: dict) -> list[dict]:
                            f"95% interval {x['ci_low_ms']:.1f} to {x['ci_high_ms']:.1f} ms; {x['verdict']}",
                            VERDICT_COLOURS.get(x["verdict"], "#222")))
     t = h.get("ttft_p90")
-    if t is not None:
+    if t is not None and t.get("change_ms") is not None:  # in ms, as the headline: with what the path explains
+        cards.append(_card("time to first token p90, change", t["change_ms"], " ms",
+                           f"{t['baseline_ms']:.0f} -> {t['candidate_ms']:.0f} ms; the checkpoint path explains "
+                           f"{t['explained_ms']:+.1f} ms; {t['verdict']}", VERDICT_COLOURS.get(t["verdict"], "#222")))
+    elif t is not None:
         cards.append(_card("time to first token p90, change", t["change_pct"], "%",
                            (f"{t['baseline_ms']:.0f} -> {t['candidate_ms']:.0f} ms; " if t["change_pct"] is not None
                             else "") + t["verdict"], VERDICT_COLOURS.get(t["verdict"], "#222")))

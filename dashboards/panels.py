@@ -23,6 +23,7 @@ from ckptrace.units import MIB
 
 from ckptrace.analyzers.checkpoints import BUFFER_SAID
 from ckptrace.analyzers.headline import PARTS as TIME_PARTS, time_parts
+from ckptrace.analyzers.metrics import METRICS as REGISTRY, label
 from ckptrace.analyzers.warmup import AUTO, split
 
 from .legs import (MAX_BARS, MAX_POINTS, PHASE_COLOURS, VERDICT_COLOURS, Leg, bin_rows,
@@ -308,11 +309,19 @@ def distributions_panel(legs: list[Leg]) -> Panel:
 # -- the comparison ------------------------------------------------------------------------------
 
 def _fmt_value(unit: str, v) -> str:
+    """A compared figure in the unit a reader sees (metrics.py's shown_unit): times in ms."""
     if v is None or (isinstance(v, float) and math.isnan(v)):
         return "-"
     if unit == "ns":
         return f"{v / 1e6:.3f} ms"
-    return f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    number = f"{v:,.0f}" if abs(v) >= 1000 else f"{v:.4g}"
+    return f"{number} {unit}" if unit else number
+
+
+def _metric_name(name: str) -> str:
+    """A compared metric's one label (the metric table's), a pool row's class before it."""
+    cls, _, metric = name.rpartition(": ")
+    return f"{cls}: {label(metric)}" if cls else label(name)
 
 
 def _fmt_pct(v) -> str:
@@ -330,7 +339,7 @@ def comparison_panel(comparison) -> Panel:
         m = pd.concat([m, pool.assign(metric=pool["class"] + ": " + pool["metric"], unit="ns")], ignore_index=True)
     stat = plain(comparison.statistic)
     base, cand = plain(shown_label(comparison.baseline)), plain(shown_label(comparison.candidate))
-    names = [plain(x) for x in m["metric"]]
+    names = [plain(_metric_name(str(x))) for x in m["metric"]]
     change = m["change_pct"].astype("float64").to_numpy()
     lo = m["ci_low_pct"].astype("float64").to_numpy()
     hi = m["ci_high_pct"].astype("float64").to_numpy()
@@ -399,20 +408,29 @@ def _summary_number(summary: dict, *keys: str):
 
 
 FAULTS_PER_MIB_KEYS = ("faults_per_mib",)
-POOL_HIT_KEYS = ("pool_hit_rate",)
+HIT_RATE = "pool hit rate after warm-up"  # the answer card's rate (analyzers/headline.py), per leg here
 
 
-def churn_panel(legs: list[Leg]) -> Panel:
+def warm_hits(leg: Leg, setting=AUTO) -> tuple[int, int]:
+    """(hits, checkpoints) after the leg's warm-up, as the headline counts them (analyzers/headline.py)."""
+    w = split(leg.analysis, setting)
+    if setting == AUTO and w.short:  # as compare does: no steady state, no warm-up set apart
+        w = split(leg.analysis, 0)
+    return int(leg.checkpoints["pool_hit"].to_numpy()[w.warm].sum()), int(w.warm.sum())
+
+
+def churn_panel(legs: list[Leg], setting=AUTO) -> Panel:
     legs = [leg for leg in legs if len(leg.checkpoints)]
     if not legs:
         return Panel(None, "no checkpoints")
     fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.08,
                         subplot_titles=["page faults per MiB copied", "syscalls per checkpoint",
-                                        "pool hit rate (% of checkpoints)"])
+                                        f"{HIT_RATE} (% of checkpoints)"])
     names = [leg.name for leg in legs]
     colours = [leg.colour for leg in legs]
     fpm = [_summary_number(leg.summary, *FAULTS_PER_MIB_KEYS) for leg in legs]
-    hit = [_summary_number(leg.summary, *POOL_HIT_KEYS) for leg in legs]
+    counts = [warm_hits(leg, setting) for leg in legs]
+    hit = [h / n if n else None for h, n in counts]
     fig.add_trace(go.Bar(x=names, y=[np.nan if v is None else v for v in fpm], marker_color=colours,
                          hovertemplate="%{y:.1f} faults/MiB<extra></extra>"), row=1, col=1)
     n = np.array([len(leg.checkpoints) for leg in legs], dtype="float64")
@@ -422,19 +440,23 @@ def churn_panel(legs: list[Leg]) -> Panel:
                              customdata=total, hovertemplate=label + ": %{y:.2f} per checkpoint "
                              "(%{customdata:.0f} in all)<extra></extra>"), row=1, col=2)
     fig.add_trace(go.Bar(x=names, y=[np.nan if v is None else 100 * v for v in hit], marker_color=colours,
-                         hovertemplate="%{y:.1f}%<extra></extra>"), row=1, col=3)
+                         customdata=[f"{h} of {n} after warm-up; {int(leg.checkpoints['pool_hit'].sum())} of "
+                                     f"{len(leg.checkpoints)} with it" for (h, n), leg in zip(counts, legs)],
+                         hovertemplate="%{y:.1f}%: %{customdata}<extra></extra>"), row=1, col=3)
     fig.update_yaxes(title_text="faults / MiB", row=1, col=1)
     fig.update_yaxes(title_text="calls per checkpoint", row=1, col=2)
     fig.update_yaxes(title_text="%", range=[0, 100], row=1, col=3)
     layout(fig, "Page faults, mmap/munmap churn and pool hits per leg", 420)
     fig.update_layout(barmode="group", showlegend=False)
-    for col, values in ((1, fpm), (3, hit)):
+    for col, values, why in ((1, fpm, "not recorded"), (3, hit, "none after warm-up")):
         for name, v in zip(names, values):
             if v is None:  # an empty bar says why
-                fig.add_annotation(x=name, y=0, text="not recorded", showarrow=False, yshift=12, row=1, col=col)
+                fig.add_annotation(x=name, y=0, text=why, showarrow=False, yshift=12, row=1, col=col)
     notes = []
-    if any(v is None for v in fpm + hit):
-        notes.append("Faults per MiB or pool hit rate not recorded in a leg's summary: its bar says so.")
+    if any(v is None for v in fpm):
+        notes.append("Faults per MiB not recorded in a leg's summary: its bar says so.")
+    if any(v is None for v in hit):
+        notes.append(f"A leg with no checkpoint after its warm-up has no {HIT_RATE}: its bar says so.")
     return Panel(fig, notes=notes)
 
 
@@ -554,13 +576,45 @@ def _fmt_summary(key: str, v) -> str:
     return plain(v)
 
 
+# Summary keys whose words alone would mislead: the rate analyze counts over every checkpoint is
+# not the dashboard's (and the headline's) rate after the warm-up.
+SUMMARY_NAMES = {"pool_hit_rate": "pool hit rate, warm-up included", "ns_per_mib": "checkpoint time per MiB",
+                 "checkpoint_bytes": "checkpoint state copied",
+                 "checkpoint_share_of_prefill": "checkpoint share of prefill time",
+                 "wait_share": "checkpoints' share waiting for a CPU",
+                 "prefill_wait_share": "prefill iterations' share waiting for a CPU"}
+# Unit suffixes a summary key ends in: the cell shows the unit (_fmt_summary), the name says none.
+_UNIT_SUFFIXES = (("_ns_per_mib", " time per MiB"), ("_per_mib", " per MiB"), ("_bytes", ""), ("_ns", ""),
+                  ("_s", ""))
+
+
+def summary_name(key: str) -> str:
+    """A flattened summary key as a reader's name: a distribution by its metric's one label
+    (metrics.py) and its statistic, 'ckpt fill, p90'; other keys in words, without the unit
+    suffix their cell's unit replaces."""
+    parts = key.split(".")
+    if parts[0] == "stats" and len(parts) == 3 and parts[1] in REGISTRY:
+        return f"{label(parts[1])}, {parts[2].replace('_', ' ')}"
+    words = []
+    for p in parts:
+        if p in SUMMARY_NAMES:
+            words.append(SUMMARY_NAMES[p])
+            continue
+        for suffix, said in _UNIT_SUFFIXES:
+            if p.endswith(suffix) and len(p) > len(suffix):
+                p = p[:-len(suffix)] + said
+                break
+        words.append(p.replace("_", " "))
+    return ": ".join(words)
+
+
 def summary_panel(legs: list[Leg]) -> Panel:
     flat = [_flatten(leg.summary) for leg in legs]
     keys = list(dict.fromkeys(k for f in flat for k in f))
     if not keys:
         return Panel(None, "the analyses carry no summary")
-    rows = [(k, [_fmt_summary(k, f[k]) if k in f else "-" for f in flat]) for k in keys]
-    return Panel(table_figure("Analyzer summary (as computed by ckptrace analyze; *_ns shown in ms)",
+    rows = [(summary_name(k), [_fmt_summary(k, f[k]) if k in f else "-" for f in flat]) for k in keys]
+    return Panel(table_figure("Analyzer summary (as computed by ckptrace analyze; times in ms, sizes in MiB)",
                                ["", *[leg.name for leg in legs]], rows, first_width=1.6))
 
 

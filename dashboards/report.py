@@ -62,7 +62,7 @@ def build_panels(analyses: list, comparison=None, title: str = "ckptrace report"
         ("iterations", panels.iterations_panel(legs)),
         ("timeline", panels.timeline_panel(legs, comparison.warmup_setting if comparison is not None else "auto")),
         ("distributions", panels.distributions_panel(legs)),
-        ("churn", panels.churn_panel(legs)),
+        ("churn", panels.churn_panel(legs, comparison.warmup_setting if comparison is not None else "auto")),
         ("memory", memory.memory_panel(legs)),
         ("whatif", whatif_panel(legs)),
         ("processes", memory.processes_panel(legs)),

@@ -117,6 +117,7 @@ def comparison_json(c) -> dict:
             "pool": records(c.pool) if c.pool is not None else [],
             "memory": records(c.memory) if c.memory is not None else [],
             "warmup": {"setting": c.warmup_setting, "arms": records(c.warmup) if c.warmup is not None else []},
+            "ttft": records(c.ttft) if c.ttft is not None else [],
             "machine": c.machine, "warnings": list(c.warnings), "explanation": c.explanation}
 
 

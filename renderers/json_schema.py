@@ -25,6 +25,7 @@ from ckptrace.analyzers.memory import RELEASE_COLUMNS
 from ckptrace.analyzers.requests import REQUEST_COLUMNS
 from ckptrace.analyzers.state_path import EVICTION_COLUMNS, PROMPT_SAVE_COLUMNS, RESTORE_COLUMNS, SLOT_FILE_COLUMNS
 from ckptrace.analyzers.summary import STAT_METRICS
+from ckptrace.analyzers.ttft import TTFT_COLUMNS
 from ckptrace.meta import TraceMeta
 
 from .json import SCHEMA_VERSION
@@ -123,6 +124,8 @@ def comparison(extra: dict | None = None) -> dict:
         "min_effect_pct": {"type": "number"}, "statistic": {"type": "string"}, "legs": leg,
         "metrics": rows(METRIC_COLUMNS), "pool": rows(POOL_COLUMNS),
         "memory": rows(MEMORY_COLUMNS, legs_mib={"type": "array", "items": NUMBER}),
+        # each TTFT percentile's change split by the traced checkpoint path (analyzers/ttft.py)
+        "ttft": rows(TTFT_COLUMNS),
         # the answer first (analyzers/headline.py), each arm's warm-up, the machine-state guard
         "headline": loose(["sentence", "checkpoint", "prefill", "ttft_p90", "hit_rate", "memory"],
                           {"sentence": {"type": "string"}}),

@@ -363,6 +363,10 @@ def _arm_line(c, arm: str) -> str:
             f"checkpoints, {int(legs['prefill_iterations'].sum())} prefill iterations)")
 
 
+# Verdicts shortened in the 80-column tables (the JSON and the lines under a table say them whole).
+SHORT_VERDICTS = {"too few samples": "too few"}
+
+
 def _metric_lines(rows: list[dict], first: str, name_of, width: int = 17) -> tuple[list[str], list[str]]:
     """The verdict table (one line per row) and the notes for rows without a percentage."""
     w = max([15, *(len(name_of(m)) for m in rows)])  # 16 still fits 80 columns with the longest verdict
@@ -374,7 +378,7 @@ def _metric_lines(rows: list[dict], first: str, name_of, width: int = 17) -> tup
         name = name_of(m)
         lines.append(f"{name:{w}} {value_text(m['baseline_value'], m['unit']):>8} "
                      f"{value_text(m['candidate_value'], m['unit']):>9} {pct(m['change_pct']):>7} {interval:>16} "
-                     f"{pct(m['drift_pct']).lstrip('+'):>6} {m['verdict']}")
+                     f"{pct(m['drift_pct']).lstrip('+'):>6} {SHORT_VERDICTS.get(m['verdict'], m['verdict'])}")
         if math.isnan(m["change_pct"]) and not math.isnan(m["diff"]):
             u = "ms" if m["unit"] == "ns" else m["unit"]
             notes.append(f"{name.strip()}: the baseline {m['statistic']} is 0, so no percentage; the candidate's "
@@ -396,6 +400,31 @@ def _pool_lines(c) -> list[str]:
     rows = [{**m, "unit": "ns"} for m in c.pool.to_dict("records")]
     table, notes = _metric_lines(rows, "class", lambda m: f"{POOL_CLASS[m['class']]} {POOL_NAMES[m['metric']]}")
     return lines + table + [wrap(n) for n in notes]
+
+
+def _ttft_lines(c) -> list[str]:
+    """Each TTFT percentile's change split by the traced checkpoint path (analyzers/ttft.py), and
+    why a TTFT row was not judged."""
+    t = getattr(c, "ttft", None)
+    if t is None or not len(t):
+        return []
+    from ckptrace.analyzers.ttft import OUTSIDE
+
+    need = ", ".join(f"{int(r['min_requests'])}{' requests per arm' if i == 0 else ''} for a p{int(r['percentile'])}"
+                     for i, r in enumerate(t.to_dict("records")))
+    lines = ["", wrap("time to first token: each percentile's change split into what the traced checkpoint path "
+                      "explains (checkpoint and restore time inside each request's TTFT, before against after) and "
+                      f"the rest ({OUTSIDE}); ms; a percentile is judged on at least {need}:"),
+             f"{'metric':15} {'requests':>9} {'baseline':>8} {'candidate':>9} {'change':>8} {'ckpt path':>9} {'rest':>8}"]
+    for r in t.to_dict("records"):
+        lines.append(f"{NAMES.get(r['metric'], r['metric']):15} "
+                     f"{str(r['requests_baseline']) + '/' + str(r['requests_candidate']):>9} "
+                     f"{r['baseline_ms']:8.2f} {r['candidate_ms']:9.2f} {r['change_ms']:+8.2f} "
+                     f"{r['explained_ms']:+9.2f} {r['outside_ms']:+8.2f}")
+    m = c.metrics
+    for r in m[(m["sample"] == "request") & (m["why"] != "")].to_dict("records"):
+        lines.append(wrap(f"{NAMES.get(r['metric'], r['metric'])}: {r['verdict']}: {r['why']}"))
+    return lines
 
 
 def _warmup_lines(c) -> list[str]:
@@ -469,7 +498,7 @@ def compare_report(c) -> str:
         lines.append(wrap(c.machine["said"]))
     lines.append("")
     table, notes = _metric_lines(c.metrics.to_dict("records"), "metric", lambda m: NAMES.get(m["metric"], m["metric"]))
-    lines += table + [wrap(n) for n in notes]
+    lines += table + [wrap(n) for n in notes] + _ttft_lines(c)
     if c.pool is not None and len(c.pool):
         lines += _pool_lines(c)
     lines += _warmup_lines(c)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -273,6 +274,8 @@ def test_bad_input(tmp_path):
     with pytest.raises(AnalysisError, match="at least two traces"):
         compare([read_trace(p)])
     with pytest.raises(AnalysisError, match="two labels"):
+        compare([read_trace(p), read_trace(leg(tmp_path, "off2", "off", seed=2))])
+    with pytest.raises(AnalysisError, match="leg 2 .* is the same file as leg 1"):
         compare([read_trace(p), read_trace(p)])
     empty = tmp_path / "empty.parquet"
     write_trace(empty, make_events([dict(kind="decode", tid=1, start_ns=0, end_ns=5)]), TraceMeta(label="on"))
@@ -492,3 +495,72 @@ def test_headline_leads_text_markdown_and_json(tmp_path):
     assert comparison_markdown(c).split("\n")[2].startswith("**`pool-on` removes ")
     assert list(comparison_json(c))[:2] == ["schema_version", "headline"]
     json.dumps(comparison_json(c), allow_nan=False)
+
+
+# compare's guard rails (analyzers/leg_checks.py), on the committed sample recordings: real runs
+# of the sample workload, each its own recording (1, 3, 4 pool-off; 2 pool-on; 4 another build of
+# the workload; 5 its upstream-generation executable).
+SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "traces"
+S1, S2, S3, S4, S5 = (SAMPLES / f"{n}.parquet" for n in ("1-pool-off", "2-pool-on", "3-pool-off", "4-pool-off",
+                                                          "5-upstream"))
+
+
+def guard_lines(*paths) -> list[str]:
+    """compare's warnings that come from the guard rails (what the sample legs warn anyway left out)."""
+    return [w for w in compare([read_trace(p) for p in paths]).warnings
+            if "waiting for a CPU" not in w and "probe set" not in w and "too few" not in w]
+
+
+def test_the_same_recording_twice_is_refused_in_one_line(tmp_path):
+    """The same file twice, and a copy of a recording (another name, even relabelled): one error
+    line naming both legs; the copy is known by its metadata (host, start, attach instant, pid)."""
+    line = assert_one_line_error(ckptrace("compare", S1, S2, S1), code=1)
+    assert line == (f"ckptrace: error: leg 3 ({S1}) is the same file as leg 1 ({S1}): a leg set against itself "
+                    "has no drift and no change by construction; give separate runs")
+    t = read_trace(S1)
+    copy = tmp_path / "copy.parquet"
+    write_trace(copy, t.events, t.meta)
+    relabelled = tmp_path / "relabelled.parquet"
+    write_trace(relabelled, t.events, replace(t.meta, label="B"))
+    line = assert_one_line_error(ckptrace("compare", S1, S2, copy), code=1)
+    assert line.startswith(f"ckptrace: error: leg 3 ({copy}) is the same recording as leg 1 ({S1}) (a copy: host "
+                           f"{t.meta.host}, started {t.meta.start_time}, pid {t.meta.pid}): "), line
+    with pytest.raises(AnalysisError, match=r"leg 2 \(.*relabelled.parquet\) is the same recording as leg 1"):
+        compare([read_trace(S1), read_trace(relabelled)])
+    # separate recordings of the same run shape are fine: no such line
+    assert not any("same" in w for w in compare([read_trace(p) for p in (S1, S2, S3)]).warnings)
+
+
+def test_arms_the_labels_and_the_order_contradict_are_said_in_one_line():
+    """B/A/A: pool-on first makes it the baseline; the labels and the leg count both say so."""
+    c = compare([read_trace(p) for p in (S2, S1, S3)])
+    assert (c.baseline, c.candidate) == ("pool-on", "pool-off")
+    said = [w for w in c.warnings if w.startswith("compare took")]
+    assert said == ["compare took pool-on as the baseline (leg 1's label) and pool-off as the candidate, but the "
+                    "labels read the other way (pool-on names a change, pool-off its absence) and the candidate has "
+                    "more legs than the baseline (2 against 1; A/B/A puts baseline legs around the candidate's): if "
+                    "pool-off is the baseline, give the legs in run order starting with one of its legs "
+                    "(pool-off/pool-on/pool-off)"], c.warnings
+    assert c.warnings[0] == said[0]  # first: it changes how every line above reads
+    # A/B/A in the right order says nothing of the kind
+    assert guard_lines(S1, S2, S3) == []
+
+
+def test_an_unbracketed_candidate_is_said_in_one_line():
+    """A/A/B: the candidate ran after both baseline legs."""
+    assert guard_lines(S1, S3, S2) == [
+        "the candidate's leg 3 ran after the baseline's legs 1, 2: nothing brackets it, so a drift over time (the "
+        "machine, its caches, other jobs) reads as the candidate's change; record A/B/A, with a baseline leg after "
+        "the candidate's"]
+
+
+def test_legs_of_different_executables_or_builds_are_said_in_one_line():
+    """Leg 5 ran the upstream-generation executable; leg 4 another build of the same workload."""
+    assert guard_lines(S1, S5, S3) == [
+        "the legs ran different executables (leg 1 ckpt-workload; leg 2 ckpt-workload-upstream; leg 3 "
+        "ckpt-workload): this compares two programs, not one change"]
+    assert guard_lines(S1, S2, S4) == [
+        "baseline legs were recorded from different builds (build-ids differ: leg 1 against leg 3): drift between "
+        "them includes the build change"]
+    exe = {p: [o.build_id for o in read_trace(p).meta.objects if o.path.endswith("/ckpt-workload")] for p in (S1, S4)}
+    assert exe[S1] and exe[S4] and exe[S1] != exe[S4]  # the recordings' own metadata says so

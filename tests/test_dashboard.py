@@ -89,13 +89,15 @@ def test_every_leg_is_drawn_the_same_way_with_waiting_its_own_colour(aba):
 
 def test_comparison_panel_draws_the_given_frame(aba):
     # A renderer: whatever change and interval compare() says is what is drawn.
+    from ckptrace.analyzers.metrics import label
+
     analyses, comparison = aba
     m = comparison.metrics.copy()
     m.loc[0, ["change_pct", "ci_low_pct", "ci_high_pct", "verdict"]] = [-37.25, -40.5, -33.0, "within drift"]
     fake = type(comparison)(**{**comparison.__dict__, "metrics": m})
     fig = figures(build_panels(analyses, fake, "t"))["comparison"]
     points = next(tr for tr in fig.data if tr.type == "scatter")
-    i = list(points.y).index(m.loc[0, "metric"])
+    i = list(points.y).index(label(m.loc[0, "metric"]))  # shown by its one label (metrics.py)
     assert points.x[i] == -37.25 and points.text[i] == "within drift"
     assert points.error_x.arrayminus[i] == pytest.approx(3.25) and points.error_x.array[i] == pytest.approx(4.25)
 
@@ -215,8 +217,11 @@ def rendered(tmp_path_factory):
             id: d.id, svgs: d.querySelectorAll('.main-svg').length, data: d.data.length,
             traces: d.querySelectorAll('g.trace').length, tables: d.querySelectorAll('g.table').length}))""")
         texts = b.evaluate("[...document.querySelectorAll('svg text')].map(t => t.textContent)")
+        panel_texts = b.evaluate("Object.fromEntries([...document.querySelectorAll('.plotly-graph-div')].map(d => "
+                                 "[d.id, [...d.querySelectorAll('svg text')].map(t => t.textContent)]))")
         result = {
-            "ready": ready, "plots": plots, "texts": texts, "title": b.evaluate("document.title"),
+            "ready": ready, "plots": plots, "texts": texts, "panel_texts": panel_texts,
+            "title": b.evaluate("document.title"),
             "imgs": b.evaluate("document.querySelectorAll('img').length"),
             "svg_links": b.evaluate("document.querySelectorAll('svg a').length"),
             "bold": b.evaluate("[...document.querySelectorAll('svg tspan')].filter(t => "
@@ -384,3 +389,54 @@ def test_tables_have_units_and_legends_show_only_what_is_drawn():
     assert "MiB" in cells and "%" in cells and "not recorded" in cells
     names = {tr.name for tr in figs["iterations"].data} | {tr.name for tr in figs["breakdown"].data if tr.name}
     assert "waiting for a CPU" not in names  # none recorded: no legend for it
+
+
+# -- one name, one unit and one rate per metric (issue 36) ----------------------------------------
+
+def test_one_name_one_unit_and_one_rate_per_metric(aba):
+    """The comparison and summary tables name each metric by its one label from the metric table
+    (never its dotted or _ns key), each value in its shown unit; the per-leg hit rate is the
+    answer card's (after the warm-up), and analyze's rate over every checkpoint is named apart."""
+    from ckptrace.analyzers.metrics import METRICS, label
+    from ckptrace.analyzers.warmup import split
+
+    analyses, comparison = aba
+    figs = figures(build_panels(analyses, comparison, "t"))
+    table = next(tr for tr in figs["comparison"].data if tr.type == "table")
+    names, base = list(table.cells.values[0]), list(table.cells.values[1])
+    m = comparison.metrics
+    assert names[:len(m)] == [label(x) for x in m["metric"]]
+    pool = comparison.pool
+    assert names[len(m):] == [f"{c}: {label(x)}" for c, x in zip(pool["class"], pool["metric"])]
+    assert not any("_" in n for n in names)
+    for name, unit, cell in zip(m["metric"], m["unit"], base):
+        assert cell == "-" or cell.endswith({"ns": " ms", "faults": " faults"}.get(unit, f" {unit}")), (name, cell)
+    summary = next(tr for tr in figs["summary"].data if tr.type == "table")
+    rows = dict(zip(summary.cells.values[0], summary.cells.values[1]))
+    assert not any("stats." in k or "_ns" in k for k in rows), [k for k in rows if "_" in k]
+    a = analyses[0]
+    assert rows[f"{label('checkpoint_fill_ns')}, p90"] == f"{a.summary['stats']['checkpoint_fill_ns']['p90'] / 1e6:,.3f} ms"
+    assert rows["pool hit rate, warm-up included"] == f"{100 * a.summary['pool_hit_rate']:.1f}%"
+    # the hit rate per leg is the headline's: hits over the checkpoints after each thread's warm-up
+    bars = [tr for tr in figs["churn"].data if tr.xaxis == "x3"][0]
+    h = comparison.headline["hit_rate"]
+    cand = [i for i, x in enumerate(a.trace.label == comparison.candidate for a in analyses) if x]
+    warm = [split(analyses[i]) for i in cand]
+    hits = sum(int(analyses[i].checkpoints["pool_hit"].to_numpy()[w.warm].sum()) for i, w in zip(cand, warm))
+    n = sum(int(w.warm.sum()) for w in warm)
+    assert (hits, n) == (h["warm_hits"], h["warm_checkpoints"]) and len(cand) == 1
+    assert bars.y[cand[0]] == pytest.approx(100 * h["rate"])
+    assert "after warm-up" in figs["churn"].layout.annotations[2].text
+    assert all(x in METRICS for x in m["metric"])
+
+
+@pytest.mark.browser
+@needs_chromium
+def test_browser_shows_labels_not_keys(rendered):
+    """In the rendered page, the comparison and summary panels show no metric's key, only labels."""
+    from ckptrace.analyzers.metrics import METRICS, label
+
+    for pid in ("ckptrace-comparison", "ckptrace-summary"):
+        texts = rendered["panel_texts"][pid]
+        assert not [t for t in texts if any(k in t for k in METRICS) or "stats." in t], pid
+    assert label("checkpoint_fill_ns") in rendered["panel_texts"]["ckptrace-comparison"]

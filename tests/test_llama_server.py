@@ -164,8 +164,8 @@ def test_fail_on_slower_trips_on_a_slower_candidate_and_passes_an_aaa(legs, tmp_
     """pool-on as the baseline, pool-off as the candidate: page faults per checkpoint at least
     twice as many by construction (over half the pool-on checkpoints hit and fault nothing, every
     pool-off one faults each page of a fresh buffer once): exact counts, where the fill's CPU time
-    moves with the machine's load. A/A/A (pool-off, pool-off relabelled, pool-off): every fresh
-    buffer faults once per page, so the fault count cannot move."""
+    moves with the machine's load. A/A (pool-off, the other pool-off leg relabelled; compare refuses
+    one recording twice): every fresh buffer faults once per page, so the fault count cannot move."""
     on, off1, off2 = legs[1]["path"], legs[0]["path"], legs[2]["path"]
     p = ckptrace("compare", on, off1, off2, "--fail-on", "slower", "--metrics", "checkpoint_faults")
     assert p.returncode == 3, (p.stdout, p.stderr)
@@ -173,7 +173,7 @@ def test_fail_on_slower_trips_on_a_slower_candidate_and_passes_an_aaa(legs, tmp_
     relabelled = tmp_path / "2-B.parquet"
     t = read_trace(off2)
     write_trace(relabelled, t.events, replace(t.meta, label="B"))
-    p = ckptrace("compare", off1, relabelled, off1, "--fail-on", "any-change", "--metrics", "checkpoint_faults",
+    p = ckptrace("compare", off1, relabelled, "--fail-on", "any-change", "--metrics", "checkpoint_faults",
                  "--format", "markdown")
     assert p.returncode == 0, (p.stdout, p.stderr)
     assert "Gate `--fail-on any-change` passed." in p.stdout

@@ -576,3 +576,143 @@ def test_export_and_dashboard_say_which_legs_have_no_request_file(tmp_path):
         ["ckptrace: warning: leg 3"], p.stderr
     p = ckptrace("export", *legs, "--requests", "-", "--requests", "-", "--requests", "-", "-o", tmp_path / "none.json")
     assert p.returncode == 0 and "request file" not in p.stderr, p.stderr
+
+
+# A TTFT change split by the traced path (analyzers/ttft.py): enough requests per percentile, and
+# a verdict only where the checkpoint path explains the change.
+
+def ttft_windows(trace: Path, n: int, rest_ms: float) -> list[dict]:
+    """n requests, the k-th from 1 ms before the recording's k-th checkpoint to `rest_ms` after its
+    end: its TTFT is its stalls plus a rest set here."""
+    from ckptrace.analyzers.requests import recording_range
+
+    a = analyze_trace(read_trace(trace))
+    lo, hi = recording_range(a.trace)
+    ck = a.checkpoints.sort_values("start_ns", ignore_index=True)
+    out = []
+    for k in range(n):
+        start = int(ck["start_ns"][k]) - 1_000_000
+        ttft = int(ck["end_ns"][k]) + int(rest_ms * 1e6) - start
+        assert lo <= start and start + ttft <= hi  # inside the recording: every request counts
+        out.append(request(k, start, ttft))
+    return out
+
+
+def stalls_ms(trace: Path, rows: list[dict]) -> np.ndarray:
+    """Each request's checkpoint time inside its window, by a plain loop over the trace's spans
+    (these recordings have no create or restore spans)."""
+    ev = read_trace(trace).events
+    assert not ev["kind"].isin(["create", "restore", "restore_copy"]).any()
+    ck = ev[ev["kind"] == "checkpoint"]
+    return np.array([overlap(ck, r["start_ns"], r["start_ns"] + r["ttft_ns"]) for r in rows]) / 1e6
+
+
+def test_a_ttft_change_is_split_by_the_traced_path_and_judged_only_with_enough_requests(tmp_path):
+    """Pool-off, pool-on, pool-off with 12 requests per leg, each holding a checkpoint; the
+    candidate's requests wait 150 ms more outside any checkpoint, the baseline's 20 ms. TTFT rises
+    though the pool's checkpoints are shorter: the split says the rest lies outside the traced path,
+    p50 is not judged for it, p90 and p99 have too few requests (12 of 50 and 500), and the
+    headline states no verdict on TTFT."""
+    from ckptrace.analyzers.ttft import min_requests
+
+    assert (min_requests(50), min_requests(90), min_requests(99)) == (10, 50, 500)  # docs/commands.md
+    rest = {OFF1: 20, ON: 150, OFF2: 20}
+    legs, truth = [], {}
+    for i, src in enumerate((OFF1, ON, OFF2)):
+        rows = ttft_windows(src, 12, rest[src])
+        dst = tmp_path / f"{i + 1}-{src.name}"
+        shutil.copy(src, dst)
+        write_requests_file(requests_path(dst), rows)
+        legs.append(dst)
+        truth[src] = (np.array([r["ttft_ns"] for r in rows]) / 1e6, stalls_ms(src, rows))
+    p = ckptrace("compare", *legs, "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    split = {r["metric"]: r for r in doc["ttft"]}
+    rows = {m["metric"]: m for m in doc["metrics"]}
+    base = tuple(np.concatenate([truth[OFF1][k], truth[OFF2][k]]) for k in (0, 1))
+    cand = truth[ON]
+    for q in (50, 90, 99):
+        s = split[f"ttft_p{q}_ms"]
+        assert (s["requests_baseline"], s["requests_candidate"]) == (24, 12)
+        change = np.percentile(cand[0], q) - np.percentile(base[0], q)
+        outside = np.percentile(cand[0] - cand[1], q) - np.percentile(base[0] - base[1], q)
+        assert s["change_ms"] == pytest.approx(change, abs=1e-6)
+        assert s["outside_ms"] == pytest.approx(outside, abs=1e-6)
+        assert s["explained_ms"] == pytest.approx(change - outside, abs=1e-6)
+        # no request's rest is further from its TTFT than its largest stall
+        assert abs(s["explained_ms"]) <= base[1].max() + cand[1].max()
+        # the 130 ms put outside by construction (less the candidate's checkpoints it came to hold)
+        assert s["change_ms"] > 50 and s["outside_ms"] > 50 and s["outside_ms"] > 2 * abs(s["explained_ms"])
+    p50 = rows["ttft_p50_ms"]
+    assert p50["verdict"] == "not judged" and p50["why"].startswith("TTFT p50 +"), p50
+    assert "lies outside the traced path (queueing, decode, the machine)" in p50["why"]
+    for q, need in ((90, 50), (99, 500)):
+        assert rows[f"ttft_p{q}_ms"]["verdict"] == "too few samples"
+        assert rows[f"ttft_p{q}_ms"]["why"] == (f"a p{q} is judged on at least {need} requests per arm (5 beyond "
+                                                "it); the candidate has 12")
+    said = doc["headline"]["sentence"]
+    t = doc["headline"]["ttft_p90"]
+    assert t["explained_ms"] == pytest.approx(split["ttft_p90_ms"]["explained_ms"])
+    assert "time to first token p90 +" in said and "too few samples: a p90 is judged on at least 50" in said
+    assert "of which the checkpoint path explains" in said and "lies outside the traced path" in said
+    assert "slower" not in said.split("time to first token")[1].split("hit the pool")[0]
+    text = ckptrace("compare", *legs).stdout
+    assert "ttft p50 ms: not judged: TTFT p50 +" in text
+    assert max(len(x) for x in text.splitlines() if "ttft" in x.lower()) <= 80
+
+
+def test_a_ttft_verdict_stands_where_the_traced_path_explains_it(tmp_path):
+    """Crafted legs on a quiet machine (compare's test legs: 40 checkpoints of ~31 ms; the pool's
+    ~7 ms), 40 requests each holding one checkpoint. Same rest everywhere: the TTFT change is the
+    checkpoints' own, explained, and p50 reads faster. 100 ms more rest in the candidate: slower by
+    the interval, but the path explains none of it, so not judged."""
+    from ckptrace.meta import ObjectInfo, TraceMeta
+    from ckptrace.trace import Trace
+    from test_compare import leg_events
+
+    def legs(cand_rest_ms):
+        out = []
+        for i, (label, fill) in enumerate((("off", 24.0), ("on", 0.0), ("off", 24.0))):
+            ev = leg_events(seed=i + 1, fill_ms=fill, pool_hit=fill == 0, wait_share=0.0)
+            trace = Trace(ev, TraceMeta(label=label, objects=[ObjectInfo("/lib/x.so", "aa")]), f"{label}{i}.parquet")
+            ck = ev[ev["kind"] == "checkpoint"].reset_index(drop=True)
+            rest = cand_rest_ms if label == "on" else 2.0
+            rows = [request(k, int(ck["start_ns"][k]) - 1_000_000,
+                            int(ck["end_ns"][k] - ck["start_ns"][k]) + 1_000_000 + int(rest * 1e6)) for k in range(40)]
+            out.append((trace, read_requests(write_requests_file(tmp_path / f"{i}.json", rows))))
+        return out
+
+    from ckptrace.analyzers.compare import compare
+
+    for cand_rest, verdict in ((2.0, "faster"), (102.0, "not judged")):
+        pairs = legs(cand_rest)
+        c = compare([t for t, _ in pairs], requests=[r for _, r in pairs])
+        row = c.metrics.set_index("metric").loc["ttft_p50_ms"]
+        s = c.ttft.set_index("metric").loc["ttft_p50_ms"]
+        assert row["verdict"] == verdict, (row.to_dict(), s.to_dict())
+        if verdict == "faster":
+            assert s["change_ms"] < -20 and s["explained_ms"] == pytest.approx(s["change_ms"], abs=1.0)
+            assert row["why"] == ""
+        else:
+            assert s["change_ms"] > 50 and abs(s["explained_ms"]) < s["change_ms"] / 2
+            assert row["why"].startswith("TTFT p50 +") and "lies outside the traced path" in row["why"]
+        assert c.metrics.set_index("metric").loc["ttft_p90_ms", "verdict"] == "too few samples"  # 40 < 50
+
+
+def test_the_split_on_the_shipped_llama_server_requests(tmp_path):
+    """The real llama-server leg's 12 requests and the stalls ckptrace measured inside each TTFT: a
+    candidate whose every request took 3 s longer outside the traced path is +3000 ms at every
+    percentile, of which the checkpoint path explains 0, and a p90 of 12 requests is too few."""
+    from ckptrace.analyzers import ttft
+
+    llama = SAMPLES / "6-llama-pool-off.parquet"
+    t = request_table(read_requests(requests_path(llama)), analyze_trace(read_trace(llama)))
+    t = t[t["in_recording"]]
+    assert len(t) == 12 and (t["stall_ns"] > 0).all()
+    base = (t["ttft_ns"].to_numpy("float64") / 1e6, t["stall_ns"].to_numpy("float64") / 1e6)
+    s = ttft.split("ttft_p90_ms", 90, base, (base[0] + 3000, base[1]))
+    assert s["change_ms"] == pytest.approx(3000) and s["explained_ms"] == pytest.approx(0, abs=1e-6)
+    assert ttft.unsupported(s) == ("TTFT p90 +3000 ms, of which the checkpoint path explains +0.0 ms; the rest "
+                                   "(+3000 ms) lies outside the traced path (queueing, decode, the machine)")
+    assert ttft.too_few(s) == "a p90 is judged on at least 50 requests per arm (5 beyond it); the baseline has 12"

@@ -72,7 +72,8 @@ def compare_doc(paths: list[str]) -> dict:
     return {"schema_version": ckptrace.SCHEMA_VERSION, "headline": c.headline_figures, "baseline": c.baseline,
             "candidate": c.candidate, "samples": c.samples, "seed": c.seed, "n_boot": c.n_boot,
             "min_effect_pct": c.min_effect_pct, "statistic": c.statistic, "legs": legs, "metrics": rows(c.metrics),
-            "pool": rows(c.pool), "memory": rows(c.memory), "warmup": warmup, "machine": c.machine,
+            "pool": rows(c.pool), "memory": rows(c.memory), "ttft": rows(c.ttft) if c.ttft is not None else [],
+            "warmup": warmup, "machine": c.machine,
             "warnings": c.warnings, "explanation": c.explanation}
 
 
