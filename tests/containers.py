@@ -74,7 +74,8 @@ def _children(pid: int) -> list[int]:
 def container(shape: str, root: Path, work: Path, argv: list, ready: str | None = None,
               **popen) -> Iterator[Container]:
     """`argv` run in a container of `shape` on `root` (work: the docker shape's overlay folders
-    and /out); with `ready`, its first stderr line must start with it. On the way out the program
+    and /out); with `ready`, its first stderr line must start with it (`popen`: Popen's keywords,
+    stderr a pipe unless given). On the way out the program
     is killed if it still runs (which ends its PID namespace and, with its last process, its mount
     namespace and every mount made in it) and reaped."""
     argv = [str(a) for a in argv]
@@ -90,7 +91,7 @@ def container(shape: str, root: Path, work: Path, argv: list, ready: str | None 
         popen["env"] = {**popen.get("env", os.environ), "LD_LIBRARY_PATH": "/app"}
     else:
         raise ValueError(shape)
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, **popen)
+    proc = subprocess.Popen(cmd, text=True, **{"stderr": subprocess.PIPE, **popen})
     pid = proc.pid
     try:
         if shape == "docker":
@@ -106,4 +107,5 @@ def container(shape: str, root: Path, work: Path, argv: list, ready: str | None 
         if proc.poll() is None:
             proc.kill()
         proc.wait(60)
-        proc.stderr.close()
+        if proc.stderr is not None:
+            proc.stderr.close()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import signal
 import subprocess
@@ -20,9 +21,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from ckptrace.samples.llama_server import (build_server, cached_model, free_port, logged_checkpoints, server_argv)
+from ckptrace.samples.llama_server import recorder as llama_recorder
 from ckptrace.trace import read_trace
 from containers import SHAPES, app_root, container
-from helpers import CKPTRACE, assert_pool_faster, load_truth, recorder
+from helpers import CKPTRACE, assert_one_line_error, assert_pool_faster, load_truth, recorder, wait_until
+from llama_checks import assert_pool_mechanism, builds, checkpoint_rows, e2e
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]
 
@@ -128,3 +132,68 @@ def test_a_name_shadowed_since_the_map_is_reached_through_map_files(tmp_path, wo
     assert (m["bytes"] == m["truth_bytes"]).all() and m["has_fill"].all()
     objects = {p.object for p in read_trace(trace).meta.probes}
     assert all(o.startswith(f"/proc/{c.pid}/map_files/") for o in objects), objects
+
+
+def test_a_tracer_in_a_child_pid_namespace_is_refused_in_one_line(workload):
+    """ckptrace itself in a container's PID namespace (a sidecar sharing a pod's PIDs): the probes
+    name processes by host PID, so it would record nothing; record says why, doctor fails the check."""
+    inside = ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child"]
+    r = subprocess.run([*inside, str(CKPTRACE), "record", "-o", "/dev/null", "--", str(workload), "--iterations", "3"],
+                       capture_output=True, text=True, timeout=120)
+    assert_one_line_error(r, "child PID namespace", "--pid=host")  # the workload's own lines: it never ran
+    d = subprocess.run([*inside, str(CKPTRACE), "doctor"], capture_output=True, text=True, timeout=300)
+    assert d.returncode == 1 and re.search(r"^FAIL PID namespace: .*; fix: .*hostPID", d.stdout, re.M), d.stdout
+
+# --- a real llama-server in each container shape ---------------------------------------------
+
+LLAMA_BUILDS = builds("0.3.36")  # GCC + libstdc++, shared libraries: the official images' kind of build
+MODEL_SHAPE = {"d_model": 448, "layers": 9, "d_state": 1381}  # test_llama_server's model (cached once)
+CLIENTS, REQUESTS, PORT = 3, 12, 8080
+
+
+def llama_leg(shape: str, root: Path, work: Path, label: str, trace: Path) -> dict:
+    """One leg: /app/llama-server started in the container (its libraries found by LD_LIBRARY_PATH
+    =/app: the build's RUNPATH names its build folder), attached from the host by PID once it
+    listens, driven with distinct prompts from inside its network namespace (`nsenter --net`, as
+    `kubectl exec` or a sidecar would), the recorder stopped after the last request's checkpoints."""
+    port = PORT if shape == "docker" else free_port()  # the jail shares the host's network
+    log = trace.with_suffix(".log")
+    argv = server_argv(Path("/app/llama-server"), Path("/models/model.gguf"), port, slots=CLIENTS)
+    env = {**os.environ, "LD_LIBRARY_PATH": "/app"}
+    with open(log, "w") as out, container(shape, root, work, argv, stdout=out, stderr=subprocess.STDOUT, env=env) as c:
+        wait_until(lambda: "server is listening" in log.read_text(errors="replace"), f"llama-server in {log}",
+                   timeout_s=300, watch=[c.proc])
+        netns = ["nsenter", f"--net=/proc/{c.pid}/ns/net"] if shape == "docker" else []
+        with llama_recorder(c.pid, trace, label):
+            p = subprocess.run([*netns, str(CKPTRACE), "drive", f"http://127.0.0.1:{port}", "--clients", str(CLIENTS),
+                                "--requests", str(REQUESTS), "--prompt-tokens", "64", "--n-predict", "4",
+                                "--timeout", "600", "-o", str(trace.with_suffix(".requests.json"))],
+                               capture_output=True, text=True, timeout=700)
+            assert p.returncode == 0, p.stderr
+            # the driver has every answer: each request's checkpoints were made before its first token
+    return {"trace": read_trace(trace), "path": trace, "logged": logged_checkpoints(log), "log": log}
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@e2e
+def test_a_real_llama_server_in_a_container_a_b_a(tmp_path, shape):
+    model = cached_model(**MODEL_SHAPE)
+    roots = {}
+    for pool in (False, True):
+        binary = build_server(pool, version="0.3.36")
+        roots[pool] = app_root(tmp_path / f"root-{pool}", binary, files={"/models/model.gguf": model})
+    legs = []
+    for i, (label, pool) in enumerate((("pool-off", False), ("pool-on", True), ("pool-off", False)), 1):
+        leg = llama_leg(shape, roots[pool], tmp_path / f"work{i}", label, tmp_path / f"{i}-{label}.parquet")
+        logged, ck = leg["logged"], checkpoint_rows(leg)
+        assert len(logged) >= 6, f"the server made only {len(logged)} checkpoints; see {leg['log']}"
+        assert leg["trace"].meta.lost_events == 0
+        assert len(ck) == len(logged), f"{len(ck)} recorded, {len(logged)} in {leg['log']}"
+        assert sorted(f"{b / 1024 / 1024:.3f}" for b in ck["bytes"]) == sorted(logged["size_text"])
+        assert (ck["fill_source"] == "measured").all()
+        legs.append(leg)
+    assert_pool_mechanism(legs)
+    compared = subprocess.run([CKPTRACE, "compare", "--json", *(str(leg["path"]) for leg in legs)],
+                              capture_output=True, text=True, timeout=300)
+    assert compared.returncode == 0, compared.stderr
+    assert_pool_faster(json.loads(compared.stdout))
