@@ -95,8 +95,8 @@ def test_a_b_a_through_a_container_finds_every_checkpoint(tmp_path, workload, sh
         # The path each uprobe was placed through: the process's root for the Docker-style one
         # (the host has no /app), the host path for the jail (maps gives it so; its root prefixed
         # to it names nothing).
-        where = f"/proc/{pid}/root/app/" if shape == "docker" else f"{root}/app/"
-        assert {p.object.rsplit("/", 1)[0] + "/" for p in meta.probes} == {where}, meta.probes
+        where = Path(f"/proc/{pid}/root", "app") if shape == "docker" else root / "app"
+        assert {Path(p.object).parent for p in meta.probes} == {where}, meta.probes
     compared = subprocess.run([CKPTRACE, "compare", "--json", *(str(tmp_path / f"{i}-{label}.parquet")
                                                                 for i, (label, _, _) in enumerate(LEGS, 1))],
                               capture_output=True, text=True, timeout=300)
