@@ -996,9 +996,13 @@ class _MappedFile:
         return path if st.st_ino == self.inode else None
 
 
+_MAP_LINK = re.compile(r"/proc/[0-9]+/map_files/[0-9a-f]+-[0-9a-f]+")
+
+
 def _is_map_link(path: str) -> bool:
-    """A /proc/PID/map_files link: a kernel magic link, followed to the file it names."""
-    return path.startswith("/proc/") and "/map_files/" in path
+    """A /proc/PID/map_files link (exactly: a name from maps never passes for one), a kernel
+    magic link that is followed to the file it names."""
+    return _MAP_LINK.fullmatch(path) is not None
 
 
 def _reachable(mapping: _MappedFile) -> str | None:
