@@ -161,7 +161,7 @@ def llama_leg(shape: str, root: Path, work: Path, label: str, trace: Path) -> di
     argv = server_argv(Path("/app/llama-server"), Path("/models/model.gguf"), port, slots=CLIENTS)
     env = {**os.environ, "LD_LIBRARY_PATH": "/app"}
     with open(log, "w") as out, container(shape, root, work, argv, stdout=out, stderr=subprocess.STDOUT, env=env) as c:
-        wait_until(lambda: "server is listening" in log.read_text(errors="replace"), f"llama-server in {log}",
+        wait_until(lambda: "listening on http" in log.read_text(errors="replace"), f"llama-server in {log}",
                    timeout_s=300, watch=[c.proc])
         netns = ["nsenter", f"--net=/proc/{c.pid}/ns/net"] if shape == "docker" else []
         with llama_recorder(c.pid, trace, label):
