@@ -241,14 +241,9 @@ class Program:
         self.funcs[key] = fd
         return fd
 
-    @staticmethod
-    def _uprobe_path(path: str, pid: int) -> str:
-        """The object as the kernel must open it: in the target's mount namespace (bcc's rule)."""
-        return path if pid <= 0 or path.startswith("/proc") else f"/proc/{pid}/root{path}"
-
     def _uprobe(self, fn_name: bytes, path: str, offset: int, pid: int, ret: bool) -> None:
         fd = self.load_func(fn_name, KPROBE)
-        full = self._uprobe_path(path, pid).encode()
+        full = path.encode()  # as this process reaches it: symbols.resolve_pid chose it by device and inode
         ev = self._event_name(ret, full, offset, pid)
         pfd = library().bpf_attach_uprobe(fd, PROBE_RETURN if ret else PROBE_ENTRY, ev, full, offset, pid, 0)
         if pfd < 0:
@@ -272,7 +267,7 @@ class Program:
 
     def detach_uprobe(self, path: str, offset: int, pid: int = -1, ret: bool = False) -> None:
         """Remove what attach_uprobe (ret: attach_uretprobe) put there; KeyError if nothing."""
-        full = self._uprobe_path(path, pid).encode()
+        full = path.encode()
         if (ret, full, offset, pid) not in self.uprobes:
             raise KeyError((path, offset, pid, ret))
         self._close_uprobes([(ret, full, offset, pid)])

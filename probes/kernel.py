@@ -106,8 +106,34 @@ def open_files_for(uprobes: int, what: str) -> None:
 
 
 def require_privileges() -> None:
-    """Raise NotPermitted unless this process may load BPF programs and attach probes."""
+    """Raise NotPermitted unless this process may load BPF programs and attach probes, and
+    EbpfUnavailable when it can't name its targets as the kernel's probes do (pid_namespace)."""
     privileges()
+    pid_namespace()
+
+
+PROC_PID_INIT_INO = 0xEFFFFFFC  # the host's (initial) PID namespace's inode number, a kernel constant (proc_ns.h)
+
+
+def pid_namespace() -> str:
+    """Describe this process's PID namespace, or raise EbpfUnavailable when it is not the host's.
+
+    The probes key their targets by bpf_get_current_pid_tgid(), the PID in the host's (initial)
+    namespace, and the recorder knows a target by the PID it sees. In a child namespace (a
+    container, a sidecar sharing a pod's PIDs) the two differ and a recording would attach and
+    record nothing: measured here, 0 events of a workload's 2 checkpoints. Told by the
+    namespace's inode, not /proc/self/status's NSpid: a container's own /proc lists its PIDs alone."""
+    try:
+        ino = os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return "unknown (no /proc/self/ns/pid)"
+    if ino != PROC_PID_INIT_INO:
+        raise error_with_fix(
+            EbpfUnavailable, f"ckptrace runs in a child PID namespace (pid:[{ino}]), and the kernel's probes name "
+            "processes by their PIDs in the host's",
+            "run it in the host's PID namespace (on the host, docker run --pid=host, a Kubernetes pod with "
+            "hostPID: true): docs/containers.md")
+    return f"the host's (pid:[{ino}])"
 
 
 def bpf_syscall() -> None:

@@ -920,16 +920,23 @@ def _maps_objects(pid: int, notes: _Notes) -> list[str]:
         raise unreadable(pid, maps) from None
     except ProcessLookupError:
         raise TargetError(f"no process with PID {pid}") from None
-    mapped: dict[tuple[str, int], str] = {}  # (name as shown, inode) -> all perms seen, in map order
+    # (name as shown, device, inode) -> [all perms seen in map order, the first mapping's range]
+    mapped: dict[tuple[str, int, int], list[str]] = {}
     for line in lines:
         parts = line.split(None, 5)
         if len(parts) < 6 or not parts[5].startswith("/") or not parts[4].isdigit():
             continue  # anonymous, [heap], [vdso]...
-        key = (parts[5], int(parts[4]))
-        mapped[key] = mapped.get(key, "") + parts[1]
+        major, _, minor = parts[3].partition(":")
+        try:
+            dev = os.makedev(int(major, 16), int(minor, 16))
+        except ValueError:
+            continue
+        seen = mapped.setdefault((parts[5], dev, int(parts[4])), ["", parts[0]])
+        seen[0] += parts[1]
     paths: list[str] = []
-    for (name, inode), perms in mapped.items():
-        if name.endswith(" (deleted)") and not _same_inode(name, pid, inode):  # not a live file named so
+    for (name, dev, inode), (perms, where) in mapped.items():
+        mapping = _MappedFile(pid, name, dev, inode, where)
+        if name.endswith(" (deleted)") and not mapping.same():  # not a live file named so
             real = name[: -len(" (deleted)")]
             if "x" in perms and not real.startswith(("/memfd:", "/dev/")):
                 raise TargetError(
@@ -937,7 +944,7 @@ def _maps_objects(pid: int, notes: _Notes) -> list[str]:
                     "process so its code matches the file on disk")
             continue  # deleted data files hold no code to probe
         try:
-            path = _reachable(name, pid, inode)
+            path = _reachable(mapping)
         except BadObject as e:
             notes.add(name, e)
             continue
@@ -946,38 +953,73 @@ def _maps_objects(pid: int, notes: _Notes) -> list[str]:
     return paths
 
 
-def _candidates(shown: str, pid: int) -> list[str]:
-    """The paths a name in /proc/PID/maps may stand for, from here and from the process's root.
-    The kernel shows a newline in a path as the four characters \\012 and a backslash as itself,
-    so a shown \\012 is either; the inode decides (a name holding both is not reached: left out)."""
-    names = [shown.replace("\\012", "\n"), shown] if "\\012" in shown else [shown]
-    return [p for n in names for p in (n, f"/proc/{pid}/root{n}")]
+@dataclass(frozen=True)
+class _MappedFile:
+    """A file a process maps, as /proc/PID/maps shows it: its name there, device and inode (the
+    truth: the inode is what a uprobe is placed on), and one mapping's address range."""
+    pid: int
+    shown: str
+    dev: int
+    inode: int
+    where: str  # "start-end", the name of its link in /proc/PID/map_files
 
+    def candidates(self) -> list[str]:
+        """The paths the shown name may stand for. maps gives a name as the reader's root sees it
+        where the file is reachable from there (a chroot jail: the host path), else from the
+        process's own root (a container with its own mount namespace), so both are tried. The
+        kernel shows a newline in a path as the four characters \\012 and a backslash as itself,
+        so a shown \\012 is either; the device and inode decide (a name holding both: left out)."""
+        names = [self.shown.replace("\\012", "\n"), self.shown] if "\\012" in self.shown else [self.shown]
+        return [p for n in names for p in (n, f"/proc/{self.pid}/root{n}")]
 
-def _same_inode(shown: str, pid: int, inode: int) -> list[str]:
-    """The candidate paths that are the mapped file itself (its inode)."""
-    same = []
-    for p in _candidates(shown, pid):
-        try:
-            if os.stat(p).st_ino == inode:
+    def same(self) -> list[str]:
+        """The candidate paths that reach the mapped file itself (its device and inode)."""
+        same = []
+        for p in self.candidates():
+            try:
+                st = os.stat(p)
+            except (OSError, ValueError):  # ValueError: a NUL can't be in a path
+                continue
+            if (st.st_dev, st.st_ino) == (self.dev, self.inode):
                 same.append(p)
-        except (OSError, ValueError):  # ValueError: a NUL can't be in a path
-            pass
-    return same
+        return same
+
+    def link(self) -> str | None:
+        """/proc/PID/map_files/START-END: the kernel's own link to the very file mapped there
+        (root only), which reaches it when no name does (a stacked file system that shows another
+        device than its file's, a mount over its name since). None where it can't be opened."""
+        path = f"/proc/{self.pid}/map_files/{self.where}"
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        return path if st.st_ino == self.inode else None
 
 
-def _reachable(name: str, pid: int, inode: int) -> str | None:
-    """The mapped file's path from this mount namespace, or None if it is not an ELF file (a
-    device a GPU driver maps is not opened). BadObject: no path reaches that very file (its
-    inode), or its path is now a FIFO, socket or symbolic link (it was a regular file when
-    mapped: something swapped it since). A path that reaches another file is never taken for it."""
-    same = _same_inode(name, pid, inode)
-    if not same:
-        raise BadObject(f"mapped by PID {pid}, the file (inode {inode}) cannot be reached from here by the "
-                        f"name /proc/{pid}/maps shows")
-    chosen = same[0]
+_MAP_LINK = re.compile(r"/proc/[0-9]+/map_files/[0-9a-f]+-[0-9a-f]+")
+
+
+def _is_map_link(path: str) -> bool:
+    """A /proc/PID/map_files link (exactly: a name from maps never passes for one), a kernel
+    magic link that is followed to the file it names."""
+    return _MAP_LINK.fullmatch(path) is not None
+
+
+def _reachable(mapping: _MappedFile) -> str | None:
+    """The path that reaches the mapped file from this mount namespace, which the kernel opens
+    for its uprobes, or None if it is not an ELF file (a device a GPU driver maps is not opened).
+    A name whose device and inode are the mapped file's is taken first, then the kernel's
+    map_files link. BadObject: nothing reaches that very file, or its path is now a FIFO, socket
+    or symbolic link (it was a regular file when mapped: something swapped it since). A path that
+    reaches another file is never taken for it."""
+    same = mapping.same()
+    chosen = same[0] if same else mapping.link()
+    if chosen is None:
+        raise BadObject(f"mapped by PID {mapping.pid}, the file (device {os.major(mapping.dev)}:"
+                        f"{os.minor(mapping.dev)}, inode {mapping.inode}) cannot be reached from here by "
+                        f"the name /proc/{mapping.pid}/maps shows, nor through /proc/{mapping.pid}/map_files")
     try:
-        f, _ = elfsafe.open_regular(chosen, follow=False)
+        f, _ = elfsafe.open_regular(chosen, follow=_is_map_link(chosen))
     except elfsafe.NotRegular as e:
         if e.device:
             return None  # /dev/nvidia0, /dev/dri/renderD128...: mapped, never an ELF file
@@ -1010,7 +1052,7 @@ def resolve_pid(pid: int, note=None) -> ProbePlan:
             notes.add(path, f"PID {pid}'s objects were not all read in {RESOLVE_S:g} s")
             continue
         try:
-            objects.append(_read_object(path, follow=False, deadline=notes.deadline))
+            objects.append(_read_object(path, follow=_is_map_link(path), deadline=notes.deadline))
         except _NotCode:
             continue  # ELF files mapped as data (ET_REL, core...) hold no code to probe
         except BadObject as e:

@@ -50,7 +50,7 @@ def test_doctor_passes_here(require_root_ebpf):
     names = {ln[5:].split(": ", 1)[0] for ln in out}
     for category, event in kernel.TRACEPOINTS:
         assert f"tracepoint {category}:{event}" in names
-    for name in ("privileges", "bpf() syscall", "tracefs", "uprobes", "BTF", "bcc",
+    for name in ("privileges", "PID namespace", "bpf() syscall", "tracefs", "uprobes", "BTF", "bcc",
                  "kernel headers", "compile", "raw tracepoints"):
         assert name in names
 

@@ -94,7 +94,7 @@ def run_checks() -> list[Check]:
     u = os.uname()
     checks = [Check("kernel", True, f"Linux {u.release} {platform.machine()}")]
     priv = _run("privileges", kernel.privileges)
-    checks += [priv, _run("bpf() syscall", _bpf_syscall)]
+    checks += [priv, _run("PID namespace", kernel.pid_namespace), _run("bpf() syscall", _bpf_syscall)]
     tracefs = _run("tracefs", _tracefs)
     checks += [tracefs, _run("uprobes", _uprobes)]
     for category, event in kernel.TRACEPOINTS:
@@ -124,8 +124,9 @@ Examples:
 """)
 @click.option("--json", "as_json", is_flag=True, help="Print {schema_version, checks: [{check, ok, detail, fix}]} as JSON.")
 def command(as_json: bool) -> None:
-    """Check that this machine can record: privileges, bpf(), tracefs, uprobes, each tracepoint
-    the recorder uses, BTF offsets, bcc, kernel headers, and compiling a program.
+    """Check that this machine can record: privileges, the host's PID namespace, bpf(), tracefs,
+    uprobes, each tracepoint the recorder uses, BTF offsets, bcc, kernel headers, and compiling a
+    program.
 
     Prints one line per check, ok or what is wrong and the exact fix. Exits 1 when recording
     can't work.
