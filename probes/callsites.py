@@ -28,6 +28,8 @@ FILL_CALLEES = ("memset", "__memset_chk")
 MAX_CALLS = 1 << 16  # call instructions examined in one function (a real update_tgt: tens)
 MAX_SITES = 256  # calls to the named callees kept from one function (a real update_tgt: one or two)
 _CHECK_EVERY = 4096  # instructions between checks of the file's read deadline (elfsafe.TIME_S)
+_WINDOW = 1 << 14  # bytes of code decoded at once
+_LONGEST = 16  # bytes of the longest instruction (x86: 15; aarch64: 4)
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,7 @@ def calls_to(elf, start: int, size: int, functions: dict[int, str], names=FILL_C
     for call, after, target, slot in scan(elf, code, start):
         calls += 1
         if calls > MAX_CALLS:
-            raise TooManyCalls(f"{owner} makes more than {MAX_CALLS} calls: its call sites are not probed")
+            raise TooManyCalls(f"{owner} makes more than {MAX_CALLS} calls (at most {MAX_CALLS} are read)")
         if target is not None:
             if target in functions:
                 direct.append((call, after, functions[target]))
@@ -111,8 +113,8 @@ def calls_to(elf, start: int, size: int, functions: dict[int, str], names=FILL_C
         if name in names:
             out += [CallSite(c, a, f"{name}@plt") for c, a in sites]
     if len(out) > MAX_SITES:
-        raise TooManyCalls(f"{owner} makes more than {MAX_SITES} calls to {' or '.join(names)}: "
-                           "its call sites are not probed")
+        raise TooManyCalls(f"{owner} makes more than {MAX_SITES} calls to {' or '.join(names)} "
+                           f"(at most {MAX_SITES} are probed)")
     return sorted(out, key=lambda s: s.call)
 
 
@@ -132,12 +134,30 @@ def _read(elf, vaddr: int, size: int) -> bytes | None:
     return None
 
 
-def _checked(elf, insns):
-    """The instructions, the file's deadline checked every _CHECK_EVERY of them."""
-    for n, insn in enumerate(insns):
-        if n % _CHECK_EVERY == _CHECK_EVERY - 1:
-            elfsafe.check(elf)
-        yield insn
+def _disasm(elf, md, code: bytes, start: int):
+    """The instructions of `code` at `start`, decoded a window at a time: capstone's disasm decodes
+    its whole buffer before yielding the first (about 2 KB each with details: a 15 MB function
+    took 6 GB), so memory stays one window's whatever the function's size and wherever the scan
+    stops. Ends where capstone stops (bytes it can't decode), as one disasm of it all would; the
+    file's read deadline (elfsafe.TIME_S) is checked as it goes."""
+    off, n = 0, 0
+    while off < len(code):
+        window = code[off:off + _WINDOW]
+        last = off + len(window) >= len(code)
+        end, cut = off, False
+        for insn in md.disasm(window, start + off):
+            stop = insn.address - start + insn.size
+            if not last and stop > off + len(window) - _LONGEST:
+                cut = True  # it may run past the window: decoded again from its start
+                break
+            end = stop
+            n += 1
+            if n % _CHECK_EVERY == 0:
+                elfsafe.check(elf)
+            yield insn
+        if not cut or end == off:
+            return  # the end, or bytes capstone can't decode
+        off = end
 
 
 # ---- x86-64 ----------------------------------------------------------------------------------
@@ -155,7 +175,7 @@ def _scan_x86(elf, code: bytes, start: int):
     from capstone import CS_GRP_CALL
     from capstone.x86 import X86_OP_IMM, X86_OP_MEM, X86_REG_RIP
 
-    for insn in _checked(elf, _x86().disasm(code, start)):
+    for insn in _disasm(elf, _x86(), code, start):
         if not insn.group(CS_GRP_CALL) or len(insn.operands) != 1:
             continue
         op, after = insn.operands[0], insn.address + insn.size
@@ -258,7 +278,7 @@ def _scan_aarch64(elf, code: bytes, start: int):
     """(call, after, direct target or None, GOT slot or None) of each bl/blr."""
     md, kinds = _aarch64()
     regs = _Registers(md, kinds)
-    for insn in _checked(elf, md.disasm(code, start)):
+    for insn in _disasm(elf, md, code, start):
         if insn.mnemonic in _AARCH64_CALLS and insn.operands:
             op, after = insn.operands[0], insn.address + 4
             if insn.mnemonic == "bl" and op.type == regs.imm:

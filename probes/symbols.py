@@ -297,17 +297,17 @@ class _Notes:
         self.say, self.items, self.deadline = say, [], deadline
         self.lines = self.unsaid = 0
 
-    def add(self, path: str, why) -> None:
-        self.add_all([path], why)
+    def add(self, path: str, why, what: str = "not searched") -> None:
+        self.add_all([path], why, what)
 
-    def add_all(self, paths: list[str], why) -> None:
+    def add_all(self, paths: list[str], why, what: str = "not searched") -> None:
         """Objects left out for one reason: each kept, said in one line."""
         self.items += [f"{p}: {why}" for p in paths]
         self.lines += 1
         if self.lines > MAX_NOTES:
             self.unsaid += len(paths)
         elif self.say is not None:
-            self.say(f"{printable(', '.join(paths))} not searched: {printable(str(why))}")
+            self.say(f"{printable(', '.join(paths))} {what}: {printable(str(why))}")
 
     def close(self) -> None:
         if self.say is not None and self.unsaid:
@@ -823,6 +823,8 @@ def _contained(notes: _Notes, objects: list[_Object], read) -> list[ProbePoint]:
     for o in objects:
         try:
             out += read(o)
+        except callsites.TooManyCalls as e:  # its other points stand
+            notes.add(o.path, e, "call sites not probed")
         except (TargetError, NotPermitted) as e:  # BadObject, or gone since
             notes.add(o.path, e)
     return out
