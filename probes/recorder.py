@@ -29,7 +29,7 @@ from ckptrace.errors import CkptraceError, EbpfUnavailable, TargetError
 from ckptrace.heap import return_freed_memory
 from ckptrace.meta import (FaultTime, GpuInfo, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, ProcessMemory,
                            SchedCounters, TraceMeta)
-from ckptrace.probes import bpf_compile, bpf_runtime, cuda, fault_time, kernel
+from ckptrace.probes import arch, bpf_compile, bpf_runtime, cuda, fault_time, kernel
 from ckptrace.probes.process_memory import host_memory_bytes, read_process_memory
 from ckptrace.probes.fold import ProcessFold, RunningMedian
 from ckptrace.probes.target import alive, comm_of, process_of, processes_named, resident_members, start_time
@@ -727,7 +727,7 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True, pre
     as they are attached (serve --pid attaches at once: its verifier errors come then, still one
     line). Returns a bpf_runtime.Program; its `sched` (SchedCounters) says whether the scheduler
     counters are recorded."""
-    pages = opts.ringbuf_pages
+    pages = arch.ring_pages(opts.ringbuf_pages)  # the option counts 4 KiB units, the kernel its own pages
     # Integers only: nothing the user typed becomes C source.
     cflags = [
         f"-I{BPF_SOURCE.parent}",
@@ -739,6 +739,7 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True, pre
         f"-DBATCH_OUTPUT_OFF={BATCH_OUTPUT_OFF}",
         f"-DTOKEN_SIZE_STDCXX={TOKEN_SIZE['libstdc++']}",
         f"-DTOKEN_SIZE_LIBCXX={TOKEN_SIZE['libc++']}",
+        *arch.cflags(arch.running()),
     ]
     status = _Status(opts.status)
     try:
