@@ -24,6 +24,7 @@
  * every other process never reaches them.
  */
 #include <uapi/linux/ptrace.h>
+#include <uapi/linux/bpf_perf_event.h>
 #include "checkpoint.h"
 
 /* A fault's own accounting comes within microseconds; a longer gap is a sample that lost its pair. */
@@ -1297,7 +1298,7 @@ struct fault_args {
     u64 error_code;
 };
 
-int gpu_fault(struct fault_args *args)
+static __always_inline int dst_fault(u64 a)
 {
     u32 zero = 0;
     u64 *open = gpu_open.lookup(&zero);
@@ -1308,7 +1309,6 @@ int gpu_fault(struct fault_args *args)
     struct dst_set *ds = dst_ranges.lookup(&tgid);
     if (!ds)
         return 0;
-    u64 a = args->address;
     for (int i = 0; i < MAX_DST; i++) {
         struct dst_range *r = &ds->r[i];
         if (a >= r->lo && a < r->hi) {
@@ -1320,6 +1320,12 @@ int gpu_fault(struct fault_args *args)
     }
     return 0;
 }
+
+int gpu_fault(struct fault_args *args) { return dst_fault(args->address); }
+
+/* Where the exceptions tracepoints don't exist (arm64; probes/arch.py): the `page-faults` software
+ * perf event, a sample per fault on every CPU, the faulting address in ctx->addr. */
+int gpu_fault_perf(struct bpf_perf_event_data *ctx) { return dst_fault(ctx->addr); }
 
 /* ---- mmap / munmap / mremap of the target, attributed to the thread's phase ---- */
 
