@@ -8,6 +8,7 @@ import os
 import platform
 import re
 import shutil
+import sys
 import subprocess
 from pathlib import Path
 
@@ -237,3 +238,41 @@ def nm_address_host(path: str, mangled: str) -> int:
         _NM[path] = {m.group(2): int(m.group(1), 16)
                      for m in re.finditer(r"^([0-9a-f]+) [TtWwi] (\S+)$", run("nm", path), re.M)}
     return _NM[path][mangled]
+
+
+# --- capstone 6 renamed ARM64 to AARCH64 ------------------------------------------------------
+
+CAPSTONE_6 = "capstone==6.0.0a11"
+
+
+@pytest.fixture(scope="module")
+def capstone6() -> Path:
+    """A folder holding capstone 6 (PyPI's prerelease wheel), installed once into the cache."""
+    where = cache() / CAPSTONE_6.replace("==", "-")
+    if not (where / "capstone").is_dir():
+        partial = where.with_name(where.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--only-binary=:all:", "--target",
+                        str(partial), CAPSTONE_6], check=True, capture_output=True, timeout=600)
+        os.replace(partial, where)
+    return where
+
+
+FOUND = """
+import json, sys, capstone
+from ckptrace.probes.symbols import resolve_binary
+plan = resolve_binary(sys.argv[1])
+print(json.dumps([capstone.__version__, sorted((p.point, p.vaddr) for p in plan.points)]))
+"""
+
+
+@needs_cross
+@pytest.mark.parametrize("flags", [(), ("-fno-plt",), ("-static",)], ids=["plt", "no-plt", "static"])
+def test_capstone_6_finds_what_capstone_5_finds(tmp_path, capstone6, flags):
+    exe = cross_compile(tmp_path, "grow", GROW, *flags)
+    r = subprocess.run([sys.executable, "-c", FOUND, exe], capture_output=True, text=True, check=True,
+                       env={**os.environ, "PYTHONPATH": str(capstone6)})
+    version, points = json.loads(r.stdout)
+    assert version.startswith("6.")
+    mine = sorted([p.point, p.vaddr] for p in resolve_binary(exe).points)
+    assert points == mine and sum(p == "fill_call" for p, _ in points) == 2
