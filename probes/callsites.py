@@ -209,14 +209,14 @@ def _x86_stub_slot(elf, target: int, scan: int) -> int | None:
 def _aarch64():
     """(Cs, operand types IMM, REG, MEM): capstone 6 renamed ARM64 to AARCH64 (CS_ARCH_AARCH64,
     capstone.aarch64, AARCH64_OP_*) and renumbered the operand types; capstone 5 has the old names."""
+    import importlib
+
     import capstone
 
-    if hasattr(capstone, "CS_ARCH_AARCH64"):
-        from capstone import aarch64 as ops
-        arch, prefix = capstone.CS_ARCH_AARCH64, "AARCH64_OP_"
-    else:
-        from capstone import arm64 as ops  # pyright: ignore[reportAttributeAccessIssue] (capstone 5)
-        arch, prefix = capstone.CS_ARCH_ARM64, "ARM64_OP_"  # pyright: ignore[reportAttributeAccessIssue]
+    new = hasattr(capstone, "CS_ARCH_AARCH64")  # by name: only one of the two exists in each version
+    ops = importlib.import_module("capstone.aarch64" if new else "capstone.arm64")
+    arch = getattr(capstone, "CS_ARCH_AARCH64" if new else "CS_ARCH_ARM64")
+    prefix = "AARCH64_OP_" if new else "ARM64_OP_"
     md = capstone.Cs(arch, capstone.CS_MODE_ARM)  # little-endian
     md.detail = True
     md.skipdata = True  # a literal pool's word is skipped (4 bytes), not the end of the function

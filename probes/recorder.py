@@ -474,6 +474,8 @@ def _trace_meta(opts: RecordOptions, targets: Targets, command: list[str] | None
         # several processes: one profile when they all matched the same (each one's is in `processes`)
         profile=plans[0].profile if len({pl.profile.name for pl in plans}) == 1 else None,
         kernel=platform.release(),
+        arch=platform.machine(),
+        page_size=arch.page_size(),
         host=socket.gethostname(),
         host_memory_bytes=host_memory_bytes(),
         start_time=dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds"),
