@@ -164,6 +164,10 @@ class TraceMeta:
     probes: list[ProbeInfo] = field(default_factory=list)
     missing_optional: list[str] = field(default_factory=list)  # optional probe points not found
     kernel: str | None = None  # uname -r
+    arch: str | None = None  # uname -m (x86_64, aarch64): the architecture recorded on
+    # The kernel's page size in bytes: each fault counted is one page of it (4 KiB on x86-64; 4, 16
+    # or 64 KiB on arm64, so fault counts compare only between equal pages). None: not recorded.
+    page_size: int | None = field(default=None, metadata={"min": 1})
     host: str | None = None
     # Physical memory, sysconf(_SC_PHYS_PAGES) x page size: what a pool's byte cap of a
     # fraction of host memory reads (llama.cpp PR #201). None: not recorded.

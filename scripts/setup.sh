@@ -16,7 +16,8 @@ APT_PACKAGES=(python3-bpfcc libbpfcc bpfcc-tools linux-headers-amd64 bpftool bpf
 # Headless Chromium for the dashboard tests; ccache lets the pool-on llama-server build reuse pool-off
 # objects; a real Prometheus scrapes `ckptrace serve` in its tests (run by the test, not as a service);
 # clang and libc++ for the libc++ builds (the sample workload's and build.sh --libcxx's llama-server).
-APT_TEST_PACKAGES=(chromium fonts-liberation ccache prometheus clang libc++-dev libc++abi-dev)
+# g++-aarch64-linux-gnu: small aarch64 programs whose call sites tests/test_symbols_aarch64.py checks.
+APT_TEST_PACKAGES=(chromium fonts-liberation ccache prometheus clang libc++-dev libc++abi-dev g++-aarch64-linux-gnu)
 
 step() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }

@@ -24,7 +24,7 @@ def full_meta() -> TraceMeta:
         label="pool-off", tool_version="0.1.0", mode="launch", command=["w", "--pool", "off"], pid=7,
         exit_code=3, executable="/bin/w", objects=[ObjectInfo("/bin/w", "ab" * 20)],
         probes=[ProbeInfo("update_tgt", "f()", "/bin/w", 4096, 4096, "ab" * 20)],
-        missing_optional=["update_dft"], kernel="6.18", host="h", host_memory_bytes=1 << 34, clock="CLOCK_MONOTONIC",
+        missing_optional=["update_dft"], kernel="6.18", arch="aarch64", page_size=65536, host="h", host_memory_bytes=1 << 34, clock="CLOCK_MONOTONIC",
         start_time="2026-11-29T00:00:00.000+00:00", attach_ns=10, stop_ns=30, first_event_ns=20,
         stop_reason="duration", lost_events=1, partial_spans=2, abandoned_spans=3,
         open_at_stop=OpenSpans(4, 5), attach_retries=6, fault_sample_every=8, fault_slices_timed=9,
