@@ -55,9 +55,13 @@ def test_every_checkpoint_reads_as_the_workload_made_it(recordings, variant):
     shown = m.to_string()
     assert (m["buffer"] == m["truth_buffer"]).all(), shown
     assert set(m["buffer"]) == EXPECTED[variant], shown
-    # Exact counts: the recorder reads the thread's fault counter at the copy's entry and return,
-    # the workload getrusage(RUSAGE_THREAD) right around the same call.
-    assert (m["copy_faults"] == m["truth_copy_faults"]).all(), shown
+    # Exact counts: the recorder reads the thread's fault counter at the copy's entry and at its
+    # return instruction, the workload getrusage(RUSAGE_THREAD) right around the same call. One
+    # fault apart, once per process: the first probed instruction the kernel steps out of line
+    # (here the copy's `ret`) faults in its `[uprobes]` page just after the probe read the counter
+    # (docs/kernel-facts.md); the workload counts it, the copy did not take it.
+    stray = m["truth_copy_faults"] - m["copy_faults"]
+    assert stray.isin([0, 1]).all() and stray.iloc[1:].eq(0).all(), shown
     assert (m["bytes"] == m["truth_bytes"]).all(), shown
     # A pool hit is a reused, resident buffer and nothing else.
     assert (m["pool_hit"] == (m["truth_buffer"] == "reused")).all(), shown
