@@ -85,6 +85,14 @@ def test_demo_llama_server_records_checks_compares_and_writes_the_report(tmp_pat
     assert all(r["completed"] == r["requests"] == 12 for r in out["requests"]), out["requests"]
     ttft = {m["metric"]: m for m in out["comparison"]["metrics"]}["ttft_p90_ms"]
     assert ttft["ci_low_pct"] is not None and ttft["ci_high_pct"] is not None, ttft
+    # 12 requests a leg are too few for a p90 (50 needed): the headline states the change and how
+    # much of it the traced checkpoint path explains, and no verdict
+    h = out["comparison"]["headline"]
+    t = h["ttft_p90"]
+    assert t["verdict"] == "too few samples" and t["min_requests"] == 50, t
+    assert t["explained_ms"] is not None and t["outside_ms"] is not None, t
+    assert abs(t["explained_ms"] + t["outside_ms"] - t["change_ms"]) < 0.01, t
+    assert "the checkpoint path explains" in h["sentence"] and "(slower)" not in h["sentence"], h["sentence"]
     # The demo's own cross-check: every checkpoint the server logged was recorded, with its size.
     for check in out["checks"]:
         recorded = int(check.split("checkpoints ")[1].split(" ")[0])
