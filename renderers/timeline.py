@@ -70,7 +70,7 @@ def fault_counter_name(tid: int) -> str:
 CHECKPOINT_ARGS = ["ckpt", "iter", "bytes", "total_ns", "fill_ns", "copy_ns", "other_ns", "cpu_ns", "wait_ns",
                    "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns", "copy_wait_ns", "fault_ns", "fill_fault_ns",
                    "copy_fault_ns", "fault_source", "faults", "fill_faults", "copy_faults", "mmaps", "munmaps",
-                   "pool_hit", "draft", "spec"]
+                   "buffer", "fresh_bytes", "pool_hit", "draft", "spec"]
 REQUEST_ARGS = ["request", "client", "status", "ttft_ns", "stall_ns", "ckpt_ns", "ckpt_fill_ns", "ckpt_copy_ns",
                 "ckpt_other_ns", "ckpt_create_ns", "ckpt_fault_ns", "ckpt_cpu_ns", "ckpt_wait_ns", "restore_ns",
                 "restore_copy_ns", "rest_ns", "est_ttft_without_fill_ns", "checkpoints", "cut_spans", "prompt_tokens",
