@@ -15,8 +15,11 @@ APT_PACKAGES=(python3-bpfcc libbpfcc bpfcc-tools linux-headers-amd64 bpftool bpf
               python3-pip g++ make cmake libc6-dev util-linux)
 # Headless Chromium for the dashboard tests; ccache lets the pool-on llama-server build reuse pool-off
 # objects; a real Prometheus scrapes `ckptrace serve` in its tests (run by the test, not as a service);
-# clang and libc++ for the libc++ builds (the sample workload's and build.sh --libcxx's llama-server).
-APT_TEST_PACKAGES=(chromium fonts-liberation ccache prometheus clang libc++-dev libc++abi-dev)
+# clang and libc++ for the libc++ builds (the sample workload's and build.sh --libcxx's llama-server);
+# qemu-system-arm and debootstrap build and boot the Debian arm64 VM of tests/test_aarch64_vm.py (its
+# qemu-aarch64-static comes unpacked, not installed: tests/aarch64_vm.py says why).
+APT_TEST_PACKAGES=(chromium fonts-liberation ccache prometheus clang libc++-dev libc++abi-dev
+                   qemu-system-arm debootstrap)
 
 step() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
