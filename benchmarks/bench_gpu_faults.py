@@ -20,7 +20,7 @@ import statistics
 import time
 from pathlib import Path
 
-from ckptrace.probes import cuda, recorder
+from ckptrace.probes import arch, cuda, recorder
 
 _libc = ctypes.CDLL(None)
 _libc.memset.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
@@ -69,7 +69,9 @@ def main() -> None:
                 if attached and not on:
                     recorder.attach_gpu_faults(bpf)
                 if not attached and on:
-                    for tp in cuda.FAULT_TRACEPOINTS:
+                    if recorder.gpu_fault_source() == "perf":  # arm64: the page-faults perf event
+                        bpf.detach_perf_event(arch.PERF_TYPE_SOFTWARE, arch.PERF_COUNT_SW_PAGE_FAULTS)
+                    for tp in cuda.FAULT_TRACEPOINTS if recorder.gpu_fault_source() == "tracepoints" else ():
                         bpf.detach_tracepoint(tp.encode())
                 on = attached
                 bpf[b"gpu_open"][ctypes.c_int(0)] = ctypes.c_uint64(1 if c.endswith("elsewhere") else 0)

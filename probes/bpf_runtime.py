@@ -22,7 +22,7 @@ import re
 
 from ckptrace.errors import EbpfUnavailable
 
-KPROBE, TRACEPOINT, RAW_TRACEPOINT = 2, 5, 17  # enum bpf_prog_type
+KPROBE, TRACEPOINT, PERF_EVENT, RAW_TRACEPOINT = 2, 5, 7, 17  # enum bpf_prog_type
 MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_RINGBUF = 1, 2, 6, 27  # enum bpf_map_type
 MAP_TYPES = {MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_RINGBUF}  # what the cache may hold (see bpf_compile)
 PROBE_ENTRY, PROBE_RETURN = 0, 1  # bcc's enum bpf_probe_attach_type
@@ -64,6 +64,8 @@ def library() -> ct.CDLL:
         "bpf_detach_tracepoint": (ct.c_int, [ct.c_char_p, ct.c_char_p]),
         "bpf_attach_raw_tracepoint": (ct.c_int, [ct.c_int, ct.c_char_p]),
         "bpf_close_perf_event_fd": (ct.c_int, [ct.c_int]),
+        "bpf_attach_perf_event": (ct.c_int, [ct.c_int, ct.c_uint32, ct.c_uint32, ct.c_uint64, ct.c_uint64, ct.c_int,
+                                             ct.c_int, ct.c_int]),
         "bpf_new_ringbuf": (ct.c_void_p, [ct.c_int, _RINGBUF_CB, ct.c_void_p]),
         "bpf_add_ringbuf": (ct.c_int, [ct.c_void_p, ct.c_int, _RINGBUF_CB, ct.c_void_p]),
         "bpf_consume_ringbuf": (ct.c_int, [ct.c_void_p]),
@@ -192,6 +194,7 @@ class Program:
         self.uprobes: dict[tuple, list[int]] = {}  # (ret, path, offset, pid) -> perf event fds
         self.tracepoints: dict[bytes, int] = {}
         self.raw_tracepoints: dict[bytes, int] = {}
+        self.perf_events: dict[tuple[int, int], list[int]] = {}  # (type, config) -> one fd per CPU
         self._ring = None
         self._callbacks = []  # the ctypes callbacks the ring buffer calls: kept alive here
         lib = library()
@@ -333,6 +336,26 @@ class Program:
     def detach_raw_tracepoint(self, tp: bytes) -> None:
         os.close(self.raw_tracepoints.pop(tp))
 
+    def attach_perf_event(self, ev_type: int, ev_config: int, fn_name: bytes, sample_period: int = 1) -> None:
+        """Run fn_name on every `sample_period`-th event (type, config) of any process, on every
+        online CPU (as bcc's attach_perf_event with cpu=-1)."""
+        if (ev_type, ev_config) in self.perf_events:
+            raise Exception(f"perf event {ev_type}:{ev_config} has been attached")
+        fd = self.load_func(fn_name, PERF_EVENT)
+        lib, fds = library(), []
+        for cpu in online_cpus():
+            pfd = lib.bpf_attach_perf_event(fd, ev_type, ev_config, sample_period, 0, -1, cpu, -1)
+            if pfd < 0:
+                err = ct.get_errno()
+                _close_all(fds)
+                raise Exception(f"Failed to attach BPF program {fn_name.decode()} to perf event "
+                                f"{ev_type}:{ev_config} on CPU {cpu}: {os.strerror(err)}")
+            fds.append(pfd)
+        self.perf_events[(ev_type, ev_config)] = fds
+
+    def detach_perf_event(self, ev_type: int, ev_config: int) -> None:
+        _close_all(self.perf_events.pop((ev_type, ev_config)))
+
     def _add_ring(self, map_fd: int, callback) -> None:
         cb = _RINGBUF_CB(lambda ctx, data, size: callback(ctx, data, size))
         self._callbacks.append(cb)
@@ -359,6 +382,8 @@ class Program:
             lib.bpf_detach_tracepoint(*tp.split(b":"))
         for tp in list(self.raw_tracepoints):
             self.detach_raw_tracepoint(tp)
+        for ev in list(self.perf_events):
+            self.detach_perf_event(*ev)
         if self._ring is not None:
             lib.bpf_free_ringbuf(self._ring)
             self._ring = None
@@ -371,6 +396,17 @@ class Program:
 
 
 THREADS = 32  # at most, while attaching tracepoints or closing probes; gone when done
+
+
+def online_cpus(path: str = "/sys/devices/system/cpu/online") -> list[int]:
+    """The online CPUs, from the kernel's list ("0-3,5")."""
+    with open(path) as f:
+        text = f.read().strip()
+    cpus: list[int] = []
+    for part in filter(None, text.split(",")):
+        lo, _, hi = part.partition("-")
+        cpus += range(int(lo), int(hi or lo) + 1)
+    return cpus
 
 
 def _close_all(fds: list[int]) -> None:

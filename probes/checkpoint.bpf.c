@@ -8,7 +8,9 @@
  *                   many bytes since its last row (0: the rss_stat program is detached)
  *   MIN_FLT_OFF     byte offset of task_struct.min_flt in the RUNNING kernel (from its BTF; the
  *   MAJ_FLT_OFF     installed headers are for another kernel version, so never take it from them)
- *   RINGBUF_PAGES   ring buffer size in pages (power of two)
+ *   RINGBUF_PAGES   ring buffer size in kernel pages (power of two)
+ *   BATCH_BY_REFERENCE  1: llama_decode's llama_batch arrives by its address in the second
+ *                   argument register (AAPCS64), 0: in memory at sp + 8 (x86-64); probes/arch.py
  *   SCHED_COUNTERS  1: read the scheduler counters below (0 on a kernel without them)
  *   MAX_THREADS     entries of the per-thread map; a thread's entry goes when it exits
  *   SUM_EXEC_RUNTIME_OFF, EXEC_START_OFF, RUN_DELAY_OFF, NVCSW_OFF, NIVCSW_OFF   task_struct offsets
@@ -22,6 +24,7 @@
  * every other process never reaches them.
  */
 #include <uapi/linux/ptrace.h>
+#include <uapi/linux/bpf_perf_event.h>
 #include "checkpoint.h"
 
 /* A fault's own accounting comes within microseconds; a longer gap is a sample that lost its pair. */
@@ -717,8 +720,9 @@ int iter_return(struct pt_regs *ctx)
 }
 
 /* ---- batches: llama_decode(ctx, llama_batch batch) ----
- * llama_batch is 56 bytes, so the SysV ABI passes it in memory: at the first instruction it sits
- * just above the return address, at sp + 8. */
+ * llama_batch is 56 bytes. The x86-64 SysV ABI passes it in memory: at the first instruction it
+ * sits just above the return address, at sp + 8. AAPCS64 (BATCH_BY_REFERENCE, probes/arch.py)
+ * passes a struct over 16 bytes by reference: the address of the caller's copy is in x1. */
 struct batch_head {
     s32 n_tokens;
     s32 pad;
@@ -734,7 +738,11 @@ int decode_enter(struct pt_regs *ctx)
     if (!s)
         return 0;
     struct batch_head b = {};
+#if BATCH_BY_REFERENCE
+    bpf_probe_read_user(&b, sizeof(b), (void *)PT_REGS_PARM2(ctx));
+#else
     bpf_probe_read_user(&b, sizeof(b), (void *)(PT_REGS_SP(ctx) + 8));
+#endif
     u32 n = b.n_tokens > 0 ? (u32)b.n_tokens : 0;
     u32 prompt = 0;
     if (!b.logits) {
@@ -1290,7 +1298,7 @@ struct fault_args {
     u64 error_code;
 };
 
-int gpu_fault(struct fault_args *args)
+static __always_inline int dst_fault(u64 a)
 {
     u32 zero = 0;
     u64 *open = gpu_open.lookup(&zero);
@@ -1301,7 +1309,6 @@ int gpu_fault(struct fault_args *args)
     struct dst_set *ds = dst_ranges.lookup(&tgid);
     if (!ds)
         return 0;
-    u64 a = args->address;
     for (int i = 0; i < MAX_DST; i++) {
         struct dst_range *r = &ds->r[i];
         if (a >= r->lo && a < r->hi) {
@@ -1313,6 +1320,12 @@ int gpu_fault(struct fault_args *args)
     }
     return 0;
 }
+
+int gpu_fault(struct fault_args *args) { return dst_fault(args->address); }
+
+/* Where the exceptions tracepoints don't exist (arm64; probes/arch.py): the `page-faults` software
+ * perf event, a sample per fault on every CPU, the faulting address in ctx->addr. */
+int gpu_fault_perf(struct bpf_perf_event_data *ctx) { return dst_fault(ctx->addr); }
 
 /* ---- mmap / munmap / mremap of the target, attributed to the thread's phase ---- */
 

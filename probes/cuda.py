@@ -33,6 +33,8 @@ POINTS: dict[str, str] = {
 }
 # Where a fault on a copy's destination is seen, whichever thread takes it: checkpoint.bpf.c gpu_fault.
 FAULT_TRACEPOINTS = ("exceptions:page_fault_user", "exceptions:page_fault_kernel")
+# ... or, where those x86 tracepoints don't exist (arm64), the software perf event (gpu_fault_perf)
+FAULT_PERF_EVENT = "perf:page-faults"
 
 
 def is_library(path: str) -> bool:

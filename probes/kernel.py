@@ -40,6 +40,7 @@ TRACEPOINTS = (
 )
 # Attached as raw tracepoints (RAW_TRACEPOINT_PROBE): no argument copy on the per-fault path.
 RAW_TRACEPOINTS = ("page_fault_user", "rss_stat")
+FAULT_TRACEPOINT = ("exceptions", "page_fault_user")  # x86's only: --fault-sample's (probes/arch.py)
 
 _BPF_SYSCALL = {"x86_64": 321, "aarch64": 280}
 _BPF_MAP_CREATE = 0

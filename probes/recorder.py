@@ -29,7 +29,7 @@ from ckptrace.errors import CkptraceError, EbpfUnavailable, TargetError
 from ckptrace.heap import return_freed_memory
 from ckptrace.meta import (FaultTime, GpuInfo, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, ProcessMemory,
                            SchedCounters, TraceMeta)
-from ckptrace.probes import bpf_compile, bpf_runtime, cuda, fault_time, kernel
+from ckptrace.probes import arch, bpf_compile, bpf_runtime, cuda, fault_time, kernel
 from ckptrace.probes.process_memory import host_memory_bytes, read_process_memory
 from ckptrace.probes.fold import ProcessFold, RunningMedian
 from ckptrace.probes.target import alive, comm_of, process_of, processes_named, resident_members, start_time
@@ -79,7 +79,8 @@ GPU_PROGRAMS = {
     "unpin": ("gpu_unpin", None),
 }
 PROGRAMS.update({point: GPU_PROGRAMS[role] for point, role in cuda.POINTS.items()})
-GPU_FAULT_PROGRAM = "gpu_fault"  # on cuda.FAULT_TRACEPOINTS, while a CUDA target is traced
+GPU_FAULT_PROGRAM = "gpu_fault"  # on cuda.FAULT_TRACEPOINTS (x86), while a CUDA target is traced
+GPU_FAULT_PERF_PROGRAM = "gpu_fault_perf"  # on cuda.FAULT_PERF_EVENT where those don't exist (arm64)
 # spans other probed calls nest in: attached last (see attach_probes)
 OUTER_POINTS = ("update_tgt", "update_dft", "update_slots", "create_checkpoint", "load_tgt", "load_dft",
                 "prompt_save", "slot_save", "slot_restore")
@@ -153,6 +154,9 @@ class RecordOptions:
     label: str = ""
     duration_s: float | None = None
     fault_sample: int = 0  # the legacy per-fault interval, off: fault_ns needs no per-fault program
+    # where a CUDA copy's destination faults are seen: "tracepoints" (x86's exceptions:page_fault_*),
+    # "perf" (the page-faults software event, any architecture); "" = the running architecture's
+    gpu_fault_source: str = ""
     ringbuf_pages: int = 512
     max_threads: int = MAX_THREADS  # entries of the kernel's per-thread map (threads alive at once)
     status: bool = True  # live status line (only drawn on a terminal)
@@ -245,7 +249,7 @@ def record(opts: RecordOptions, pid: int | list | None = None, command: list[str
                 continue
             attached, attach_retries = attached + n, attach_retries + r
         if any(t.plan.gpu_points for t in targets):
-            attach_gpu_faults(bpf)
+            attach_gpu_faults(bpf, opts.gpu_fault_source)
     except BaseException:
         if child:
             child.abandon()
@@ -335,8 +339,13 @@ def _preflight(opts: RecordOptions) -> None:
         raise TargetError(f"--ringbuf-pages must be a power of two, got {opts.ringbuf_pages}")
     if not 1 <= opts.max_threads <= 1 << 20:
         raise TargetError(f"--max-threads must be from 1 to {1 << 20}, got {opts.max_threads}")
+    gpu_fault_source(opts.gpu_fault_source)
     check_output(opts.output, what="trace")  # a refused -o is said now, not after the recording
     machine_checks()
+    if opts.fault_sample and not kernel.tracepoint_exists("exceptions", "page_fault_user"):
+        raise TargetError(f"--fault-sample needs the exceptions:page_fault_user tracepoint, which this kernel "
+                          f"({platform.machine()}) does not have: leave it off (the fault time analyze reports, "
+                          "fault_ns, needs no per-fault program)")
 
 
 def machine_checks() -> None:
@@ -475,18 +484,18 @@ def _trace_meta(opts: RecordOptions, targets: Targets, command: list[str] | None
         complete=False,  # what the stream says until the finished trace replaces it
         cut_short=CUT_SHORT,
         max_threads=opts.max_threads,
-        gpu=_gpu_info(plans, attached=command is None),
+        gpu=_gpu_info(plans, attached=command is None, source=opts.gpu_fault_source),
     )
 
 
-def _gpu_info(plans, attached: bool) -> GpuInfo | None:
+def _gpu_info(plans, attached: bool, source: str = "") -> GpuInfo | None:
     """The CUDA copy path as it will be recorded; None for a recording of no CUDA target."""
     points = [p for pl in plans for p in pl.gpu_points]
     if not points:
         return None
     return GpuInfo(libraries=list(dict.fromkeys(p.object for p in points)),
                    points=list(dict.fromkeys(p.point for p in points)),
-                   fault_tracepoints=list(cuda.FAULT_TRACEPOINTS), pinned_known_from_start=not attached)
+                   fault_tracepoints=gpu_fault_events(source), pinned_known_from_start=not attached)
 
 
 def _note_stop(meta: TraceMeta, session: _Session, stop_reason: str) -> None:
@@ -727,7 +736,7 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True, pre
     as they are attached (serve --pid attaches at once: its verifier errors come then, still one
     line). Returns a bpf_runtime.Program; its `sched` (SchedCounters) says whether the scheduler
     counters are recorded."""
-    pages = opts.ringbuf_pages
+    pages = arch.ring_pages(opts.ringbuf_pages)  # the option counts 4 KiB units, the kernel its own pages
     # Integers only: nothing the user typed becomes C source.
     cflags = [
         f"-I{BPF_SOURCE.parent}",
@@ -739,6 +748,7 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True, pre
         f"-DBATCH_OUTPUT_OFF={BATCH_OUTPUT_OFF}",
         f"-DTOKEN_SIZE_STDCXX={TOKEN_SIZE['libstdc++']}",
         f"-DTOKEN_SIZE_LIBCXX={TOKEN_SIZE['libc++']}",
+        *arch.cflags(arch.running()),
     ]
     status = _Status(opts.status)
     try:
@@ -756,8 +766,9 @@ def load_program(targets: Targets, opts: RecordOptions, attach: bool = True, pre
         for fn in dict.fromkeys(fn for point in points for fn in PROGRAMS[point] if fn):
             _quietly(f"the kernel rejected the BPF program {fn}", bpf.load_func, fn.encode(), bpf_runtime.KPROBE)
         if any(t.plan.gpu_points for t in targets):  # attached only for a CUDA target (attach_gpu_faults)
-            _quietly(f"the kernel rejected the BPF program {GPU_FAULT_PROGRAM}", bpf.load_func,
-                     GPU_FAULT_PROGRAM.encode(), bpf_runtime.TRACEPOINT)
+            fn, kind = ((GPU_FAULT_PERF_PROGRAM, bpf_runtime.PERF_EVENT) if gpu_fault_source(opts.gpu_fault_source) == "perf"
+                        else (GPU_FAULT_PROGRAM, bpf_runtime.TRACEPOINT))
+            _quietly(f"the kernel rejected the BPF program {fn}", bpf.load_func, fn.encode(), kind)
         seeds = bpf[b"rss_seed"]
         for t in targets:
             trace_process(bpf, t.pid, t.plan)
@@ -854,9 +865,30 @@ def attach_probes(bpf, plan, target: int, start: int | None = None, gpu: bool = 
     return n, retries
 
 
-def attach_gpu_faults(bpf) -> None:
-    """The page fault programs that count faults on CUDA copies' destinations (every process's
-    faults reach them: attached only while a CUDA target is traced)."""
+def gpu_fault_source(source: str = "") -> str:
+    """"tracepoints" where the kernel has x86's exceptions:page_fault_user/kernel, else "perf"
+    (probes/arch.py); `source` chosen by the caller wins."""
+    if source in ("tracepoints", "perf"):
+        return source
+    if source:
+        raise ValueError(f"gpu_fault_source must be 'tracepoints' or 'perf', not {source!r}")
+    return "tracepoints" if arch.running().fault_tracepoints else "perf"
+
+
+def gpu_fault_events(source: str = "") -> list[str]:
+    """The events the fault program is attached to, as the trace's metadata names them."""
+    return list(cuda.FAULT_TRACEPOINTS) if gpu_fault_source(source) == "tracepoints" else [cuda.FAULT_PERF_EVENT]
+
+
+def attach_gpu_faults(bpf, source: str = "") -> None:
+    """The page fault program that counts faults on CUDA copies' destinations (every process's
+    faults reach it: attached only while a CUDA target is traced), on x86's exception tracepoints
+    or, where they don't exist, the page-faults software perf event (its address kept)."""
+    if gpu_fault_source(source) == "perf":
+        _quietly(f"could not attach the BPF program {GPU_FAULT_PERF_PROGRAM} to {cuda.FAULT_PERF_EVENT}",
+                 bpf.attach_perf_event, arch.PERF_TYPE_SOFTWARE, arch.PERF_COUNT_SW_PAGE_FAULTS,
+                 GPU_FAULT_PERF_PROGRAM.encode())
+        return
     for tp in cuda.FAULT_TRACEPOINTS:
         _quietly(f"could not attach the BPF program {GPU_FAULT_PROGRAM} to {tp}", bpf.attach_tracepoint,
                  tp=tp.encode(), fn_name=GPU_FAULT_PROGRAM.encode())

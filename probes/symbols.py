@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import difflib
+import glob
 import os
 import platform
 import re
@@ -182,7 +183,6 @@ _BINDINGS = {0: "LOCAL", 1: "GLOBAL", 2: "WEAK", 10: "GNU_UNIQUE"}
 # GCC clone suffixes that are not a function entry: .cold is the outlined unlikely path and
 # .part.N the outlined body, both only reached from the real entry (which we probe).
 _NOT_ENTRY_CLONES = ("cold", "part")
-_DEFAULT_DIRS = ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu", "/lib", "/usr/lib")
 # Every file a target maps is read, and any user's process maps what it likes: a file that can't be
 # read within elfsafe's bounds is noted and left out, the rest searched (docs/security.md).
 RESOLVE_S = 30.0  # all of one target's objects (the sample's 5 take 0.1 s); each one: elfsafe.TIME_S
@@ -295,15 +295,23 @@ class _Notes:
 
     def __init__(self, say, deadline: float):
         self.say, self.items, self.deadline = say, [], deadline
+        self.lines = self.unsaid = 0
 
-    def add(self, path: str, why) -> None:
-        self.items.append(f"{path}: {why}")
-        if self.say is not None and len(self.items) <= MAX_NOTES:
-            self.say(f"{printable(path)} not searched: {printable(str(why))}")
+    def add(self, path: str, why, what: str = "not searched") -> None:
+        self.add_all([path], why, what)
+
+    def add_all(self, paths: list[str], why, what: str = "not searched") -> None:
+        """Objects left out for one reason: each kept, said in one line."""
+        self.items += [f"{p}: {why}" for p in paths]
+        self.lines += 1
+        if self.lines > MAX_NOTES:
+            self.unsaid += len(paths)
+        elif self.say is not None:
+            self.say(f"{printable(', '.join(paths))} {what}: {printable(str(why))}")
 
     def close(self) -> None:
-        if self.say is not None and len(self.items) > MAX_NOTES:
-            self.say(f"{len(self.items) - MAX_NOTES} more objects not searched (unreadable)")
+        if self.say is not None and self.unsaid:
+            self.say(f"{self.unsaid} more objects not searched (unreadable)")
 
     def late(self) -> bool:
         return time.monotonic() > self.deadline
@@ -594,7 +602,8 @@ def _call_points_in(elf: ELFFile, obj: _Object, owners: list[ProbePoint], callee
              if raw.split("@", 1)[0] in callees}
     begins, ends = [], []
     for pp in owners:
-        for site in callsites.calls_to(elf, pp.vaddr, obj.sizes.get(pp.vaddr, 0), funcs, callees):
+        for site in callsites.calls_to(elf, pp.vaddr, obj.sizes.get(pp.vaddr, 0), funcs, callees,
+                                       owner=qualified_name(pp.symbol)):
             for point, vaddr, out in ((names[0], site.call, begins), (names[1], site.after, ends)):
                 offset = _file_offset(elf, vaddr)
                 if offset is None:
@@ -622,7 +631,30 @@ def _elf_header_ok(path: str, klass: int, machine_code: bytes) -> bool:
             and head[18:20] == machine_code)
 
 
+# The program's architecture (its ELF header's e_machine, never the host's) -> Debian's multiarch
+# triplet (the folders its libraries live in) and ld.so's $PLATFORM.
+MULTIARCH = {
+    "EM_X86_64": ("x86_64-linux-gnu", "x86_64"),
+    "EM_AARCH64": ("aarch64-linux-gnu", "aarch64"),
+    "EM_386": ("i386-linux-gnu", "i686"),
+    "EM_ARM": ("arm-linux-gnueabihf", "v7l"),
+    "EM_RISCV": ("riscv64-linux-gnu", "riscv64"),
+    "EM_PPC64": ("powerpc64le-linux-gnu", "powerpc64le"),
+    "EM_S390": ("s390x-linux-gnu", "s390x"),
+}
+LD_SO_CONF = "/etc/ld.so.conf"
+
+
+def default_dirs(machine: str, klass: int) -> tuple[str, ...]:
+    """The folders ld.so searches last for a program of this machine (e_machine) and class:
+    the multiarch folders (Debian, Ubuntu), lib64 (Fedora, SUSE), then /lib and /usr/lib."""
+    triplet = MULTIARCH.get(machine, ("", ""))[0]
+    multi = (f"/lib/{triplet}", f"/usr/lib/{triplet}") if triplet else ()
+    return (*multi, *(("/lib64", "/usr/lib64") if klass == 64 else ()), "/lib", "/usr/lib")
+
+
 _ld_cache: dict[str, list[str]] | None = None
+_ld_conf: list[str] | None = None
 
 
 def _ld_so_cache() -> dict[str, list[str]]:
@@ -645,10 +677,44 @@ def _ld_so_cache() -> dict[str, list[str]]:
     return _ld_cache
 
 
-def _expand(entry: str, origin: str) -> str:
-    lib = "lib/x86_64-linux-gnu" if platform.machine() == "x86_64" else "lib"
+def ld_so_conf(path: str = LD_SO_CONF, depth: int = 0) -> list[str]:
+    """The folders /etc/ld.so.conf names (its `include` globs followed, relative to its folder),
+    in order: what the cache was built from, read again for a cache that is stale or was built
+    on another machine. At most 8 includes deep; an unreadable file names none."""
+    out: list[str] = []
+    try:
+        with open(path, errors="replace") as f:
+            lines = f.read(1 << 20).splitlines()
+    except OSError:
+        return out
+    for line in lines:
+        line = line.split("#", 1)[0].strip()
+        if not line or line.startswith("hwcap "):
+            continue
+        if line.startswith("include") and line[7:8].isspace():
+            if depth >= 8:
+                continue
+            for pattern in line[8:].split():
+                pattern = os.path.join(os.path.dirname(path), pattern)
+                for inc in sorted(glob.glob(pattern))[:256]:
+                    out += ld_so_conf(inc, depth + 1)
+        elif line.startswith("/"):
+            out += [d for d in line.replace(",", " ").split() if d.startswith("/")]
+    return list(dict.fromkeys(out))
+
+
+def _ld_conf_dirs() -> list[str]:
+    global _ld_conf
+    if _ld_conf is None:
+        _ld_conf = ld_so_conf()
+    return _ld_conf
+
+
+def _expand(entry: str, origin: str, machine: str = "EM_X86_64") -> str:
+    triplet, plat = MULTIARCH.get(machine, ("", platform.machine()))
+    lib = f"lib/{triplet}" if triplet else "lib"
     for k, v in (("${ORIGIN}", origin), ("$ORIGIN", origin), ("${LIB}", lib), ("$LIB", lib),
-                 ("${PLATFORM}", platform.machine()), ("$PLATFORM", platform.machine())):
+                 ("${PLATFORM}", plat), ("$PLATFORM", plat)):
         entry = entry.replace(k, v)
     return entry
 
@@ -661,15 +727,19 @@ def _origin(obj: _Object, is_exe: bool) -> str:
 
 def _find_library(name: str, loader: _Object, exe: _Object, loader_is_exe: bool,
                   machine_code: bytes) -> str | None:
+    """The library ld.so would load for `name`, searched in its order for the program's
+    architecture: RPATH (unless RUNPATH), LD_LIBRARY_PATH, RUNPATH, ld.so.cache, ld.so.conf's
+    folders, the default folders; a file of another class or machine is passed over."""
     if "/" in name:
         return name if os.path.exists(name) else None
+    m = exe.machine
     dirs: list[str] = []
     if not loader.runpath:  # DT_RPATH is ignored when the object has DT_RUNPATH
-        dirs += [_expand(d, _origin(loader, loader_is_exe)) for d in loader.rpath]
+        dirs += [_expand(d, _origin(loader, loader_is_exe), m) for d in loader.rpath]
         if loader is not exe and not exe.runpath:
-            dirs += [_expand(d, _origin(exe, True)) for d in exe.rpath]
+            dirs += [_expand(d, _origin(exe, True), m) for d in exe.rpath]
     dirs += [d for d in os.environ.get("LD_LIBRARY_PATH", "").replace(";", ":").split(":") if d]
-    dirs += [_expand(d, _origin(loader, loader_is_exe)) for d in loader.runpath]
+    dirs += [_expand(d, _origin(loader, loader_is_exe), m) for d in loader.runpath]
     for d in dirs:
         p = os.path.join(d, name)
         if _elf_header_ok(p, exe.klass, machine_code):
@@ -677,11 +747,24 @@ def _find_library(name: str, loader: _Object, exe: _Object, loader_is_exe: bool,
     for p in _ld_so_cache().get(name, []):
         if _elf_header_ok(p, exe.klass, machine_code):
             return p
-    for d in _DEFAULT_DIRS:
+    for d in (*_ld_conf_dirs(), *default_dirs(m, exe.klass)):
         p = os.path.join(d, name)
         if _elf_header_ok(p, exe.klass, machine_code):
             return p
     return None
+
+
+def _not_found(loader: str, exe: _Object, n: int) -> str:
+    """Why needed libraries are left out, and what that costs: a note, not the end."""
+    arch = MULTIARCH.get(exe.machine, ("", exe.machine.removeprefix("EM_").lower()))[1]
+    host = "" if arch == platform.machine() else f" (this machine is {platform.machine()})"
+    where = ", ".join(default_dirs(exe.machine, exe.klass))
+    it = "it" if n == 1 else "them"
+    return (f"not found (needed by {loader}): no {exe.klass}-bit {arch}{host} library of "
+            f"{'that name' if n == 1 else 'those names'} in the RPATH/RUNPATH, LD_LIBRARY_PATH, "
+            f"ld.so.cache, ld.so.conf or {where}; only probe points defined in {it} are missed, the "
+            f"other objects' are resolved without {it} (set LD_LIBRARY_PATH as the program runs "
+            "with, or start it and use --pid)")
 
 
 def _locate(path: str) -> str:
@@ -700,15 +783,16 @@ def _objects_of_binary(path: str, notes: _Notes) -> list[_Object]:
     code = exe.machine_code
     objects = [exe]
     seen = {os.path.realpath(path)}
+    missing: dict[str, list[str]] = {}  # loader -> the libraries it needs that were not found
     queue = deque([(exe, True)])
     while queue:  # breadth-first, the order ld.so loads them in
         loader, is_exe = queue.popleft()
         for name in loader.needed:
             lib = _find_library(name, loader, exe, is_exe, code)
             if lib is None:
-                raise TargetError(
-                    f"cannot find {printable(name)} (needed by {loader.path}): set LD_LIBRARY_PATH as the "
-                    "program runs with, or start it and use --pid")
+                if name not in (n for names in missing.values() for n in names):
+                    missing.setdefault(loader.path, []).append(name)
+                continue
             real = os.path.realpath(lib)
             if real in seen:
                 continue
@@ -723,6 +807,8 @@ def _objects_of_binary(path: str, notes: _Notes) -> list[_Object]:
                 continue
             objects.append(obj)
             queue.append((obj, False))
+    for loader_path, names in missing.items():
+        notes.add_all(names, _not_found(loader_path, exe, len(names)))
     return objects
 
 
@@ -737,6 +823,8 @@ def _contained(notes: _Notes, objects: list[_Object], read) -> list[ProbePoint]:
     for o in objects:
         try:
             out += read(o)
+        except callsites.TooManyCalls as e:  # its other points stand
+            notes.add(o.path, e, "call sites not probed")
         except (TargetError, NotPermitted) as e:  # BadObject, or gone since
             notes.add(o.path, e)
     return out
@@ -896,7 +984,7 @@ def _missing_message(profile: Profile, agrees: bool, missing: list[str], found: 
         more = f" and {len(stripped) - 3} more" if len(stripped) > 3 else ""
         msg += f"; stripped? no .symtab in {', '.join(stripped[:3])}{more}"
     if unread:
-        msg += f"; {unread} object{'s' if unread > 1 else ''} not searched (unreadable, noted above)"
+        msg += f"; {unread} object{'s' if unread > 1 else ''} not searched (noted above)"
     return msg
 
 

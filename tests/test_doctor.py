@@ -225,3 +225,19 @@ def test_setup_links_the_newest_debian_headers(tmp_path):
     assert third.returncode == 0, third.stderr
     assert os.readlink(kdir / "build") == str(src / "linux-headers-6.1.0-9-amd64")
     assert os.readlink(kdir / "source") == str(src / "linux-headers-6.1.0-9-common")
+
+
+@pytest.mark.ebpf
+def test_on_an_arm64_kernel_the_x86_fault_tracepoint_is_not_required(require_root_ebpf, monkeypatch):
+    # arm64 kernels have no exceptions:page_fault_user (x86's): doctor passes, says what that costs
+    # (--fault-sample), and its raw tracepoint check attaches the rest, on this real kernel.
+    from ckptrace.commands import doctor
+    from ckptrace.probes import arch
+
+    monkeypatch.setattr(arch, "running", lambda machine=None: arch.ARCHES["aarch64"])
+    real = kernel.tracepoint_exists
+    monkeypatch.setattr(kernel, "tracepoint_exists", lambda c, e: (c, e) != kernel.FAULT_TRACEPOINT and real(c, e))
+    checks = {c.check: c for c in doctor.run_checks()}
+    assert all(c.ok for c in checks.values()), [c for c in checks.values() if not c.ok]
+    assert "--fault-sample is unavailable" in checks["tracepoint exceptions:page_fault_user"].detail
+    assert checks["raw tracepoints"].detail == "attached rss_stat"

@@ -125,6 +125,29 @@ def test_every_copy_matches_the_stub(tmp_path, cuda_workload, worker):
 
 @pytest.mark.ebpf
 @pytest.mark.usefixtures("require_root_ebpf")
+def test_destination_faults_from_the_page_faults_perf_event(tmp_path, cuda_workload, monkeypatch):
+    # arm64 has no exceptions:page_fault_* tracepoints: there the destination's faults come from the
+    # `page-faults` software perf event, with the faulting address. The same program on this kernel,
+    # held to the same stub: every figure as from the tracepoints.
+    from ckptrace.probes.recorder import RecordOptions, record
+
+    stub, truth = tmp_path / "p.stub.jsonl", tmp_path / "p.truth.jsonl"
+    monkeypatch.setenv("CKPT_CUDA_STUB_TRUTH", str(stub))
+    monkeypatch.setenv("CKPT_CUDA_STUB_WORKER", "1")
+    res = record(RecordOptions(output=tmp_path / "p.parquet", status=False, gpu_fault_source="perf"),
+                 command=[str(cuda_workload), "--iterations", "6", "--cuda-dst", "cycle", "--cuda-tensors", "3",
+                          "--truth", str(truth)])
+    trace = read_trace(res.path)
+    assert trace.meta.gpu.fault_tracepoints == ["perf:page-faults"]
+    calls = pd.DataFrame([json.loads(line) for line in stub.read_text().splitlines()])
+    g = assert_copies_match_the_stub(trace, load_truth(truth), calls)
+    fresh = g["dst"] == "pageable_fresh"
+    assert fresh.any() and (g.loc[fresh, "dst_faults"] >= g.loc[fresh, "bytes"] // (2 << 20)).all()
+    assert (g.loc[fresh, "driver_faults"] == g.loc[fresh, "dst_faults"]).all()
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
 def test_driver_api_copies_and_noise_threads(tmp_path, cuda_workload):
     # Through the driver API alone (as a build with the runtime linked statically), with two noise
     # threads making the same copies outside any checkpoint: only the checkpoints' count, each on

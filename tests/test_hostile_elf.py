@@ -8,6 +8,7 @@ library, a data mapping) leave that one file out and search the rest.
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -342,3 +343,57 @@ def test_serve_comm_goes_on_serving_past_a_process_mapping_hostile_files(require
         while (ln := next_line()) and not ln.startswith("ckptrace: stopped"):
             rest.append(ln)
         assert not any("Traceback" in ln for ln in rest), rest
+
+
+# --- issue 39: call-site search bounded ---------------------------------------------------------
+
+UPDATE_TGT = "_ZN24common_prompt_checkpoint10update_tgtEP13llama_contextij"
+
+
+def many_calls(folder: Path, name: str, n: int, callee: str) -> Path:
+    """A program whose update_tgt (its growth inlined: its call sites are searched) is `n` calls."""
+    src = folder / f"{name}.s"
+    src.write_text(f"""    .text
+    .globl {UPDATE_TGT}
+    .type {UPDATE_TGT}, @function
+{UPDATE_TGT}:
+    .rept {n}
+    call {callee}
+    .endr
+    ret
+    .size {UPDATE_TGT}, .-{UPDATE_TGT}
+helper:
+    ret
+    .globl llama_state_seq_get_data_ext
+    .type llama_state_seq_get_data_ext, @function
+llama_state_seq_get_data_ext:
+    xor %eax, %eax
+    ret
+    .size llama_state_seq_get_data_ext, .-llama_state_seq_get_data_ext
+    .globl main
+    .type main, @function
+main:
+    xor %eax, %eax
+    ret
+    .size main, .-main
+    .section .note.GNU-stack,"",@progbits
+""")
+    subprocess.run(["gcc", str(src), "-o", str(folder / name)], check=True)
+    return folder / name
+
+
+@pytest.mark.parametrize("n, callee, why", [
+    (3_000_000, "helper", "common_prompt_checkpoint::update_tgt makes more than 65536 calls (at most 65536 are read)"),
+    (300, "memset@PLT", "common_prompt_checkpoint::update_tgt makes more than 256 calls to memset or __memset_chk "
+                        "(at most 256 are probed)"),
+])
+def test_a_function_of_millions_of_calls_is_one_line_in_bounded_memory(tmp_path, n, callee, why):
+    # A 15 MB update_tgt of 3M calls once took `symbols` (and serve --comm) to 3.9 GB; capstone
+    # decoded the whole function before the first call was looked at. Its other points stand.
+    exe = many_calls(tmp_path, "calls", n, callee)
+    r = bounded(tmp_path, "symbols", "--json", exe)
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.splitlines() == [f"ckptrace: note: {exe} call sites not probed: {why}"]
+    d = json.loads(r.stdout)
+    assert {p["point"] for p in d["points"]} == {"update_tgt", "state_copy"}  # no fill_call
+    assert d["not_searched"] == [f"{exe}: {why}"]

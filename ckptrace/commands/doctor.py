@@ -11,7 +11,7 @@ from typing import Callable
 import click
 
 from ckptrace.errors import CkptraceError, EbpfUnavailable, NotPermitted
-from ckptrace.probes import kernel
+from ckptrace.probes import arch, kernel
 
 
 @dataclass
@@ -84,9 +84,16 @@ def _compile() -> str:
     return "bcc compiled a trivial program and the kernel loaded it"
 
 
+def _x86_only(category: str, event: str) -> bool:
+    """exceptions:page_fault_user is x86's: elsewhere its absence costs only --fault-sample."""
+    return (category, event) == kernel.FAULT_TRACEPOINT and not arch.running().fault_tracepoints
+
+
 def _raw_tracepoints() -> str:
-    kernel.attach_raw_tracepoints()
-    return "attached " + ", ".join(kernel.RAW_TRACEPOINTS)
+    names = tuple(n for n in kernel.RAW_TRACEPOINTS
+                  if not (n == kernel.FAULT_TRACEPOINT[1] and _x86_only(*kernel.FAULT_TRACEPOINT)))
+    kernel.attach_raw_tracepoints(names)
+    return "attached " + ", ".join(names)
 
 
 def run_checks() -> list[Check]:
@@ -99,6 +106,10 @@ def run_checks() -> list[Check]:
     checks += [tracefs, _run("uprobes", _uprobes)]
     for category, event in kernel.TRACEPOINTS:
         name = f"tracepoint {category}:{event}"
+        if _x86_only(category, event) and not (tracefs.ok and kernel.tracepoint_exists(category, event)):
+            checks.append(Check(name, True, f"not on {platform.machine()} (x86 only): --fault-sample is "
+                                "unavailable; CUDA destination faults come from the page-faults perf event"))
+            continue
         checks.append(_run(name, _tracepoint(category, event)) if tracefs.ok
                       else _not_tried(name, tracefs))
     checks.append(_run("BTF", _btf))
