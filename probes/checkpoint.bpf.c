@@ -204,7 +204,10 @@ static __always_inline void sched_read(struct sched_now *n)
 #if SCHED_COUNTERS
     u64 task = bpf_get_current_task();
     u64 sum = 0, e2 = 0, now = 0, steal = 0;
-    /* A tick or a switch between the reads moves exec_start: read again (bounded). */
+    /* A tick or a switch between the reads moves exec_start: read again (bounded). Unrolled:
+     * Linux 6.1's verifier rejects a loop whose back-edge is a helper call's fall-through
+     * ("back-edge from insn N to N+1"; seen on Debian 12's arm64 kernel), later ones accept it. */
+#pragma unroll
     for (int i = 0; i < 3; i++) {
         u64 e1 = kread(task + EXEC_START_OFF);
         u64 rq = kread(kread(task + SE_CFS_RQ_OFF) + CFS_RQ_RQ_OFF);

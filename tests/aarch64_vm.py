@@ -35,10 +35,10 @@ from pathlib import Path
 SUITE = "bookworm"
 MIRROR = os.environ.get("CKPTRACE_DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # debootstrap's minimal base, then these in the chroot (no recommends): the kernel and its headers
-# (bcc compiles against them), bcc's Python bindings, the compiler the workload is built with.
+# (bcc compiles against them), bcc's Python bindings, bpftool (task_struct offsets from BTF), the compiler the workload is built with.
 BASE_INCLUDE = ["initramfs-tools", "kmod", "ca-certificates"]
 PACKAGES = ["linux-image-arm64", "linux-headers-arm64", "python3", "python3-bpfcc", "libbpfcc",
-            "g++", "make", "libc6-dev", "util-linux", "procps"]
+            "bpftool", "g++", "make", "libc6-dev", "util-linux", "procps"]
 # Modules the initramfs loads: the disk (virtio-blk on virtio-mmio/pci), its filesystem, the 9p shares.
 INITRAMFS_MODULES = ["virtio_mmio", "virtio_pci", "virtio_blk", "ext4", "9pnet_virtio", "9p"]
 PYTHON_TAG = "3.11"  # bookworm's python3

@@ -10,9 +10,12 @@ missing qemu, fails the run.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -74,13 +77,14 @@ class GuestRun:
 
 
 @pytest.fixture(scope="module")
-def guest(tmp_path_factory) -> GuestRun:
+def guest() -> Iterator[GuestRun]:
     if os.geteuid() != 0:
         pytest.skip("the arm64 VM test needs root (debootstrap, binfmt_misc, mounts in the chroot)")
     missing = aarch64_vm.missing_host_tools()
     if missing:
         pytest.skip(f"the arm64 VM test needs: apt-get install {' '.join(missing)}")
-    out = tmp_path_factory.mktemp("aarch64-vm")
+    # Not under pytest's basetemp: another pytest run on the machine may prune it while the guest runs.
+    out = Path(tempfile.mkdtemp(prefix="ckptrace-aarch64-vm-"))
     with aarch64_vm.image_lock():
         t = time.monotonic()
         image = aarch64_vm.ensure_image()
@@ -89,8 +93,11 @@ def guest(tmp_path_factory) -> GuestRun:
         run = aarch64_vm.boot(image, REPO, out, JOB, timeout=BOOT_TIMEOUT_S)
         boot_s = time.monotonic() - t
     g = GuestRun(out, run.stdout + run.stderr, image, build_s, boot_s)
-    assert g.text("job.rc") == "0", f"the guest's job failed (QEMU exit {run.returncode})\n{g.explain()}"
-    return g
+    try:
+        assert g.text("job.rc") == "0", f"the guest's job failed (QEMU exit {run.returncode})\n{g.explain()}"
+        yield g
+    finally:
+        shutil.rmtree(out, ignore_errors=True)
 
 
 def test_the_guest_is_an_arm64_kernel(guest, capsys):
@@ -115,11 +122,11 @@ def recorded(guest: GuestRun, mode: str, capsys):
         print(f"\naarch64 VM, {mode} ({guest.text('kernel')}): ckptrace against the workload's own account\n"
               f"{m[cols].to_string()}")
     assert_matches_truth(m)
-    return trace, m
+    return trace, truth, m
 
 
 def test_fresh_buffers_match_the_workload(guest, capsys):
-    trace, m = recorded(guest, "fresh", capsys)
+    trace, truth, m = recorded(guest, "fresh", capsys)
     assert len(m) == 6
     page = int(guest.text("pagesize"))
     # Every page of a fresh buffer faults in the fill, none in the copy.
@@ -128,10 +135,16 @@ def test_fresh_buffers_match_the_workload(guest, capsys):
     mm = trace.events[(trace.events["kind"] == "mmap") & (trace.events["phase"] == "fill")]
     assert len(mm) == len(m) and (mm["bytes"] >= m["bytes"].min()).all()
     assert trace.meta.lost_events == 0
+    # llama_decode's batch (a 56-byte struct: by reference in x1 on arm64, in memory on x86-64)
+    # read right: each iteration's tokens are the workload's.
+    it = trace.events[trace.events["kind"] == "iteration"].reset_index(drop=True)
+    t = truth["iteration"].sort_values("start_ns").reset_index(drop=True)
+    assert len(it) == len(t) and (it["tokens"].to_numpy() == t["tokens"].to_numpy()).all(), \
+        (it["tokens"].tolist(), t["tokens"].tolist())
 
 
 def test_pooled_buffers_have_no_fill_faults_or_mmaps_after_warmup(guest, capsys):
-    trace, m = recorded(guest, "pooled", capsys)
+    trace, _, m = recorded(guest, "pooled", capsys)
     warm = m.iloc[4:]
     assert len(warm) >= 4 and warm["truth_pool_hit"].all()
     assert (~warm["has_fill"]).all() and (warm["fill_faults"] == 0).all()
@@ -142,5 +155,5 @@ def test_pooled_buffers_have_no_fill_faults_or_mmaps_after_warmup(guest, capsys)
 
 
 def test_growing_buffers_never_hit(guest, capsys):
-    _, m = recorded(guest, "growing", capsys)
+    _, _, m = recorded(guest, "growing", capsys)
     assert m["has_fill"].all() and m["bytes"].is_monotonic_increasing
