@@ -3,9 +3,9 @@ qemu-system-aarch64 under TCG) boots once, builds the sample workload with its o
 it from this working tree in its fresh, pooled and growing modes; here, on the host, each recording
 is held to the workload's own account exactly as tests/test_record.py holds the x86 ones.
 
-The image is built once (about 15 minutes on two busy cores) and cached outside the checkout; a
-warm run is one boot. It is an `ebpf` test: in CI (CKPTRACE_REQUIRE_EBPF=1) a skip, such as for a
-missing qemu, fails the run.
+The image is built once (a few minutes: unpacked from Debian's packages, see docs/tests.md) and
+cached outside the checkout; a warm run is one boot. It is an `ebpf` test: in CI
+(CKPTRACE_REQUIRE_EBPF=1) a skip, such as for a missing qemu, fails the run.
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ class GuestRun:
 @pytest.fixture(scope="module")
 def guest() -> Iterator[GuestRun]:
     if os.geteuid() != 0:
-        pytest.skip("the arm64 VM test needs root (debootstrap, binfmt_misc, mounts in the chroot)")
+        pytest.skip("the arm64 VM test needs root (the image's files are unpacked owned by root)")
     missing = aarch64_vm.missing_host_tools()
     if missing:
         pytest.skip(f"the arm64 VM test needs: apt-get install {' '.join(missing)}")
