@@ -765,12 +765,18 @@ int decode_enter(struct pt_regs *ctx)
             asm volatile("%0 &= 511" : "+r"(len));
             if (len > 256)
                 len = 256;
+            /* Bytes past len read as 1 (an output token), so the count runs over whole words
+             * with no branch and no loop: Linux 6.1's verifier rejects the byte loop clang
+             * makes of a scan that stops at len (its back-edge a fall-through, see sched_read),
+             * and walks every len of one that doesn't. */
+            __builtin_memset(buf, 1, sizeof(lb->b));
             if (len > 0 && bpf_probe_read_user(buf, len, (void *)b.logits) == 0) {
-                /* One exit, at the constant bound: a second one (break at len) makes clang's
-                 * back-edge a fall-through, which Linux 6.1's verifier rejects (see sched_read). */
-                for (u32 i = 0; i < 256; i++) {
-                    if (i < len && buf[i] == 0)
-                        prompt++; /* a prompt token asks for no logits */
+                u64 *w = (u64 *)buf;
+#pragma unroll
+                for (u32 i = 0; i < sizeof(lb->b) / 8; i++) {
+                    /* 0x80 in each zero byte: a prompt token asks for no logits */
+                    u64 z = ~(((w[i] & 0x7f7f7f7f7f7f7f7fULL) + 0x7f7f7f7f7f7f7f7fULL) | w[i] | 0x7f7f7f7f7f7f7f7fULL);
+                    prompt += ((z >> 7) * 0x0101010101010101ULL) >> 56;
                 }
             }
         }
