@@ -200,6 +200,21 @@ static __always_inline u64 kread(u64 addr)
     return v;
 }
 
+#if SCHED_COUNTERS
+/* One try of sched_read: 1 when no tick or switch moved exec_start or clock_task between the reads. */
+static __always_inline int sched_try(u64 task, u64 *sum, u64 *e2, u64 *now, u64 *steal)
+{
+    u64 e1 = kread(task + EXEC_START_OFF);
+    u64 rq = kread(kread(task + SE_CFS_RQ_OFF) + CFS_RQ_RQ_OFF);
+    *sum = kread(task + SUM_EXEC_RUNTIME_OFF);
+    u64 ct = kread(rq + RQ_CLOCK_TASK_OFF);
+    *steal = kread(rq + RQ_CLOCK_OFF) - ct;
+    *now = bpf_ktime_get_ns();
+    *e2 = kread(task + EXEC_START_OFF);
+    return e1 == *e2 && ct == kread(rq + RQ_CLOCK_TASK_OFF);
+}
+#endif
+
 /* The running thread's scheduler counters. `cpu` is on-CPU time up to this instant, in a frame
  * where only differences mean anything: the kernel accounts se.sum_exec_runtime lazily (at ticks
  * and switches) and keeps se.sum_exec_runtime - se.exec_start constant while the thread runs, so
@@ -212,18 +227,11 @@ static __always_inline void sched_read(struct sched_now *n)
 #if SCHED_COUNTERS
     u64 task = bpf_get_current_task();
     u64 sum = 0, e2 = 0, now = 0, steal = 0;
-    /* A tick or a switch between the reads moves exec_start: read again (bounded). */
-    for (int i = 0; i < 3; i++) {
-        u64 e1 = kread(task + EXEC_START_OFF);
-        u64 rq = kread(kread(task + SE_CFS_RQ_OFF) + CFS_RQ_RQ_OFF);
-        sum = kread(task + SUM_EXEC_RUNTIME_OFF);
-        u64 ct = kread(rq + RQ_CLOCK_TASK_OFF);
-        steal = kread(rq + RQ_CLOCK_OFF) - ct;
-        now = bpf_ktime_get_ns();
-        e2 = kread(task + EXEC_START_OFF);
-        if (e1 == e2 && ct == kread(rq + RQ_CLOCK_TASK_OFF))
-            break;
-    }
+    /* A tick or a switch between the reads moves exec_start: read again, at most 3 tries. Written
+     * out, not a loop: clang lays a loop with two exits out with its back-edge as a fall-through,
+     * which Linux 6.1's verifier rejects ("back-edge from insn N to N+1"; Debian 12's kernel). */
+    if (!sched_try(task, &sum, &e2, &now, &steal) && !sched_try(task, &sum, &e2, &now, &steal))
+        sched_try(task, &sum, &e2, &now, &steal);
     n->cpu = sum - e2 + now - steal;
     n->wait = kread(task + RUN_DELAY_OFF); /* waits are added at switch-in: exact while running */
     n->nvcsw = kread(task + NVCSW_OFF);
@@ -851,12 +859,18 @@ int decode_enter(struct pt_regs *ctx)
             asm volatile("%0 &= 511" : "+r"(len));
             if (len > 256)
                 len = 256;
+            /* Bytes past len read as 1 (an output token), so the count runs over whole words
+             * with no branch and no loop: Linux 6.1's verifier rejects the byte loop clang
+             * makes of a scan that stops at len (its back-edge a fall-through, see sched_read),
+             * and walks every len of one that doesn't. */
+            __builtin_memset(buf, 1, sizeof(lb->b));
             if (len > 0 && bpf_probe_read_user(buf, len, (void *)b.logits) == 0) {
-                for (u32 i = 0; i < 256; i++) {
-                    if (i >= len)
-                        break;
-                    if (buf[i] == 0)
-                        prompt++; /* a prompt token asks for no logits */
+                u64 *w = (u64 *)buf;
+#pragma unroll
+                for (u32 i = 0; i < sizeof(lb->b) / 8; i++) {
+                    /* 0x80 in each zero byte: a prompt token asks for no logits */
+                    u64 z = ~(((w[i] & 0x7f7f7f7f7f7f7f7fULL) + 0x7f7f7f7f7f7f7f7fULL) | w[i] | 0x7f7f7f7f7f7f7f7fULL);
+                    prompt += ((z >> 7) * 0x0101010101010101ULL) >> 56;
                 }
             }
         }

@@ -17,7 +17,10 @@ APT_PACKAGES=(python3-bpfcc libbpfcc bpfcc-tools linux-headers-amd64 bpftool bpf
 # objects; a real Prometheus scrapes `ckptrace serve` in its tests (run by the test, not as a service);
 # clang and libc++ for the libc++ builds (the sample workload's and build.sh --libcxx's llama-server).
 # g++-aarch64-linux-gnu: small aarch64 programs whose call sites tests/test_symbols_aarch64.py checks.
-APT_TEST_PACKAGES=(chromium fonts-liberation ccache prometheus clang libc++-dev libc++abi-dev g++-aarch64-linux-gnu)
+# qemu-system-arm boots the Debian arm64 VM of tests/test_aarch64_vm.py; debian-archive-keyring checks
+# the arm64 packages its image is unpacked from (tests/aarch64_vm.py: the host's apt, no emulation).
+APT_TEST_PACKAGES=(chromium fonts-liberation ccache prometheus clang libc++-dev libc++abi-dev g++-aarch64-linux-gnu
+                   qemu-system-arm debian-archive-keyring)
 
 step() { printf 'setup: %s\n' "$*"; }
 die() { printf 'setup: error: %s\n' "$*" >&2; exit 1; }
