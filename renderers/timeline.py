@@ -299,9 +299,24 @@ def _recording(trace, path, pid: int, events: pd.DataFrame) -> Slice:
                  {k: printable(v) if isinstance(v, str) else v for k, v in args.items() if v is not None})
 
 
+def recordings(timeline: Timeline) -> list[Slice]:
+    """Each process's recording slice (a streamed timeline has them before its processes are made)."""
+    made = getattr(timeline, "recordings", None)
+    return made if made is not None else [p.recording for p in timeline.processes]
+
+
+def process_count(timeline: Timeline) -> int:
+    plans = getattr(timeline, "plans", None)
+    return len(plans) if plans is not None else len(timeline.processes)
+
+
 def slice_count(timeline: Timeline) -> int:
     """Every slice the writers emit: each process's recording slice, its request lanes' slices,
-    and its threads' nested and overlapping ones."""
+    and its threads' nested and overlapping ones (a streamed timeline counts them as they are
+    written: call it after writing)."""
+    counted = getattr(timeline, "counted", None)
+    if counted is not None:
+        return counted.n
     return sum(1 + sum(len(lane.slices) for lane in p.lanes)
                + sum(len(t.slices) + len(t.overlapping) for t in p.threads) for p in timeline.processes)
 
@@ -309,8 +324,8 @@ def slice_count(timeline: Timeline) -> int:
 def recording_notes(timeline: Timeline) -> list[str]:
     """One line per leg whose recording is incomplete: exported as it is, marked in its metadata."""
     notes = []
-    for proc in timeline.processes:
-        a = proc.recording.args
+    for rec in recordings(timeline):
+        a = rec.args
         if (not a["complete"] or a["lost_events"]) and not any(n.startswith(a["file"] + ":") for n in notes):
             what = ([f"cut short ({a['cut_short']})" if a.get("cut_short") else "cut short"]
                     if not a["complete"] else []) + ([f"{a['lost_events']} lost events"] if a["lost_events"] else [])
