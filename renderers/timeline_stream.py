@@ -32,7 +32,7 @@ import pyarrow as pa
 
 from ckptrace.analyzers.memory import held_series, rss_series
 from ckptrace.terminal import printable, shown_label
-from ckptrace.trace import KINDS, iter_record_batches, opened
+from ckptrace.trace import BATCH_ROWS, KINDS, PHASES, iter_record_batches, opened
 
 from .timeline import (CHECKPOINT_ARGS, DEFAULT_ARGS, FAULT_SPANS, FROM_ANALYSIS, ITERATION_ARGS, NEST_RANK,
                        POINT_KINDS, RAW_ARGS, SLICE_NAMES, SYNTHETIC_BASE, Counter, Process, Slice, Thread, Timeline,
@@ -273,12 +273,13 @@ def _with_pids(frame: pd.DataFrame, meta) -> pd.DataFrame:
     return frame
 
 
-def stream_timeline(traces, analyses) -> StreamTimeline:
+def stream_timeline(traces, analyses, batch_rows: int = BATCH_ROWS) -> StreamTimeline:
     """The timeline of trace files (paths or open ckptrace.trace.TraceFile), each with its
-    analysis (analyzers.analyze_file's: read batch by batch); close() it after writing."""
+    analysis (analyzers.analyze_file's: read batch by batch); close() it after writing.
+    `batch_rows`: rows read, sorted and spilled as one run at a time."""
     tmp = tempfile.mkdtemp(prefix="ckptrace-export-")
     try:
-        legs = [_spill(t, a, os.path.join(tmp, str(i))) for i, (t, a) in enumerate(zip(traces, analyses))]
+        legs = [_spill(t, a, os.path.join(tmp, str(i)), batch_rows) for i, (t, a) in enumerate(zip(traces, analyses))]
         return StreamTimeline(legs, tmp)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -294,7 +295,7 @@ SPAN_SCHEMA = pa.schema([("pid", pa.int32()), ("tid", pa.int32()), ("start_ns", 
 FAULT_SCHEMA = pa.schema([("pid", pa.int32()), ("tid", pa.int32()), ("ts", pa.int64()), ("value", pa.int64())])
 
 
-def _spill(trace, analysis, stem: str) -> _Leg:
+def _spill(trace, analysis, stem: str, batch_rows: int) -> _Leg:
     """One pass over the trace: its span rows and fault points as sorted runs in two files."""
     meta = analysis.trace.meta
     leg = _Leg(analysis, str(getattr(trace, "path", trace)), spans=stem + ".spans", faults=stem + ".faults")
@@ -303,7 +304,7 @@ def _spill(trace, analysis, stem: str) -> _Leg:
     with opened(trace) as f, pa.OSFile(leg.spans, "wb") as sf, pa.OSFile(leg.faults, "wb") as ff, \
             pa.ipc.new_file(sf, SPAN_SCHEMA) as spans, pa.ipc.new_file(ff, FAULT_SCHEMA) as faults:
         n_span = n_fault = 0
-        for batch in iter_record_batches(f, READ, whole_checks=False):
+        for batch in iter_record_batches(f, READ, batch_rows, whole_checks=False):
             n = batch.num_rows
             pid = batch.column("pid").to_numpy()
             if meta.pid:
@@ -371,12 +372,9 @@ def _batches(path: str, run: list[int]) -> Iterator[pa.RecordBatch]:
 
 def _run_items(path: str, run: list[int]) -> Iterator[tuple]:
     """A span run's rows in its order: (sort key, a function making the row's Slice)."""
-    phases = None
+    phases = [printable(p) for p in PHASES]
     for b in _batches(path, run):
         cols = {c: b.column(c).to_pylist() for c in SPAN_SCHEMA.names}
-        if phases is None:
-            from ckptrace.trace import PHASES
-            phases = [printable(p) for p in PHASES]
         for i in range(b.num_rows):
             key = (cols["pid"][i], cols["tid"][i], cols["start_ns"][i], ~cols["end_ns"][i], cols["rank"][i], 2,
                    cols["first"][i], cols["row"][i])
