@@ -38,7 +38,7 @@ from .timeline import (CHECKPOINT_ARGS, DEFAULT_ARGS, FAULT_SPANS, FROM_ANALYSIS
                        POINT_KINDS, RAW_ARGS, SLICE_NAMES, SYNTHETIC_BASE, Counter, Process, Slice, Thread, Timeline,
                        _args, _comm, _recording)
 
-MERGE_ROWS = 2048  # rows of a run decoded at a time while merging
+MERGE_ROWS = 1024  # rows of a run decoded at a time while merging
 CHUNK = 4096  # analysis rows turned into slices at a time
 ARG_COLUMNS = ["ckpt", "iter", "bytes", "addr", "faults", "cpu_ns", "wait_ns", "fault_ns", "tokens", "prompt_tokens",
                "phase", "draft"]
