@@ -36,7 +36,7 @@ from ckptrace.trace import BATCH_ROWS, KINDS, PHASES, iter_record_batches, opene
 
 from .timeline import (CHECKPOINT_ARGS, DEFAULT_ARGS, FAULT_SPANS, FROM_ANALYSIS, ITERATION_ARGS, NEST_RANK,
                        POINT_KINDS, RAW_ARGS, SLICE_NAMES, SYNTHETIC_BASE, Counter, Process, Slice, Thread, Timeline,
-                       _args, _comm, _recording)
+                       row_args, process_comm, recording_slice)
 
 MERGE_ROWS = 1024  # rows of a run decoded at a time while merging
 CHUNK = 4096  # analysis rows turned into slices at a time
@@ -98,7 +98,7 @@ class StreamTimeline(Timeline):
             pids = sorted(leg.pids) or [int(meta.pid or 0)]
             for pid in pids:
                 rows, start, end, tids = leg.pids.get(pid, [0, None, None, set()])
-                rec = _recording(a.trace, leg.path, pid, _Span(rows, start, end))
+                rec = recording_slice(a.trace, leg.path, pid, _Span(rows, start, end))
                 counters = []
                 for name, series, col in (("held checkpoint memory", held, "held_bytes"),
                                           ("resident memory (RSS)", rss, "rss_bytes")):
@@ -123,7 +123,7 @@ class StreamTimeline(Timeline):
         for leg_no, pid, shift, n_pids, rec, counters in self.plans:
             leg = self.legs[leg_no]
             trace = leg.analysis.trace
-            comm = shown_label(_comm(trace.meta, pid))
+            comm = shown_label(process_comm(trace.meta, pid))
             label = trace.label if n_pids <= 1 else \
                 next((p.label for p in trace.meta.processes if p.pid == pid and p.label), f"{comm} {pid}")
             name = f"{shown_label(label)} ({printable(os.path.basename(str(leg.path)))})"
@@ -243,7 +243,7 @@ class _Points:
 
 @dataclass
 class _Span:
-    """What _recording reads of a process's events: their count, first start and last end."""
+    """What recording_slice reads of a process's events: their count, first start and last end."""
     rows: int
     start: int | None
     end: int | None
@@ -382,7 +382,7 @@ def _run_items(path: str, run: list[int]) -> Iterator[tuple]:
 
 
 def _raw_slice(cols: dict, i: int, phases: list[str]) -> Slice:
-    """A span row's slice, as build_timeline makes it (_args: NA figures left out)."""
+    """A span row's slice, as build_timeline makes it (row_args: NA figures left out)."""
     k = cols["kind"][i]
     args = {}
     for c in KIND_ARGS[k]:
@@ -426,7 +426,7 @@ def _analysis_items(analysis, pid: int, tids: set) -> Iterator[tuple]:
             names = (np.where(rows["draft"], "draft checkpoint", "checkpoint") if name == "checkpoint"
                      else (rows["kind"].astype(str) + " iteration").to_numpy())
             made[c] = [Slice(t, e, label, name, a) for t, e, label, a in zip(
-                rows["start_ns"].tolist(), rows["end_ns"].tolist(), names.tolist(), _args(rows, cols))]
+                rows["start_ns"].tolist(), rows["end_ns"].tolist(), names.tolist(), row_args(rows, cols))]
         taken = {c: iter(v) for c, v in made.items()}
         for j in at.tolist():
             s = next(taken[int(cls[j])])
