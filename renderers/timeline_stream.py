@@ -80,6 +80,7 @@ class StreamTimeline(Timeline):
         super().__init__(processes=[])
         self.legs, self.tmp, self.counted = legs, tmp, _Counted()
         self.recordings: list[Slice] = []
+        self.files: list[pa.NativeFile] = []
         self._plan()
 
     def _plan(self) -> None:
@@ -135,10 +136,11 @@ class StreamTimeline(Timeline):
             self.counted.n += 1  # the recording slice
             if leg.streams is None:  # one merge per leg: its processes come in pid order, as the runs do
                 pids = sorted(leg.pids)
-                leg.streams = (_Peek(heapq.merge(*[_run_items(leg.spans, r) for r in leg.span_runs],
+                spans_file, faults_file = self._reader(leg.spans), self._reader(leg.faults)
+                leg.streams = (_Peek(heapq.merge(*[_run_items(spans_file, r) for r in leg.span_runs],
                                                  chain.from_iterable(_analysis_items(leg.analysis, p, leg.pids[p][3])
                                                                      for p in pids), key=_key)),
-                               _Peek(heapq.merge(*[_fault_items(leg.faults, r) for r in leg.fault_runs], key=_key)))
+                               _Peek(heapq.merge(*[_fault_items(faults_file, r) for r in leg.fault_runs], key=_key)))
             threads = _Once(self._threads(leg, pid, shift, comm))
             yield Process(leg_no, pid + shift, pid, name, threads, counters, rec,
                           cmdline=[printable(c) for c in cmdline])
@@ -172,7 +174,15 @@ class StreamTimeline(Timeline):
             stack.append(s.end)
             yield s
 
+    def _reader(self, path: str) -> pa.ipc.RecordBatchFileReader:
+        """One open file per spill file, whatever the number of runs in it (they read it in turn)."""
+        f = pa.OSFile(path, "rb")
+        self.files.append(f)
+        return pa.ipc.open_file(f)
+
     def close(self) -> None:
+        for f in self.files:
+            f.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
@@ -363,17 +373,15 @@ def _count(pids: dict, pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end:
         entry[3] |= set(np.unique(tid[at]).tolist())
 
 
-def _batches(path: str, run: list[int]) -> Iterator[pa.RecordBatch]:
-    with pa.OSFile(path, "rb") as f:
-        reader = pa.ipc.open_file(f)
-        for i in run:
-            yield reader.get_batch(i)
+def _batches(reader: pa.ipc.RecordBatchFileReader, run: list[int]) -> Iterator[pa.RecordBatch]:
+    for i in run:
+        yield reader.get_batch(i)
 
 
-def _run_items(path: str, run: list[int]) -> Iterator[tuple]:
+def _run_items(reader: pa.ipc.RecordBatchFileReader, run: list[int]) -> Iterator[tuple]:
     """A span run's rows in its order: (sort key, a function making the row's Slice)."""
     phases = [printable(p) for p in PHASES]
-    for b in _batches(path, run):
+    for b in _batches(reader, run):
         cols = {c: b.column(c).to_pylist() for c in SPAN_SCHEMA.names}
         for i in range(b.num_rows):
             key = (cols["pid"][i], cols["tid"][i], cols["start_ns"][i], ~cols["end_ns"][i], cols["rank"][i], 2,
@@ -393,8 +401,8 @@ def _raw_slice(cols: dict, i: int, phases: list[str]) -> Slice:
     return Slice(cols["start_ns"][i], cols["end_ns"][i], KIND_LABELS[k][1 if cols["draft"][i] else 0], KINDS[k], args)
 
 
-def _fault_items(path: str, run: list[int]) -> Iterator[tuple]:
-    for b in _batches(path, run):
+def _fault_items(reader: pa.ipc.RecordBatchFileReader, run: list[int]) -> Iterator[tuple]:
+    for b in _batches(reader, run):
         pid, tid, ts, val = (b.column(c).to_pylist() for c in FAULT_SCHEMA.names)
         for i in range(b.num_rows):
             yield (pid[i], tid[i], ts[i], val[i]), (lambda p=(ts[i], val[i]): p)
