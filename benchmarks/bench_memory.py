@@ -9,9 +9,9 @@ The trace (`--trace synthetic`, the default) is bench_analyzer's synthetic recor
 a prefill iteration with checkpoint, fill, copy, mmap, munmap and decode, then three decode
 iterations; 1 in 10 checkpoints a pool hit without fill), given a pid and the addresses of its
 checkpoint buffers (64 of them in turn, each munmapped whole: what whatif replays), written as
-`record` writes a trace. Its jitter keeps it about 40x its file when decoded, far below the
-reader's 256x bound, which the repeated sample (`--trace sample`, bench_export.repeated_trace)
-passes above about 950,000 events.
+`record` writes a trace. Its jitter keeps it about 30x its file when decoded (157 bytes a row;
+the reader's bound counts twice that, 59x at 10M events, against 256x), which the repeated sample
+(`--trace sample`, bench_export.repeated_trace) passes above about 950,000 events.
 
 Each command runs as the CLI, alone, in a fresh parent whose RUSAGE_CHILDREN peak RSS is that
 command's: `analyze --json`, `export` (perfetto and chrome) and `whatif`. Its output goes to a
