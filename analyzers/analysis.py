@@ -73,9 +73,11 @@ def analyze_file(path: str | os.PathLike | TraceFile, batch_rows: int = BATCH_RO
         return analyze_rows(Trace(events=None, meta=f.meta, path=f.path), rows, per_process)
 
 
-def analyze_processes(trace: Trace | str | os.PathLike | TraceFile) -> list[tuple[ProcessInfo, Analysis]]:
+def analyze_processes(trace: Trace | str | os.PathLike | TraceFile, on_rows=None
+                      ) -> list[tuple[ProcessInfo, Analysis]]:
     """(process, its own analysis) for each process of a trace (a one-process trace: its
-    analysis); a trace file is read batch by batch, each process's rows analysed in turn."""
+    analysis); a trace file is read batch by batch, each process's rows analysed in turn
+    (`on_rows`: called with the kept rows (events.KindRows) before the analysis consumes them)."""
     if isinstance(trace, Trace):
         return [(info, analyze_trace(sub)) for info, sub in process_traces(trace)]
     with opened(trace) as f:
@@ -83,6 +85,8 @@ def analyze_processes(trace: Trace | str | os.PathLike | TraceFile) -> list[tupl
             return analyze_processes(read_trace(f))
         whole = Trace(events=None, meta=f.meta, path=f.path)
         rows = KindRows.from_file(f)
+    if on_rows is not None:
+        on_rows(rows)
     infos = process_info(whole, rows.per_pid.index)
     if len(infos) <= 1:
         return [(infos[0] if infos else ProcessInfo(pid=0, label=whole.label), analyze_rows(whole, rows))]

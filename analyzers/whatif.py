@@ -138,9 +138,10 @@ GET_COLUMNS = {"t_ns": "int64", "seq": "int64", "ckpt": "int64", "bytes": "int64
                "fill_start_ns": "int64"}
 
 
-def replay_input(analysis, info: ProcessInfo | None = None) -> ReplayInput:
+def replay_input(analysis, info: ProcessInfo | None = None, first_fills: pd.Series | None = None) -> ReplayInput:
     """The policy-free part of a replay, from one process's analysis (analyzers.analyze_trace or
-    analyze_processes): its checkpoints, its kept memory rows and iterations, its metadata."""
+    analyze_processes): its checkpoints, its kept memory rows and iterations, its metadata
+    (`first_fills`: ckpt -> its first fill's start, where the analysis read the file batch by batch)."""
     meta: TraceMeta = analysis.trace.meta
     info = info or (meta.processes[0] if meta.processes else ProcessInfo(pid=meta.pid or 0))
     ck = analysis.checkpoints
@@ -164,7 +165,7 @@ def replay_input(analysis, info: ProcessInfo | None = None) -> ReplayInput:
         rows = cand.sort_values(["ckpt", "mapped", "row"], ascending=[True, False, True]
                                 ).drop_duplicates("ckpt")["row"].sort_values().to_numpy()
     c = by_ckpt.loc[ckpt[rows]]
-    fill_start = _fill_starts(analysis, ckpt[rows])
+    fill_start = _fill_starts(analysis, ckpt[rows], first_fills)
     state = c["bytes"].to_numpy("int64")
     gets = pd.DataFrame({
         "t_ns": t[rows], "seq": rows, "ckpt": ckpt[rows],
@@ -203,17 +204,22 @@ def replay_input(analysis, info: ProcessInfo | None = None) -> ReplayInput:
         fill_cpu_recorded=bool(len(gets) == 0 or gets["fill_cpu_ns"].notna().all()))
 
 
-def _fill_starts(analysis, ckpts: np.ndarray) -> np.ndarray:
+def _fill_starts(analysis, ckpts: np.ndarray, first: pd.Series | None = None) -> np.ndarray:
     """Each checkpoint's first fill start (its own start where no fill row is at hand)."""
     ck = analysis.checkpoints.set_index("ckpt")
     out = ck.loc[ckpts, "start_ns"].to_numpy("int64", copy=True)
     ev = analysis.trace.events
-    if ev is not None and len(ckpts):
-        fills = ev.loc[(ev["kind"] == "fill").to_numpy(), ["ckpt", "start_ns"]]
-        first = fills.groupby("ckpt")["start_ns"].min()
+    if first is None and ev is not None and len(ckpts):
+        first = first_fill_starts(ev.loc[(ev["kind"] == "fill").to_numpy(), ["ckpt", "start_ns"]])
+    if first is not None and len(ckpts):
         known = np.isin(ckpts, first.index.to_numpy())
         out[known] = first.loc[ckpts[known]].to_numpy("int64")
     return out
+
+
+def first_fill_starts(fills: pd.DataFrame) -> pd.Series:
+    """ckpt -> the earliest start of its fill rows."""
+    return fills.groupby("ckpt")["start_ns"].min()
 
 
 def _lifetimes(kind, phase, t, ckpt, addr, nbytes, mem: pd.DataFrame, gets: np.ndarray) -> pd.DataFrame:
@@ -555,16 +561,24 @@ def limit_warning(label: str, r: Replay) -> str | None:
 def predict(trace, policy: Policy | None = None) -> list[Replay]:
     """Every process of a trace (a path, or a ckptrace.trace.Trace) replayed against `policy`
     (default PR #201's): one Replay each, in the trace's process order, with its `input` and
-    `analysis` (a process that mapped no checkpoint buffer has no gets)."""
+    `analysis` (a process that mapped no checkpoint buffer has no gets). A path is read batch by
+    batch (analyze_processes): memory holds the rows the analysis keeps, never the whole trace."""
     from . import analyze_processes
-    from ckptrace.trace import Trace, read_trace
+    from ckptrace.trace import Trace, read_meta
 
-    t = trace if isinstance(trace, Trace) else read_trace(trace)
-    where = printable(str(t.path)) if t.path else "the trace"
+    fills: list[pd.DataFrame] = []
+    analyses = analyze_processes(trace, on_rows=lambda rows: fills.append(rows.of("fill")[["pid", "ckpt", "start_ns"]]))
+    path = trace.path if isinstance(trace, Trace) else getattr(trace, "path", trace)
+    label = trace.label if isinstance(trace, Trace) else Trace(events=None, meta=read_meta(trace), path=path).label
+    where = printable(str(path)) if path else "the trace"
     out = []
-    for info, analysis in analyze_processes(t):
-        info = dataclasses.replace(info, label=info.label or t.label)
-        r = simulate(replay_input(analysis, info), policy or POLICIES["pr201"], where)
+    for info, analysis in analyses:
+        info = dataclasses.replace(info, label=info.label or label)
+        first = None
+        if fills:  # read batch by batch: the fill rows went with the analysis, their first starts kept here
+            mine = fills[0] if len(analyses) <= 1 else fills[0].loc[(fills[0]["pid"] == info.pid).to_numpy()]
+            first = first_fill_starts(mine)
+        r = simulate(replay_input(analysis, info, first), policy or POLICIES["pr201"], where)
         r.analysis = analysis
         out.append(r)
     return out

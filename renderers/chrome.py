@@ -49,6 +49,8 @@ def chrome_writer(timeline: Timeline):
 
 def ts_base_ns(timeline: Timeline) -> int:
     """The earliest timestamp in the timeline (0 for an empty one): every `ts` is counted from it."""
+    if getattr(timeline, "ts_base", None) is not None:  # a streamed timeline: known before its slices
+        return timeline.ts_base
     first = []
     for proc in timeline.processes:
         first.append(proc.recording.ts)

@@ -20,7 +20,7 @@ from __future__ import annotations
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
-from .timeline import Counter, Process, Slice, Timeline, fault_counter_name
+from .timeline import Counter, Process, Slice, Timeline, fault_counter_name, recordings
 
 MONOTONIC = pb.BuiltinClock.BUILTIN_CLOCK_MONOTONIC  # 3
 SEQUENCE_ID = 1
@@ -93,7 +93,7 @@ class _Writer:
         p.clock_snapshot.primary_trace_clock = MONOTONIC
         clock = p.clock_snapshot.clocks.add()
         clock.clock_id = MONOTONIC
-        clock.timestamp = min((proc.recording.ts for proc in timeline.processes), default=0)
+        clock.timestamp = min((rec.ts for rec in recordings(timeline)), default=0)
         for proc in timeline.processes:
             self.process(proc)
 

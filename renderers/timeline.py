@@ -162,7 +162,7 @@ def request_lanes(table: pd.DataFrame) -> list[Lane]:
     lanes: list[Lane] = []
     ends: list[int] = []
     for (ts, end), args in zip(zip(done["start_ns"].tolist(), done["first_token_ns"].tolist()),
-                               _args(done, REQUEST_ARGS)):
+                               row_args(done, REQUEST_ARGS)):
         s = Slice(int(ts), int(end), f"request {args['request']}", "request", args)
         free = next((i for i, e in enumerate(ends) if e <= s.ts), None)
         if free is None:
@@ -187,7 +187,7 @@ def _process(analysis, events: pd.DataFrame, path, leg: int, pid: int, pids: np.
     trace = analysis.trace
     events = events.loc[pids == pid]
     tids = set(int(t) for t in events["tid"].unique())
-    comm = shown_label(_comm(trace.meta, pid))
+    comm = shown_label(process_comm(trace.meta, pid))
     slices: dict[int, list[Slice]] = {t: [] for t in tids}
     faults: dict[int, list[tuple[int, int]]] = {t: [] for t in tids}
     for name, frame, cols in (("checkpoint", analysis.checkpoints, CHECKPOINT_ARGS),
@@ -196,7 +196,7 @@ def _process(analysis, events: pd.DataFrame, path, leg: int, pid: int, pids: np.
         names = (np.where(rows["draft"], "draft checkpoint", "checkpoint") if name == "checkpoint"
                  else (rows["kind"].astype(str) + " iteration").to_numpy())
         for tid, ts, end, label, args in zip(rows["tid"].tolist(), rows["start_ns"].tolist(),
-                                             rows["end_ns"].tolist(), names.tolist(), _args(rows, cols)):
+                                             rows["end_ns"].tolist(), names.tolist(), row_args(rows, cols)):
             slices[tid].append(Slice(ts, end, label, name, args))
     for kind, rows in events.groupby("kind", observed=True, sort=False):
         if kind in FROM_ANALYSIS or kind in POINT_KINDS:
@@ -205,7 +205,7 @@ def _process(analysis, events: pd.DataFrame, path, leg: int, pid: int, pids: np.
         names = np.where(rows["draft"], f"draft {label}", label)
         tid_l, ts_l, end_l = rows["tid"].tolist(), rows["start_ns"].tolist(), rows["end_ns"].tolist()
         for tid, ts, end, name, args in zip(tid_l, ts_l, end_l, names.tolist(),
-                                            _args(rows, RAW_ARGS.get(kind, DEFAULT_ARGS))):
+                                            row_args(rows, RAW_ARGS.get(kind, DEFAULT_ARGS))):
             slices[tid].append(Slice(ts, end, name, kind, args))
         if kind in FAULT_SPANS:
             for tid, ts, end, n in zip(tid_l, ts_l, end_l, rows["faults"].tolist()):
@@ -229,7 +229,7 @@ def _process(analysis, events: pd.DataFrame, path, leg: int, pid: int, pids: np.
     proc = next((p for p in trace.meta.processes if p.pid == pid), None)
     exe = (proc and proc.executable) or trace.meta.executable
     cmdline = trace.meta.command if trace.meta.command and pid == trace.meta.pid else [exe] if exe else []
-    return Process(leg, pid + shift, pid, name, threads, counters, _recording(trace, path, pid, events),
+    return Process(leg, pid + shift, pid, name, threads, counters, recording_slice(trace, path, pid, events),
                    cmdline=[printable(c) for c in cmdline])
 
 
@@ -248,7 +248,7 @@ def nest(slices: list[Slice]) -> tuple[list[Slice], list[Slice]]:
     return nested, overlapping
 
 
-def _args(frame: pd.DataFrame, cols: list[str]) -> list[dict]:
+def row_args(frame: pd.DataFrame, cols: list[str]) -> list[dict]:
     """Each row's figures as plain values, column by column; not recorded (NA) ones are left out,
     never shown as 0."""
     columns = []
@@ -266,7 +266,7 @@ def _args(frame: pd.DataFrame, cols: list[str]) -> list[dict]:
     return [{c: v[i] for c, v in columns if v[i] is not None} for i in range(len(frame))]
 
 
-def _comm(meta, pid: int) -> str:
+def process_comm(meta, pid: int) -> str:
     """The process's command name: from `processes` metadata where recorded, else the executable."""
     proc = next((p for p in meta.processes if p.pid == pid), None)
     return (proc and proc.comm) or os.path.basename((proc and proc.executable) or meta.executable or "") or "thread"
@@ -278,7 +278,7 @@ def _build_id(meta, pid: int) -> str | None:
     return (proc and proc.build_id) or next((o.build_id for o in meta.objects if o.path == exe), None)
 
 
-def _recording(trace, path, pid: int, events: pd.DataFrame) -> Slice:
+def recording_slice(trace, path, pid: int, events: pd.DataFrame) -> Slice:
     meta = trace.meta
     start = meta.attach_ns or meta.first_event_ns or (int(events["start_ns"].min()) if len(events) else 0)
     end = meta.stop_ns or (int(events["end_ns"].max()) if len(events) else start)
@@ -299,9 +299,24 @@ def _recording(trace, path, pid: int, events: pd.DataFrame) -> Slice:
                  {k: printable(v) if isinstance(v, str) else v for k, v in args.items() if v is not None})
 
 
+def recordings(timeline: Timeline) -> list[Slice]:
+    """Each process's recording slice (a streamed timeline has them before its processes are made)."""
+    made = getattr(timeline, "recordings", None)
+    return made if made is not None else [p.recording for p in timeline.processes]
+
+
+def process_count(timeline: Timeline) -> int:
+    plans = getattr(timeline, "plans", None)
+    return len(plans) if plans is not None else len(timeline.processes)
+
+
 def slice_count(timeline: Timeline) -> int:
     """Every slice the writers emit: each process's recording slice, its request lanes' slices,
-    and its threads' nested and overlapping ones."""
+    and its threads' nested and overlapping ones (a streamed timeline counts them as they are
+    written: call it after writing)."""
+    counted = getattr(timeline, "counted", None)
+    if counted is not None:
+        return counted.n
     return sum(1 + sum(len(lane.slices) for lane in p.lanes)
                + sum(len(t.slices) + len(t.overlapping) for t in p.threads) for p in timeline.processes)
 
@@ -309,8 +324,8 @@ def slice_count(timeline: Timeline) -> int:
 def recording_notes(timeline: Timeline) -> list[str]:
     """One line per leg whose recording is incomplete: exported as it is, marked in its metadata."""
     notes = []
-    for proc in timeline.processes:
-        a = proc.recording.args
+    for rec in recordings(timeline):
+        a = rec.args
         if (not a["complete"] or a["lost_events"]) and not any(n.startswith(a["file"] + ":") for n in notes):
             what = ([f"cut short ({a['cut_short']})" if a.get("cut_short") else "cut short"]
                     if not a["complete"] else []) + ([f"{a['lost_events']} lost events"] if a["lost_events"] else [])

@@ -497,3 +497,65 @@ def test_export_of_the_whole_state_path(tmp_path):
             s = restores[(r["start_ns"], r["end_ns"] - r["start_ns"])]
             copies = [c for c in slices if c["parent"] is s and c["cat"] == ["ckptrace.restore_copy"]]
             assert sum(c["dur"] for c in copies) == r["copy_ns"] and s["args"]["bytes"] == r["bytes"]
+
+
+def _crafted_trace(path: Path) -> None:
+    """Two processes (one with rows of pid 0, the trace's), threads in both, an overlapping span,
+    spans that start and end together (nested by kind, then in build_timeline's order), RSS rows."""
+    import pandas as pd
+
+    from ckptrace.meta import TraceMeta
+    ms = 1_000_000
+    rows = []
+    for pid, tid, base in ((0, 11, 0), (700, 21, 5 * ms), (700, 22, 6 * ms), (0, 12, ms)):
+        for i in range(6):
+            t = base + i * 100 * ms
+            ck, it = 1 + i + 10 * tid, 1 + i + 10 * tid
+            rows += [("iteration", pid, tid, t, t + 50 * ms, 0, it, 0, 0, "none"),
+                     ("checkpoint", pid, tid, t + ms, t + 20 * ms, ck, it, 1 << 20, 0, "iteration"),
+                     ("fill", pid, tid, t + ms, t + 12 * ms, ck, it, 1 << 20, 0, "checkpoint"),
+                     ("copy", pid, tid, t + 12 * ms, t + 20 * ms, ck, it, 1 << 20, 0, "checkpoint"),
+                     ("mmap", pid, tid, t + 2 * ms, t + 2 * ms + 10, ck, it, 1 << 21, 0x7000_0000 + i * (4 << 20),
+                      "fill"),
+                     ("munmap", pid, tid, t + 2 * ms, t + 2 * ms + 10, ck, it, 1 << 21, 0x7100_0000, "fill"),
+                     ("decode", pid, tid, t + 25 * ms, t + 55 * ms, 0, it, 0, 0, "iteration"),  # crosses the iteration's end
+                     ("rss", pid, tid, t + 30 * ms, t + 30 * ms, 0, 0, 64 << 20, 0, "none")]
+    ev = pd.DataFrame(rows, columns=["kind", "pid", "tid", "start_ns", "end_ns", "ckpt", "iter", "bytes", "addr",
+                                     "phase"])
+    ev["faults"] = ev.index.to_numpy() % 7
+    ev = ev.sort_values("end_ns", kind="stable").reset_index(drop=True)
+    write_trace(path, ev, TraceMeta(label="crafted", pid=500, stop_ns=int(ev["end_ns"].max())))
+
+
+@pytest.mark.parametrize("legs", [["crafted"], ["1-pool-off"], ["5-upstream"], ["6-llama-pool-off"],
+                                  ["1-pool-off", "2-pool-on", "1-pool-off"], ["crafted", "crafted"]])
+def test_the_streamed_timeline_writes_the_same_bytes(tmp_path, legs):
+    """export makes its timeline while writing it (renderers/timeline_stream.py: sorted runs on
+    disk, merged per thread): the same bytes in both formats as the timeline built whole, with
+    runs of a few rows (many runs to merge, a process's rows across several)."""
+    from ckptrace.analyzers import analyze_file
+    from ckptrace.renderers.chrome import chrome_writer
+    from ckptrace.renderers.perfetto import perfetto_writer
+    from ckptrace.renderers.timeline import build_timeline, process_count, recording_notes, slice_count
+    from ckptrace.renderers.timeline_stream import stream_timeline
+
+    _crafted_trace(tmp_path / "crafted.parquet")
+    paths = [tmp_path / "crafted.parquet" if leg == "crafted" else TRACES / f"{leg}.parquet" for leg in legs]
+    whole = build_timeline([analyze_trace(read_trace(p)) for p in paths], paths)
+    for writer in (perfetto_writer, chrome_writer):
+        want = io.BytesIO()
+        writer(whole)(want)
+        for rows in (5, 64, 1 << 18):
+            streamed = stream_timeline(paths, [analyze_file(p) for p in paths], batch_rows=rows)
+            got = io.BytesIO()
+            try:
+                writer(streamed)(got)
+            finally:
+                streamed.close()
+            assert got.getvalue() == want.getvalue(), (writer.__name__, rows)
+            assert (slice_count(streamed), process_count(streamed), recording_notes(streamed)) == \
+                (slice_count(whole), process_count(whole), recording_notes(whole))
+            assert not os.path.exists(streamed.tmp)
+    if legs == ["crafted"]:
+        assert any(th.overlapping for p in whole.processes for th in p.threads)
+        assert len(whole.processes) == 2

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+from contextlib import ExitStack
 from pathlib import Path
 
 import click
@@ -51,26 +52,34 @@ def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...
             fmt: str | None) -> None:
     """Write TRACE files as a timeline for Perfetto or Chrome's trace viewers."""
     from ckptrace.api import open as open_trace
-    from ckptrace.renderers.timeline import build_timeline, recording_notes, slice_count
-    from ckptrace.requests_file import requests_path
+    from ckptrace.renderers.timeline import build_timeline, process_count, recording_notes, slice_count
+    from ckptrace.renderers.timeline_stream import stream_timeline
+    from ckptrace.requests_file import leg_requests, request_pid_choices, requests_path
 
     fmt = fmt or ("chrome" if output.suffix.lower() == ".json" else "perfetto")
     not_an_input(output, (*traces, *request_files, *(requests_path(t) for t in traces)), what="export")
     check_output(output, what="export")
-    analyses = []
-    for p in traces:  # a timeline draws every event: each trace read whole, from its one open file
-        with open_trace(p) as t:
-            t.events()
-            analyses.append(t.analysis)
-    timeline = build_timeline(analyses, traces, *_request_tables(analyses, traces, request_files, requests_pid))
-    if fmt == "perfetto":
-        from ckptrace.renderers.perfetto import perfetto_writer as writer
-    else:
-        from ckptrace.renderers.chrome import chrome_writer as writer
-    path = write_output(output, writer(timeline), what="export")
+    with ExitStack() as stack:
+        opened = [stack.enter_context(open_trace(p)) for p in traces]
+        analyses = [t.analysis for t in opened]  # batch by batch: what analyze keeps
+        if leg_requests(traces, request_files) is None:
+            request_pid_choices(traces, None, requests_pid)  # refused without a request file, as below
+            # Every event a slice, made while the file is written: memory stays what the analysis keeps.
+            timeline = stream_timeline([t.file for t in opened], analyses)
+            stack.callback(timeline.close)
+        else:  # the request split reads rows the batched analysis does not keep: each trace read whole
+            for t in opened:
+                t.events()
+            timeline = build_timeline(analyses, traces, *_request_tables(analyses, traces, request_files,
+                                                                         requests_pid))
+        if fmt == "perfetto":
+            from ckptrace.renderers.perfetto import perfetto_writer as writer
+        else:
+            from ckptrace.renderers.chrome import chrome_writer as writer
+        path = write_output(output, writer(timeline), what="export")
     for note in recording_notes(timeline):
         click.echo(f"ckptrace: warning: {printable(note)}", err=True)
-    click.echo(f"wrote {printable(path)}: {fmt}, {len(timeline.processes)} process track(s), "
+    click.echo(f"wrote {printable(path)}: {fmt}, {process_count(timeline)} process track(s), "
                f"{slice_count(timeline)} slices", err=True)
 
 

@@ -144,14 +144,22 @@ def _one_trace(path, policy, sweep, requests, choice):
     from ckptrace.analyzers.requests import request_process, request_table
     from ckptrace.analyzers.whatif import limit_warning, predict, sweep as run_sweep, ttft_saved
     from ckptrace.renderers.whatif import ProcessResult
-    from ckptrace.trace import read_trace, time_origin
+    from ckptrace.trace import TraceFile as open_trace, read_trace, time_origin
 
-    trace = read_trace(path)
     shown = printable(str(path))
-    t0 = time_origin(trace.meta, trace.events)
-    pid = request_process(trace, choice, source=shown) if requests is not None else None
+    if requests is None:  # batch by batch: memory holds what the analysis keeps, not the trace
+        with open_trace(path) as f:
+            replays = predict(f, policy)
+            first = None if time_origin(f.meta, None) else _first_start(replays)
+            t0 = time_origin(f.meta, first)
+        pid = None
+    else:  # the request split reads rows the batched read does not keep (analyze --requests too)
+        trace = read_trace(path)
+        t0 = time_origin(trace.meta, trace.events)
+        pid = request_process(trace, choice, source=shown)
+        replays = predict(trace, policy)
     out = []
-    for r in predict(trace, policy):
+    for r in replays:
         if not len(r.input.gets):
             out.append(ProcessResult(shown, t0, None, r.pid, r.label))
             continue
@@ -166,3 +174,11 @@ def _one_trace(path, policy, sweep, requests, choice):
             p.sweep = run_sweep(r.input, policy, sweep[0], sweep[1], where=shown)
         out.append(p)
     return out
+
+
+def _first_start(replays) -> int | None:
+    """The trace's first start, from its batched read (KindRows keeps it), None without rows."""
+    for r in replays:
+        if r.analysis is not None and r.analysis.rows.start_ns is not None:
+            return r.analysis.rows.start_ns
+    return None
