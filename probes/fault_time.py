@@ -33,6 +33,7 @@ MAX_SIZES = 8
 SKETCH_SIZES = 4096  # distinct span sizes kept while recording (quantiles past this)
 MAX_CARRY = 4096  # checkpoints whose fill/copy came in an earlier batch than the checkpoint row
 REPEATS = 3
+STRAY_FAULTS = 1  # faults a checkpoint may hold beyond its fill's and copy's: the [uprobes] page, once
 RESIDENT_MAX_SHARE = 1 / 3  # calibration error stays under a quarter of what is recorded
 
 _libc = ctypes.CDLL(None)
@@ -128,7 +129,10 @@ def span_fault_ns(events: pd.DataFrame, cal: dict[str, list[list[int]]], carry: 
         ok = resident <= RESIDENT_MAX_SHARE * cpu
         out[rows.index[ok]] = np.round(cpu[ok] - resident[ok]).astype("int64")
     # A checkpoint's faults are its fill's and copy's (nothing else in update_tgt touches new
-    # memory); where they add up and each part is measured, its fault time is their sum.
+    # memory) and, once per process, the probes' own page: the first probed instruction stepped
+    # out of line faults in the [uprobes] page, after its probe read the counter (a return probe
+    # ending the fill, so inside the checkpoint; docs/kernel-facts.md). Where they add up to that
+    # and each part is measured, the checkpoint's fault time is their sum.
     parts = events[events["kind"].isin(["fill", "copy"]) & (events["ckpt"] > 0)]
     by_ckpt = pd.DataFrame({"ckpt": parts["ckpt"], "faults": parts["faults"],
                             "fault_ns": out[parts.index], "missing": out[parts.index].isna()})
@@ -138,7 +142,8 @@ def span_fault_ns(events: pd.DataFrame, cal: dict[str, list[list[int]]], carry: 
         agg = _with_carry(agg, carry, events.loc[events["kind"] == "checkpoint", "ckpt"])
     ck = events[(events["kind"] == "checkpoint") & spans & (events["faults"] > 0)]
     a = agg.reindex(ck["ckpt"])
-    whole = (a["faults"].to_numpy() == ck["faults"].to_numpy()) & ~a["missing"].fillna(True).to_numpy()
+    extra = ck["faults"].to_numpy(dtype="float64") - a["faults"].to_numpy(dtype="float64")  # NaN: no parts
+    whole = (extra >= 0) & (extra <= STRAY_FAULTS) & ~a["missing"].fillna(True).to_numpy(dtype=bool)
     out[ck.index[whole]] = a["fault_ns"].to_numpy()[whole].astype("int64")
     return out
 
