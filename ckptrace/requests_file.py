@@ -23,7 +23,7 @@ from ckptrace.errors import TraceFormatError, UsageError
 from ckptrace.loadgen import RESULT_COLUMNS
 from ckptrace.output import write_output
 from ckptrace.terminal import printable
-from ckptrace.validate import NS_MAX, open_regular
+from ckptrace.validate import NS_MAX, KeyTwice, no_key_twice, open_regular
 
 MAX_BYTES = 32 << 20  # drive's most, 100,000 requests, take about 23 MiB
 MAX_REQUESTS = 100_000  # objects and lists in a file: drive --requests' most
@@ -72,8 +72,8 @@ def read_requests(path: str | os.PathLike) -> pd.DataFrame:
         source.close()
     _check_counts(shown, raw)
     try:
-        doc = json.loads(raw, parse_constant=_no_constant, object_pairs_hook=_no_key_twice)
-    except _KeyTwice as e:
+        doc = json.loads(raw, parse_constant=_no_constant, object_pairs_hook=no_key_twice)
+    except KeyTwice as e:
         raise TraceFormatError(f"{shown}: an object holds the key {printable(e.key)[:80]!r} twice (which one "
                                "counts is anyone's guess): not a request file `ckptrace drive` wrote") from None
     except (ValueError, RecursionError):
@@ -132,20 +132,6 @@ def _check_counts(shown: str, raw: bytes) -> None:
         what = f"{containers} objects and lists" if containers > MAX_REQUESTS + 1 else f"{values} values"
         raise TraceFormatError(f"{shown}: {what}, more than a request file holds (at most {MAX_REQUESTS} "
                                f"requests of {MAX_VALUES // MAX_REQUESTS} values on average): not a request file")
-
-
-class _KeyTwice(ValueError):
-    def __init__(self, key: str):
-        super().__init__(key)
-        self.key = key
-
-
-def _no_key_twice(pairs: list[tuple[str, object]]) -> dict:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen = set()
-        raise _KeyTwice(next(k for k, _ in pairs if k in seen or seen.add(k)))
-    return out
 
 
 def _no_constant(name: str):

@@ -30,8 +30,8 @@ from ckptrace.meta import JSON_MAX, TraceMeta
 from ckptrace.output import write_output
 from ckptrace.terminal import printable
 from ckptrace import stream
-from ckptrace.validate import (FOOTER_MAX, STREAM_EXPANSION, budget_rows, check_column, check_events, check_ids, check_table,
-                               check_types, memory_budget, open_regular, reversed_error)
+from ckptrace.validate import (FOOTER_MAX, STREAM_EXPANSION, KeyTwice, budget_rows, check_column, check_events, check_ids, check_table,
+                               check_types, memory_budget, no_key_twice, open_regular, reversed_error)
 
 # The tables share columns and rely on copy-on-write, pandas 3's rule: under pandas 2.2 and 2.3
 # it is an option, turned on here (every analysis imports this module), so a write to one table
@@ -155,20 +155,6 @@ def _check_footer(source: pa.NativeFile, size: int, path) -> None:
                                "hostile trace?")
 
 
-class _KeyTwice(ValueError):
-    def __init__(self, key: str):
-        super().__init__(key)
-        self.key = key
-
-
-def _no_key_twice(pairs: list[tuple[str, object]]) -> dict:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        raise _KeyTwice(next(k for k, _ in pairs if k in seen or seen.add(k)))
-    return out
-
-
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a number a trace can hold")
 
@@ -264,8 +250,8 @@ def _checked_meta(schema: pa.Schema, path) -> TraceMeta:
         raise TraceFormatError(f"{path}: its ckptrace metadata is {len(raw)} bytes, over the {JSON_MAX >> 20} MiB a "
                                "trace has: a damaged or hostile trace?")
     try:  # NaN/Infinity would break --json later; a key twice: which one counts is anyone's guess
-        meta = json.loads(raw, parse_constant=_no_constant, object_pairs_hook=_no_key_twice)
-    except _KeyTwice as e:
+        meta = json.loads(raw, parse_constant=_no_constant, object_pairs_hook=no_key_twice)
+    except KeyTwice as e:
         raise TraceFormatError(f"{path}: ckptrace metadata holds the key {printable(e.key)[:80]!r} twice "
                                "(which one counts is anyone's guess): a damaged or hostile trace?") from None
     except (ValueError, RecursionError):  # RecursionError: nested too deep to be ours

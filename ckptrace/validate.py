@@ -349,3 +349,19 @@ def _available() -> int:
     except (OSError, ValueError, IndexError):
         pass
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+class KeyTwice(ValueError):
+    """A JSON object naming one key twice (json's object_pairs_hook keeps the last silently)."""
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def no_key_twice(pairs: list[tuple[str, object]]) -> dict:
+    """object_pairs_hook for json.loads: the object, or KeyTwice naming the first repeated key."""
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        raise KeyTwice(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out

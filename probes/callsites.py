@@ -83,7 +83,7 @@ def calls_to(elf, start: int, size: int, functions: dict[int, str], names=FILL_C
     arch = arch_of(elf)
     if arch is None or size <= 0:
         return []
-    code = _read(elf, start, size)
+    code = elfsafe.read_code(elf, start, size)
     if code is None:
         return []
     scan = _scan_x86 if arch.machine == "x86_64" else _scan_aarch64
@@ -116,22 +116,6 @@ def calls_to(elf, start: int, size: int, functions: dict[int, str], names=FILL_C
         raise TooManyCalls(f"{owner} makes more than {MAX_SITES} calls to {' or '.join(names)} "
                            f"(at most {MAX_SITES} are probed)")
     return sorted(out, key=lambda s: s.call)
-
-
-def _read(elf, vaddr: int, size: int) -> bytes | None:
-    """`size` bytes at `vaddr` from the executable PT_LOAD holding them (None: not mapped code).
-    A function whose symbol claims more than elfsafe.MAX_CODE bytes is a hostile file's."""
-    if size > elfsafe.MAX_CODE:
-        raise elfsafe.BadObject(f"a function at {vaddr:#x} claims {size} bytes: more than "
-                                f"{elfsafe.MAX_CODE // elfsafe.MiB} MiB of code")
-    for seg in elf.iter_segments():
-        if seg["p_type"] != "PT_LOAD" or not seg["p_flags"] & 1:
-            continue
-        lo = seg["p_vaddr"]
-        if lo <= vaddr and vaddr + size <= lo + seg["p_filesz"]:
-            elf.stream.seek(vaddr - lo + seg["p_offset"])
-            return elf.stream.read(size)
-    return None
 
 
 def _disasm(elf, md, code: bytes, start: int):
@@ -190,7 +174,7 @@ def _x86_stub_slot(elf, target: int, scan: int) -> int | None:
     from capstone import CS_GRP_JUMP
     from capstone.x86 import X86_OP_MEM, X86_REG_RIP
 
-    code = _read(elf, target, 16)
+    code = elfsafe.read_code(elf, target, 16)
     if code is None:
         return None
     for i, insn in enumerate(_x86().disasm(code, target)):
@@ -291,7 +275,7 @@ def _scan_aarch64(elf, code: bytes, start: int):
 
 def _aarch64_stub_slot(elf, target: int, scan: int) -> int | None:
     """The GOT slot a PLT stub at `target` branches through (adrp, ldr, br), or None."""
-    code = _read(elf, target, 4 * scan)
+    code = elfsafe.read_code(elf, target, 4 * scan)
     if code is None:
         return None
     md, kinds = _aarch64()

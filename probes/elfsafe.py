@@ -283,3 +283,31 @@ def table(elf, section, entsize: int | None = None) -> bytes:
     if len(data) != size:
         raise BadObject(f"{name}: {len(data)} of its {size} bytes read (the file shrank?)")
     return data
+
+
+def file_offset(elf, vaddr: int) -> int | None:
+    """The file offset of `vaddr` in an executable PT_LOAD (None: not mapped code). Only executable
+    segments: a uprobe on anything else never fires (bcc refuses them too)."""
+    for seg in elf.iter_segments():
+        if seg["p_type"] != "PT_LOAD" or not seg["p_flags"] & 1:
+            continue
+        if seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_memsz"]:
+            return vaddr - seg["p_vaddr"] + seg["p_offset"]
+    return None
+
+
+def read_code(elf, vaddr: int, size: int) -> bytes | None:
+    """`size` bytes at `vaddr` from the executable PT_LOAD holding them (None: not mapped code, or
+    the file shorter than its segment says). A function whose symbol claims more than MAX_CODE
+    bytes is a hostile file's: BadObject."""
+    if size > MAX_CODE:
+        raise BadObject(f"a function at {vaddr:#x} claims {size} bytes: more than {MAX_CODE // MiB} MiB of code")
+    for seg in elf.iter_segments():
+        if seg["p_type"] != "PT_LOAD" or not seg["p_flags"] & 1:
+            continue
+        lo = seg["p_vaddr"]
+        if lo <= vaddr and vaddr + size <= lo + seg["p_filesz"]:
+            elf.stream.seek(vaddr - lo + seg["p_offset"])
+            data = elf.stream.read(size)
+            return data if len(data) == size else None
+    return None

@@ -47,7 +47,7 @@ def _sites(elf, vaddr: int, mangled: str) -> list[tuple[int, int]] | None:
     inside = lambda a: any(lo <= a < hi for lo, hi in ranges)  # noqa: E731
     rets = []
     for lo, hi in ranges:
-        code = _read(elf, lo, hi - lo)
+        code = elfsafe.read_code(elf, lo, hi - lo) if hi - lo <= elfsafe.MAX_CODE else None
         if code is None:
             return None
         end = lo
@@ -66,7 +66,7 @@ def _sites(elf, vaddr: int, mangled: str) -> list[tuple[int, int]] | None:
             return None  # bytes capstone could not decode: we can't say we saw every return
     out = []
     for a in rets:
-        off = _file_offset(elf, a)
+        off = elfsafe.file_offset(elf, a)
         if off is None:
             return None
         out.append((a, off))
@@ -99,27 +99,3 @@ def _body(elf, vaddr: int, name: str) -> list[tuple[int, int]]:
         if n:
             ranges.append((lo, lo + n))
     return ranges
-
-
-def _read(elf, vaddr: int, size: int) -> bytes | None:
-    """`size` bytes at `vaddr` from the executable PT_LOAD holding them (None: not mapped code)."""
-    if size > elfsafe.MAX_CODE:
-        return None
-    for seg in elf.iter_segments():
-        if seg["p_type"] != "PT_LOAD" or not seg["p_flags"] & 1:
-            continue
-        lo = seg["p_vaddr"]
-        if lo <= vaddr and vaddr + size <= lo + seg["p_filesz"]:
-            elf.stream.seek(vaddr - lo + seg["p_offset"])
-            data = elf.stream.read(size)
-            return data if len(data) == size else None
-    return None
-
-
-def _file_offset(elf, vaddr: int) -> int | None:
-    for seg in elf.iter_segments():
-        if seg["p_type"] != "PT_LOAD" or not seg["p_flags"] & 1:
-            continue
-        if seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_memsz"]:
-            return vaddr - seg["p_vaddr"] + seg["p_offset"]
-    return None

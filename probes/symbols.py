@@ -485,16 +485,6 @@ def qualified_name(demangled: str) -> str:
     return s[last_space + 1:cut].replace("\0", "(anonymous namespace)")
 
 
-def _file_offset(elf: ELFFile, vaddr: int) -> int | None:
-    # Only executable segments: a uprobe on anything else never fires (bcc refuses them too).
-    for seg in elf.iter_segments():
-        if seg["p_type"] != "PT_LOAD" or not seg["p_flags"] & 1:
-            continue
-        if seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_memsz"]:
-            return vaddr - seg["p_vaddr"] + seg["p_offset"]
-    return None
-
-
 def _read_object(path: str, follow: bool = True, deadline: float | None = None) -> _Object:
     """One object's probe points. TargetError/NotPermitted: it can't be opened; _NotCode: an ELF
     file with no code; BadObject: anything else wrong with it, whatever the parser raised."""
@@ -544,7 +534,7 @@ def _object_of(path: str, elf: ELFFile, follow: bool) -> _Object:
                 continue
             if p.params and not dem.split(" [clone ", 1)[0].endswith(p.params):
                 continue  # another overload (resize(n, value) is not the growth update_tgt calls)
-            offset = _file_offset(elf, value)
+            offset = elfsafe.file_offset(elf, value)
             if offset is None:
                 continue
             seen.add((p.name, value))  # aliases at one address: one probe
@@ -554,7 +544,7 @@ def _object_of(path: str, elf: ELFFile, follow: bool) -> _Object:
             matched = True
         name = raw.split("@", 1)[0]
         if gpu and name in cuda.POINTS and (name, value) not in seen \
-                and (offset := _file_offset(elf, value)) is not None:
+                and (offset := elfsafe.file_offset(elf, value)) is not None:
             seen.add((name, value))
             obj.found.append((name, ProbePoint(name, name, raw, path, value, offset, build_id, binding)))
             matched = True
@@ -605,7 +595,7 @@ def _call_points_in(elf: ELFFile, obj: _Object, owners: list[ProbePoint], callee
         for site in callsites.calls_to(elf, pp.vaddr, obj.sizes.get(pp.vaddr, 0), funcs, callees,
                                        owner=qualified_name(pp.symbol)):
             for point, vaddr, out in ((names[0], site.call, begins), (names[1], site.after, ends)):
-                offset = _file_offset(elf, vaddr)
+                offset = elfsafe.file_offset(elf, vaddr)
                 if offset is None:
                     continue
                 where = f"{vaddr - pp.vaddr:#x}"
