@@ -143,7 +143,12 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         return
     from ckptrace.samples.llama_server import build_argv
 
-    script = "rc=0; " + "".join(f"{shlex.join(build_argv(**spec))} || rc=1; " for spec in builds) + "exit $rc"
+    # Each build's wall time, then the CPU all of them took (bash's `times`: its children's user
+    # and system time), for the summary's breakdown.
+    script = "rc=0; " + "".join(
+        f"s=$SECONDS; {shlex.join(build_argv(**spec))} || rc=1; "
+        f"echo \"prebuild: {' '.join(f'{k}={v}' for k, v in spec.items())}: $((SECONDS - s)) s\"; "
+        for spec in builds) + "echo prebuild: times; times; exit $rc"
     fd, log = tempfile.mkstemp(prefix="ckptrace-prebuild-", suffix=".log")
     proc = subprocess.Popen(["nice", "-n", "10", "bash", "-c", script], stdin=subprocess.DEVNULL,
                             stdout=fd, stderr=subprocess.STDOUT, start_new_session=True,
@@ -169,10 +174,37 @@ def _stop_prebuild() -> str | None:
     if proc.returncode != 0:
         return f"failed with status {proc.returncode} (the tests built for themselves; log: {_prebuild['log']})"
     took = _prebuild.get("end", time.monotonic()) - _prebuild["start"]
-    return f"{_prebuild['builds']} built or reused in the first {took:.0f} s of the session (log: {_prebuild['log']})"
+    return (f"{_prebuild['builds']} built or reused in the first {took:.0f} s of the session"
+            f"{_prebuild_times(_prebuild['log'])} (log: {_prebuild['log']})")
+
+
+def _prebuild_times(log: str) -> str:
+    """Each build's wall seconds and the builds' CPU, from the background script's log."""
+    import re
+
+    try:
+        with open(log, errors="replace") as f:
+            text = f.read()
+    except OSError:
+        return ""
+    walls = re.findall(r"^prebuild: (.+): (\d+) s$", text, re.M)
+    # `times` prints the shell's line, then its children's: "0m1.5s 0m0.2s"
+    kids = re.search(r"^prebuild: times\n.*\n(\d+)m([\d.]+)s (\d+)m([\d.]+)s$", text, re.M)
+    parts = [f"{spec} {s} s" for spec, s in walls]
+    if kids:
+        m1, s1, m2, s2 = kids.groups()
+        parts.append(f"CPU {60 * int(m1) + float(s1) + 60 * int(m2) + float(s2):.0f} s")
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+# Where the suite's time went, per test file (setup, call and teardown summed): printed at the end
+# so a slow CI run shows its breakdown without a second run.
+_file_seconds: dict[str, float] = {}
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _file_seconds[path] = _file_seconds.get(path, 0.0) + report.duration
     if "ebpf" not in report.keywords:
         return
     if report.skipped and not hasattr(report, "wasxfail"):
@@ -188,7 +220,27 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
+def _time_breakdown(terminalreporter, top: int = 25) -> None:
+    import resource
+
+    if not _file_seconds:
+        return
+    total = sum(_file_seconds.values())
+    terminalreporter.section("time per test file (s, setup + call + teardown)")
+    for path, s in sorted(_file_seconds.items(), key=lambda kv: -kv[1])[:top]:
+        terminalreporter.line(f"{s:8.1f}  {100 * s / total:4.1f}%  {path}")
+    rest = sorted(_file_seconds.values(), reverse=True)[top:]
+    if rest:
+        terminalreporter.line(f"{sum(rest):8.1f}  {100 * sum(rest) / total:4.1f}%  the other {len(rest)} files")
+    # CPU of pytest and of every process it has waited for (the tests' targets, recorders and,
+    # once finished, the background builds): what the suite asked of the machine's cores.
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
+    terminalreporter.line(f"{total:8.1f}  in tests; CPU {cpu:.0f} s (pytest and the processes it waited for)")
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
+    _time_breakdown(terminalreporter)
     if _prebuild.get("outcome"):
         terminalreporter.line(f"llama-server background builds: {_prebuild['outcome']}")
     if not REQUIRE_EBPF:
