@@ -139,7 +139,7 @@ def test_analyze_compare_dashboard_on_the_installed_samples(installed, tmp_path)
     legs = [traces / f"{leg}.parquet" for leg in LEGS]
     # Same answers as the checkout's own package on the checkout's copy of the traces.
     from ckptrace.analyzers import analyze_trace
-    from ckptrace.trace import read_trace
+    from ckptrace.core.trace import read_trace
     for leg in legs:
         got = json.loads(run([exe, "analyze", leg, "--json"], cwd=cwd).stdout)
         want = analyze_trace(read_trace(REPO / "samples" / "traces" / leg.name))
