@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from ckptrace.meta import ProcessInfo
-from ckptrace.terminal import printable
-from ckptrace.trace import BATCH_ROWS, Trace, TraceFile, opened, read_between, read_trace
+from ckptrace.core.meta import ProcessInfo
+from ckptrace.core.terminal import printable
+from ckptrace.core.trace import BATCH_ROWS, Trace, TraceFile, opened, read_between, read_trace
 
 from .checkpoints import CHECKPOINT_COLUMNS, checkpoint_table
 from .events import KindRows

@@ -8,7 +8,7 @@
   those spans, from the trace's `cpu_ns`/`wait_ns`. Blocked time is wall - cpu - wait. NA when
   not recorded (trace format 1, or a kernel without the counters); 0 for a fill that did not
   happen (pool hit) when the checkpoint's own span was recorded.
-- `buffer`: what the destination buffer's pages did (ckptrace/rules.py `checkpoint_rules`, the
+- `buffer`: what the destination buffer's pages did (core/rules.py `checkpoint_rules`, the
   one definition): "grown" (a fill ran), "reused" (no fill, the copy took no faults, the
   destination not mapped by this checkpoint: a pool hit), "fresh" (no fill, the copy faulted
   every page in), "partial" (no fill, the copy faulted some pages in), "touched" (no fill, no
@@ -47,12 +47,12 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ckptrace.errors import AnalysisError
-from ckptrace.trace import STATE_FLAG_ON_DEVICE, empty_frame
-from ckptrace.validate import increasing
+from ckptrace.core.errors import AnalysisError
+from ckptrace.core.trace import STATE_FLAG_ON_DEVICE, empty_frame
+from ckptrace.core.validate import increasing
 
 from .events import KindRows, kind_rows
-from ckptrace.rules import BUFFER_CLASSES, checkpoint_rules, enclosing, mapped_destination, saved  # noqa: F401
+from ckptrace.core.rules import BUFFER_CLASSES, checkpoint_rules, enclosing, mapped_destination, saved  # noqa: F401
 from .spans import CLOCK_COLUMNS, NA_INT, Groups, Ids, assign_iterations, by_start, kind_mask
 from .sums import SUM_MAX, bound, bound_table, checked_product
 
@@ -217,7 +217,7 @@ def _create_bytes(ck: pd.DataFrame, events: pd.DataFrame) -> pd.arrays.IntegerAr
 # dashboards), bounded once built (sums.py), so a sum over any of its rows is exact. Several in one
 # tuple are bounded together. The fill's and copy's figures are sums of parts bounded together
 # above; a derived fill's are not (DERIVED). Counts (faults, mmaps) need no check: the
-# validator's ranges bound their sums (ckptrace/validate.py).
+# validator's ranges bound their sums (core/validate.py).
 SUMMED = [("total_ns",), ("bytes",), ("other_ns",), ("cpu_ns",), ("wait_ns",)]
 DERIVED = [("fill_ns", "copy_ns"), ("fill_cpu_ns", "copy_cpu_ns"), ("fill_wait_ns", "copy_wait_ns")]
 

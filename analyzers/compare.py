@@ -54,11 +54,11 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ckptrace.errors import AnalysisError
-from ckptrace.meta import TraceMeta
-from ckptrace.terminal import shown_label
-from ckptrace.trace import Trace
-from ckptrace.units import MIB
+from ckptrace.core.errors import AnalysisError
+from ckptrace.core.meta import TraceMeta
+from ckptrace.core.terminal import shown_label
+from ckptrace.core.trace import Trace
+from ckptrace.core.units import MIB
 
 from . import Analysis, analyze_processes, analyze_trace
 from .metrics import COUNT, METRICS as REGISTRY, POOL, compared
@@ -610,7 +610,7 @@ def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: flo
     `warmup`: each thread's warm-up (analyzers/warmup.py: N prefill iterations, or "auto"), left
     out of the metrics and reported apart; a leg with nothing after it is left out, said in one line.
 
-    `requests`: per leg, its request file's frame (ckptrace.requests_file.read_requests) or None;
+    `requests`: per leg, its request file's frame (ckptrace.core.requests_file.read_requests) or None;
     with any, the REQUEST_METRICS rows are added. A file none of whose requests ran while its
     leg was recorded is an AnalysisError (analyzers/requests.py)."""
     if len(traces) < 2:

@@ -1,7 +1,7 @@
 """The rows the analysis reads, kind by kind, with only the columns it reads.
 
 Built from a whole events frame (`from_frame`) or batch by batch from a trace file
-(`from_file`, ckptrace.trace.iter_batches): then memory holds what the analysis keeps, never the
+(`from_file`, ckptrace.core.trace.iter_batches): then memory holds what the analysis keeps, never the
 whole trace. Rows are kept in groups of kinds (GROUPS), in trace order within a group. Left out:
 `decode` rows of threads that have `iteration` rows (spans.py uses decode rows only where
 update_slots was not probed) and the kinds and columns no analysis reads. Kept as running figures
@@ -20,10 +20,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from ckptrace.errors import TraceFormatError
-from ckptrace.trace import (BATCH_ROWS, COLUMNS, KINDS, TraceFile, empty_frame, iter_kinds, iter_record_batches,
-                            normalize_events, opened)
-from ckptrace.validate import check_ids
+from ckptrace.core.errors import TraceFormatError
+from ckptrace.core.trace import (BATCH_ROWS, COLUMNS, KINDS, TraceFile, empty_frame, iter_kinds, iter_record_batches,
+                                 normalize_events, opened)
+from ckptrace.core.validate import check_ids
 
 SPAN = ["tid", "start_ns", "end_ns"]
 CLOCKS = ["cpu_ns", "wait_ns"]

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ckptrace.errors import TraceFormatError
-from ckptrace.trace import empty_frame
+from ckptrace.core.errors import TraceFormatError
+from ckptrace.core.trace import empty_frame
 
 from .spans import NA_INT
 

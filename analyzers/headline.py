@@ -11,7 +11,7 @@ comparison already judged, taken from its rows, never computed apart:
   how much of it the traced checkpoint path explains and the rest (ttft.py), and its verdict only
   where ttft.py's rules let it stand (enough requests; the traced path explains it);
 - the candidate's pool hit rate after warm-up (and with it): hits are reused, resident buffers
-  (the `buffer` class, ckptrace/rules.py), never a fill that vanished because the copy now faults
+  (the `buffer` class, core/rules.py), never a fill that vanished because the copy now faults
   the pages in: that is said as such ("moved"), with the copy's fault time before and after, and
   every leg whose copies landed in pages not yet resident is named (`fresh_copies`);
 - what it costs: checkpoint memory held at peak (and RSS, where recorded), arms' means.
@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from ckptrace.terminal import shown_label
+from ckptrace.core.terminal import shown_label
 
 # Each headline figure: (key, the comparison's metric, its wall-time stand-in, what it is on CPU,
 # per what). One table, so the names move together.
@@ -196,7 +196,7 @@ def headline(c, analyses, arms, warm) -> dict:
 
 def sentence(h: dict, candidate: str, baseline: str, quote=str) -> str:
     """The headline's figures in one sentence; `quote` shows a label (made printable, code, ...),
-    each cut to LABEL_MAX first (ckptrace/terminal.py)."""
+    each cut to LABEL_MAX first (core/terminal.py)."""
     candidate, baseline = shown_label(candidate), shown_label(baseline)
     parts = [_time_said(h[key], what, per) for key, _, _, what, per in FIGURES if h.get(key) is not None]
     out = f"{quote(candidate)} " + (" and ".join(parts) if parts else "could not be measured")

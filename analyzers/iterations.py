@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ckptrace.trace import empty_frame
+from ckptrace.core.trace import empty_frame
 
 from .events import KindRows, kind_rows
 from .spans import BOUNDARIES, CLOCK_COLUMNS, NA_INT, Groups, Ids, assign_iterations, kind_mask

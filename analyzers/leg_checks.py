@@ -21,9 +21,9 @@ from __future__ import annotations
 import os
 import re
 
-from ckptrace.errors import AnalysisError
-from ckptrace.meta import TraceMeta
-from ckptrace.terminal import printable, shown_label
+from ckptrace.core.errors import AnalysisError
+from ckptrace.core.meta import TraceMeta
+from ckptrace.core.terminal import printable, shown_label
 
 # Words that make a label read as the change, or as its absence (whole words of the label).
 CANDIDATE_WORDS = frozenset({"on", "new", "after", "candidate", "cand", "patched", "with", "fixed"})

@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ckptrace.buffers import BUFFER_PHASES, HeldBuffers
-from ckptrace.trace import empty_frame
+from ckptrace.core.buffers import BUFFER_PHASES, HeldBuffers
+from ckptrace.core.trace import empty_frame
 
 from .spans import in_order, sorted_by
 from .sums import bound, checked_sum

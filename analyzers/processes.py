@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 
-from ckptrace.errors import TraceFormatError
-from ckptrace.meta import MAX_PROCESSES, ProcessInfo
-from ckptrace.terminal import printable
-from ckptrace.trace import Trace
+from ckptrace.core.errors import TraceFormatError
+from ckptrace.core.meta import MAX_PROCESSES, ProcessInfo
+from ckptrace.core.terminal import printable
+from ckptrace.core.trace import Trace
 
 
 def process_info(trace: Trace, pids=None) -> list[ProcessInfo]:

@@ -37,9 +37,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ckptrace.errors import AnalysisError
-from ckptrace.terminal import printable
-from ckptrace.trace import Trace, time_origin
+from ckptrace.core.errors import AnalysisError
+from ckptrace.core.terminal import printable
+from ckptrace.core.trace import Trace, time_origin
 
 from .spans import NA_INT, kind_mask, select
 from .state_path import enclosing
@@ -93,7 +93,7 @@ def request_process(trace: Trace, choice: str | None, source: str = "") -> int |
     `label:NAME` to say which), None for a one-process trace. A request file carries no pid, so a
     trace of several processes needs the choice; a choice naming no process of the trace, several,
     or one by pid and another by label, is an AnalysisError."""
-    from ckptrace.terminal import printable
+    from ckptrace.core.terminal import printable
 
     from .processes import process_info, process_label
 
@@ -196,7 +196,7 @@ def request_table(requests: pd.DataFrame, analysis, source: str = "request file"
                   ) -> pd.DataFrame:
     """One row per request (REQUEST_COLUMNS), by the rules in the module docstring.
 
-    `requests`: ckptrace.requests_file.read_requests(); `analysis`: analyze_trace() of the trace
+    `requests`: ckptrace.core.requests_file.read_requests(); `analysis`: analyze_trace() of the trace
     recorded while they ran; `pid`: the process they went to (request_process), None for all.
     `source` names the request file in the error line."""
     trace = analysis.trace

@@ -20,11 +20,11 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ckptrace.trace import empty_frame
-from ckptrace.validate import in_order, increasing
+from ckptrace.core.trace import empty_frame
+from ckptrace.core.validate import in_order, increasing
 
 from .events import KindRows, kind_rows
-from ckptrace.rules import Groups as _Groups, Ids  # noqa: F401 (Ids: also read from here)
+from ckptrace.core.rules import Groups as _Groups, Ids  # noqa: F401 (Ids: also read from here)
 from .sums import bound
 
 BOUNDARIES = ["update_slots", "decode"]

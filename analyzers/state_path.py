@@ -31,9 +31,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ckptrace.trace import empty_frame
+from ckptrace.core.trace import empty_frame
 
-from ckptrace.rules import enclosing, restored  # noqa: F401 (also read from here)
+from ckptrace.core.rules import enclosing, restored  # noqa: F401 (also read from here)
 from .spans import NA_INT, assign_iterations, kind_mask, select
 from .sums import bound, bound_table
 

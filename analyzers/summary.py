@@ -19,8 +19,8 @@ import dataclasses
 import numpy as np
 import pandas as pd
 
-from ckptrace.meta import TraceMeta
-from ckptrace.units import MIB
+from ckptrace.core.meta import TraceMeta
+from ckptrace.core.units import MIB
 
 from .metrics import METRICS
 from .spans import Ids

@@ -1,7 +1,7 @@
 """Sums that can't lie: an int64 sum the analysis makes is bounded before it is made, or refused.
 
 numpy's int64 sums wrap silently past 2^63 - 1 (40,000 checkpoints of 2^48 bytes once printed
-"state copied: -6854767804416.0 MiB"). The trace validator (ckptrace/validate.py) bounds every
+"state copied: -6854767804416.0 MiB"). The trace validator (core/validate.py) bounds every
 value and the row count, which is enough for counts and tokens (ROWS_MAX x their largest value
 stays under 2^63), not for times and bytes: a trace may hold 2^32 rows of 2^48 bytes, or a
 thread per 2^62 ns span. So the sums of those are checked here, once per column and before any
@@ -27,7 +27,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ckptrace.errors import AnalysisError
+from ckptrace.core.errors import AnalysisError
 
 SUM_MAX = 1 << 62
 FLOAT_SAFE = SUM_MAX * (1 - 2.0 ** -20)  # a float64 sum of magnitudes below this is surely <= SUM_MAX

@@ -43,10 +43,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from ckptrace.errors import AnalysisError
-from ckptrace.meta import ProcessInfo, TraceMeta
-from ckptrace.terminal import printable
-from ckptrace.units import MIB
+from ckptrace.core.errors import AnalysisError
+from ckptrace.core.meta import ProcessInfo, TraceMeta
+from ckptrace.core.terminal import printable
+from ckptrace.core.units import MIB
 
 from .memory import BUFFER_PHASES, held_series, rss_series
 
@@ -559,12 +559,12 @@ def limit_warning(label: str, r: Replay) -> str | None:
 
 
 def predict(trace, policy: Policy | None = None) -> list[Replay]:
-    """Every process of a trace (a path, or a ckptrace.trace.Trace) replayed against `policy`
+    """Every process of a trace (a path, or a ckptrace.core.trace.Trace) replayed against `policy`
     (default PR #201's): one Replay each, in the trace's process order, with its `input` and
     `analysis` (a process that mapped no checkpoint buffer has no gets). A path is read batch by
     batch (analyze_processes): memory holds the rows the analysis keeps, never the whole trace."""
     from . import analyze_processes
-    from ckptrace.trace import Trace, read_meta
+    from ckptrace.core.trace import Trace, read_meta
 
     fills: list[pd.DataFrame] = []
     analyses = analyze_processes(trace, on_rows=lambda rows: fills.append(rows.of("fill")[["pid", "ckpt", "start_ns"]]))

@@ -84,15 +84,15 @@ def synthetic_events(n: int, seed: int = 0) -> pd.DataFrame:
 
 
 def generate(path: str, n: int) -> None:
-    from ckptrace.meta import TraceMeta
-    from ckptrace.trace import write_trace
+    from ckptrace.core.meta import TraceMeta
+    from ckptrace.core.trace import write_trace
     write_trace(path, synthetic_events(n), TraceMeta(label="bench", fault_sample_every=8))
 
 
 def measure(path: str, whole: bool = False) -> dict:
     from ckptrace.analyzers import KindRows, analyze_rows
-    from ckptrace.heap import keep_freed_memory
-    from ckptrace.trace import Trace, read_meta, read_trace
+    from ckptrace.core.heap import keep_freed_memory
+    from ckptrace.core.trace import Trace, read_meta, read_trace
 
     keep_freed_memory()  # as the commands that read traces do (ckptrace/cli.py)
 

@@ -25,7 +25,7 @@ from ckptrace.analyzers import analyze_trace
 from ckptrace.renderers.chrome import chrome_writer
 from ckptrace.renderers.perfetto import perfetto_writer
 from ckptrace.renderers.timeline import build_timeline
-from ckptrace.trace import read_trace, write_trace
+from ckptrace.core.trace import read_trace, write_trace
 
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "traces" / "1-pool-off.parquet"
 

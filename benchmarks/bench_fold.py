@@ -2,7 +2,7 @@
 
 No kernel: the events of a recorded trace (the pool-off sample by default: every checkpoint a fill
 with its faults and mmaps) are cut into batches of --per-batch checkpoints, as the drain loop
-hands them over every 0.5 s, in the record layout the fold reads (probes/live.py's numpy records:
+hands them over every 0.5 s, in the record layout the fold reads (live/session.py's numpy records:
 the fields it uses, the kernel's integer codes), and CheckpointMetrics.fold is timed over them,
 --repeat times; reported: the median CPU time per batch and per checkpoint (time.process_time:
 on-CPU, not wall). Compares two ckptrace versions when run from each checkout:
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from ckptrace.exporters.prometheus import CheckpointMetrics
-from ckptrace.trace import KINDS, PHASES, read_trace
+from ckptrace.core.trace import KINDS, PHASES, read_trace
 
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "traces" / "1-pool-off.parquet"
 FIELDS = {"kind": "u1", "phase": "u1", "pid": "i4", "tid": "i4", "ckpt": "i8", "iter": "i8", "start_ns": "i8",
@@ -28,7 +28,7 @@ FIELDS = {"kind": "u1", "phase": "u1", "pid": "i4", "tid": "i4", "ckpt": "i8", "
           "old_addr": "u8", "old_bytes": "i8"}
 
 
-class Batch:  # probes/live.py's LiveBatch, as the fold reads it
+class Batch:  # live/session.py's LiveBatch, as the fold reads it
     def __init__(self, events, fault_ns):
         self.events, self.fault_ns, self.sched_recorded = events, fault_ns, True
 

@@ -73,8 +73,8 @@ def synthetic_trace(path: Path, n: int) -> int:
     import numpy as np
 
     from bench_analyzer import synthetic_events
-    from ckptrace.meta import TraceMeta
-    from ckptrace.trace import write_trace
+    from ckptrace.core.meta import TraceMeta
+    from ckptrace.core.trace import write_trace
 
     ev = synthetic_events(n)
     ev["pid"] = np.int32(PID)

@@ -192,7 +192,7 @@ def sample_target():
 def llama_target(tmp: Path, binary: Path | None = None):
     """A llama-server under a steady load (3 clients, distinct prompts: two checkpoints each):
     `binary`, its folder's libraries first, or the cached 0.3.36 pool-off build."""
-    from ckptrace.loadgen import run_load
+    from ckptrace.core.loadgen import run_load
     from ckptrace.samples.llama_server import build_server, cached_model, llama_server
 
     model = cached_model()

@@ -73,7 +73,7 @@ def record_all(out: Path, reps: int, iterations: int) -> None:
 def judge(out: Path, warmup="auto") -> dict:
     from ckptrace.analyzers import analyze_trace
     from ckptrace.analyzers.compare import STATISTICS, compare
-    from ckptrace.trace import read_trace
+    from ckptrace.core.trace import read_trace
 
     reps = sorted({p.name[:2] for p in out.glob("*-aba-3.parquet")} & {p.name[:2] for p in out.glob("*-aaa-3.parquet")})
     legs = {(r, n): [analyze_trace(read_trace(out / f"{r}-{n}-{i}.parquet")) for i in (1, 2, 3)]

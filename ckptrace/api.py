@@ -1,7 +1,7 @@
 """ckptrace as a library: `ckptrace.open(path) -> Trace` and `ckptrace.compare([...]) -> Comparison`.
 
 A thin facade over the analyzers (as Holistic Trace Analysis' `TraceAnalysis` is over its own):
-a Trace is one trace file opened and checked once (ckptrace.trace.TraceFile) and analysed once,
+a Trace is one trace file opened and checked once (ckptrace.core.trace.TraceFile) and analysed once,
 when a table is first asked for, batch by batch as `analyze` reads it. Every table is a typed
 DataFrame with its unit in each column name (`fill_ns`, `bytes`); a figure that was not recorded
 is NA, never 0. The commands are users of this module, so a notebook gets exactly what
@@ -22,12 +22,12 @@ from ckptrace.analyzers.leg_checks import check_distinct
 from ckptrace.analyzers.metrics import METRICS as REGISTRY
 from ckptrace.analyzers.requests import (process_analysis, request_pids, request_process, request_summary,
                                          request_table)
-from ckptrace.errors import AnalysisError
-from ckptrace.meta import TraceMeta
+from ckptrace.core.errors import AnalysisError
+from ckptrace.core.meta import TraceMeta
 from ckptrace.renderers.json import SCHEMA_VERSION
-from ckptrace.requests_file import leg_requests, read_requests, request_pid_choices
-from ckptrace.terminal import printable
-from ckptrace.trace import BATCH_ROWS, Trace as TraceData, TraceFile, empty_frame, read_trace
+from ckptrace.core.requests_file import leg_requests, read_requests, request_pid_choices
+from ckptrace.core.terminal import printable
+from ckptrace.core.trace import BATCH_ROWS, Trace as TraceData, TraceFile, empty_frame, read_trace
 
 __all__ = ["SCHEMA_VERSION", "Comparison", "Trace", "compare", "compare_processes", "open"]
 
@@ -73,7 +73,7 @@ class Trace:
 
     @property
     def meta(self) -> TraceMeta:
-        """The recording's metadata (ckptrace.meta.TraceMeta; `.to_json()` is analyze --json's `trace`).
+        """The recording's metadata (ckptrace.core.meta.TraceMeta; `.to_json()` is analyze --json's `trace`).
         A recording cut short (a killed recorder's stream) says so in `complete` and `cut_short`."""
         return self.file.stream_trace()[1] if self.file.stream else self.file.meta
 
@@ -89,7 +89,7 @@ class Trace:
         return analyze_file(self.file, self.batch_rows)
 
     def events(self) -> pd.DataFrame:
-        """Every event of the trace (ckptrace.trace.COLUMNS), read whole from the open file."""
+        """Every event of the trace (ckptrace.core.trace.COLUMNS), read whole from the open file."""
         a = self.analysis
         if a.trace.events is None:
             a.trace.events = read_trace(self.file).events

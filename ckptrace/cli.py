@@ -7,10 +7,11 @@ import sys
 
 import click
 
-from ckptrace import __version__, stdio, stopping
-from ckptrace.errors import CkptraceError
-from ckptrace.heap import keep_freed_memory
-from ckptrace.terminal import printable
+from ckptrace import __version__
+from ckptrace.core import stdio, stopping
+from ckptrace.core.errors import CkptraceError
+from ckptrace.core.heap import keep_freed_memory
+from ckptrace.core.terminal import printable
 
 # name -> module under ckptrace.commands defining a click command called `command`.
 # Imported lazily so `analyze` works on a machine without bcc.
@@ -31,9 +32,9 @@ COMMANDS = {
 }
 
 
-# Commands that read traces and exit: glibc keeps their freed memory for reuse (ckptrace/heap.py).
+# Commands that read traces and exit: glibc keeps their freed memory for reuse (core/heap.py).
 READERS = {"analyze", "compare", "dashboard", "export", "whatif"}
-# Commands that take the held stop signals over (ckptrace/stopping.py); the others get Python's
+# Commands that take the held stop signals over (core/stopping.py); the others get Python's
 # defaults back before they run.
 STOPPABLE = {"record"}
 

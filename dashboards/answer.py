@@ -14,7 +14,7 @@ from plotly.subplots import make_subplots
 
 from ckptrace.analyzers.headline import sentence, stacked_parts
 from ckptrace.analyzers.warmup import AUTO, prefill_rows, split
-from ckptrace.terminal import shown_label
+from ckptrace.core.terminal import shown_label
 
 from .legs import PHASE_COLOURS, VERDICT_COLOURS, Leg, plain
 from .panels import PARTS, Panel, iteration_parts, layout

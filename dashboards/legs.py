@@ -13,9 +13,9 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.analyzers.state_path import PROMPT_SAVE_COLUMNS, RESTORE_COLUMNS
-from ckptrace.meta import TraceMeta
-from ckptrace.terminal import printable, shown_label
-from ckptrace.trace import empty_frame
+from ckptrace.core.meta import TraceMeta
+from ckptrace.core.terminal import printable, shown_label
+from ckptrace.core.trace import empty_frame
 
 # Above this many rows per leg, distributions show evenly spaced order statistics and the
 # per-iteration panel shows bins: keeps 100k checkpoints well under 10 MB of HTML.
@@ -32,7 +32,7 @@ VERDICT_COLOURS = {"faster": "#2E7D32", "slower": "#C62828", "no change": "#7575
 
 def plain(text: object) -> str:
     """A string plotly.js shows literally: made printable (control characters and bidi controls
-    shown as escapes, ckptrace/terminal.py), then its markup characters escaped as entities."""
+    shown as escapes, core/terminal.py), then its markup characters escaped as entities."""
     return printable(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 

@@ -13,9 +13,9 @@ from plotly.subplots import make_subplots
 
 from ckptrace.analyzers.memory import held_series, rss_series
 from ckptrace.analyzers.processes import process_info, process_label
-from ckptrace.terminal import shown_label
-from ckptrace.trace import time_origin
-from ckptrace.units import MIB
+from ckptrace.core.terminal import shown_label
+from ckptrace.core.trace import time_origin
+from ckptrace.core.units import MIB
 
 from .legs import Leg, plain
 from ckptrace.analyzers.metrics import METRICS

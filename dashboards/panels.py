@@ -16,10 +16,10 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ckptrace.meta import TraceMeta
-from ckptrace.terminal import shown_label
-from ckptrace.trace import time_origin
-from ckptrace.units import MIB
+from ckptrace.core.meta import TraceMeta
+from ckptrace.core.terminal import shown_label
+from ckptrace.core.trace import time_origin
+from ckptrace.core.units import MIB
 
 from ckptrace.analyzers.checkpoints import BUFFER_SAID
 from ckptrace.analyzers.headline import PARTS as TIME_PARTS, time_parts

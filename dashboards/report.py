@@ -14,9 +14,9 @@ from pathlib import Path
 import plotly.io as pio
 
 from ckptrace.analyzers.summary import gpu_hazard
-from ckptrace.errors import CkptraceError
-from ckptrace.output import write_output
-from ckptrace.terminal import printable
+from ckptrace.core.errors import CkptraceError
+from ckptrace.core.output import write_output
+from ckptrace.core.terminal import printable
 
 from . import answer, memory, panels
 from .legs import make_legs, plain

@@ -9,7 +9,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ckptrace.errors import CkptraceError
+from ckptrace.core.errors import CkptraceError
 
 # Root needs --no-sandbox; the rest keeps Chromium from reaching the network on its own.
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ckptrace.meta import ObjectInfo, ProbeInfo, TraceMeta
-from ckptrace.trace import Trace, normalize_events
-from ckptrace.units import MIB
+from ckptrace.core.meta import ObjectInfo, ProbeInfo, TraceMeta
+from ckptrace.core.trace import Trace, normalize_events
+from ckptrace.core.units import MIB
 
 
 

@@ -14,8 +14,8 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ckptrace.analyzers.whatif import POLICIES, default_caps, replay_input, sweep
-from ckptrace.errors import AnalysisError
-from ckptrace.units import MIB
+from ckptrace.core.errors import AnalysisError
+from ckptrace.core.units import MIB
 
 from .legs import Leg
 from .panels import Panel, layout

@@ -1,6 +1,6 @@
 """The Prometheus series of `ckptrace serve`: per-process checkpoint histograms, counters and gauges.
 
-Events arrive in batches (probes/live.py), folded per process by probes/fold.py (the fold `top`
+Events arrive in batches (live/session.py), folded per process by probes/fold.py (the fold `top`
 and `record`'s status line share): each batch's checkpoints and restores computed by `analyze`'s
 own rules, not a copy of them, and held memory by its own class, so a scrape and an analysis of
 the same period agree (tests/test_serve.py). The series and their help text come from the metric table
@@ -118,7 +118,7 @@ class CheckpointMetrics(Collector):
         return next((t for (p, _), t in self._targets.items() if p == pid and t.ended_ns is None), None)
 
     def fold(self, pid: int, batch) -> None:
-        """Add one batch of a process's events (probes/live.py LiveBatch)."""
+        """Add one batch of a process's events (live/session.py LiveBatch)."""
         t = self._live(pid)
         if t is None:
             return  # a process detached since (its last events come after it was served)

@@ -25,7 +25,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from ckptrace.errors import CkptraceError, EbpfUnavailable, NotPermitted
+from ckptrace.core.errors import CkptraceError, EbpfUnavailable, NotPermitted
 from ckptrace.probes import bpf_cache
 from ckptrace.probes.bpf_runtime import MAP_TYPES, decode_type
 

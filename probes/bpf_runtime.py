@@ -20,7 +20,7 @@ import functools
 import os
 import re
 
-from ckptrace.errors import EbpfUnavailable
+from ckptrace.core.errors import EbpfUnavailable
 
 KPROBE, TRACEPOINT, PERF_EVENT, RAW_TRACEPOINT = 2, 5, 7, 17  # enum bpf_prog_type
 MAP_HASH, MAP_ARRAY, MAP_PERCPU_ARRAY, MAP_RINGBUF = 1, 2, 6, 27  # enum bpf_map_type

@@ -2,7 +2,7 @@
 #ifndef CKPTRACE_CHECKPOINT_H
 #define CKPTRACE_CHECKPOINT_H
 
-/* Row kinds; the order is ckptrace.trace.KINDS. */
+/* Row kinds; the order is ckptrace.core.trace.KINDS. */
 enum ckpt_kind {
     K_CHECKPOINT = 0,
     K_FILL = 1,
@@ -22,7 +22,7 @@ enum ckpt_kind {
     K_SLOT_RESTORE = 15,
 };
 
-/* Innermost open span of a thread; the order is ckptrace.trace.PHASES. */
+/* Innermost open span of a thread; the order is ckptrace.core.trace.PHASES. */
 enum ckpt_phase {
     P_NONE = 0,
     P_ITERATION = 1,

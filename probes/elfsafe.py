@@ -17,7 +17,7 @@ import time
 
 from elftools.elf.elffile import ELFFile
 
-from ckptrace.errors import TargetError
+from ckptrace.core.errors import TargetError
 
 MiB = 1 << 20
 # A real llama-server's largest table is about 1 MiB (libllama-common's .strtab); the bounds

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ckptrace.meta import FaultTime
+from ckptrace.core.meta import FaultTime
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -112,7 +112,7 @@ def span_fault_ns(events: pd.DataFrame, cal: dict[str, list[list[int]]], carry: 
     """fault_ns per row: fills and copies from their cpu_ns, checkpoints as the sum of theirs,
     0 for any span without faults, NA where not measured. Batch by batch, in recording order,
     `carry` (a dict kept between calls) holds the parts of checkpoints whose row is yet to come."""
-    import pandas as pd  # at the finish only: a recorder streams without pandas (ckptrace/columns.py)
+    import pandas as pd  # at the finish only: a recorder streams without pandas (core/columns.py)
 
     out = pd.Series(pd.NA, index=events.index, dtype="Int64")
     # A copy made by CUDA calls is not a memcpy of its bytes, nor are its faults all its thread's

@@ -1,11 +1,11 @@
 """What each live batch adds to a process's checkpoint figures: the one fold `serve`'s series,
 `top`'s view and the recorder's status line share.
 
-A batch is the kernel's records as they came (probes/live.py's LiveBatch, or the recorder's
+A batch is the kernel's records as they came (live/session.py's LiveBatch, or the recorder's
 flush); its checkpoints and restores are computed by `analyze`'s own rules, not a copy of them:
-ckptrace/rules.py's `saved` and `checkpoint_rules` over per-checkpoint sums made with its `Ids`
+core/rules.py's `saved` and `checkpoint_rules` over per-checkpoint sums made with its `Ids`
 and `Groups`, and its `restored` (numpy: analyze's pandas table would cost about 20 ms a batch, and
-pandas 50 MiB of resident memory), and held memory by ckptrace/buffers.py's class (the rule
+pandas 50 MiB of resident memory), and held memory by core/buffers.py's class (the rule
 analyzers/memory.py replays); tests/test_serve.py and tests/test_top.py hold them to `analyze`.
 """
 from __future__ import annotations
@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ckptrace.rules import Groups, Ids, checkpoint_rules, enclosing, mapped_destination, restored, saved
-from ckptrace.buffers import HeldBuffers
-from ckptrace.columns import KINDS, PHASES
+from ckptrace.core.rules import Groups, Ids, checkpoint_rules, enclosing, mapped_destination, restored, saved
+from ckptrace.core.buffers import HeldBuffers
+from ckptrace.core.columns import KINDS, PHASES
 
 STALE_CARRY_NS = 60_000_000_000  # a fill/copy whose checkpoint never returned (an exception) is dropped
 K_CHECKPOINT, K_FILL, K_COPY, K_MMAP, K_MUNMAP, K_RESTORE, K_RESTORE_COPY = (
@@ -55,7 +55,7 @@ class ProcessFold:
         return Folded(ck, restores, held)
 
     def _held_changes(self, events: np.ndarray):
-        """Checkpoint memory from the batch's mmap/munmap/mremap rows, by ckptrace/buffers.py's rule
+        """Checkpoint memory from the batch's mmap/munmap/mremap rows, by core/buffers.py's rule
         (a mapping made while a checkpoint was being made is held until unmapped); the update to
         apply. Rows in analyzers/memory.py's order: a mapping exists from the mmap's return, an
         munmap's pages go at its entry."""
@@ -75,7 +75,7 @@ class ProcessFold:
 
 def checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool, fill_probed: bool = True
                 ) -> tuple[dict, np.ndarray]:
-    """Per checkpoint of the batch, by analyze's rules (ckptrace/rules.py `saved` and
+    """Per checkpoint of the batch, by analyze's rules (core/rules.py `saved` and
     `checkpoint_rules`, on sums made with its Ids and Groups): {column: float
     array, -1 = not recorded}, and which rows wait for their checkpoint (see _carry).
 
@@ -125,7 +125,7 @@ def checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool, fill_probed: boo
 
 
 def _restores(ev: np.ndarray) -> tuple[int, np.ndarray]:
-    """Checkpoint restores as analyze counts those of source "checkpoint" (ckptrace/rules.py
+    """Checkpoint restores as analyze counts those of source "checkpoint" (core/rules.py
     `restored`, restore_table's rule: a load_tgt/load_dft span with a restore_copy inside it on its thread), and which
     rows wait: the copies no restore of this batch encloses (its row comes at its return, after
     them). A copy outside any restore (prompt cache, slot restore; analyze's source "other") waits

@@ -15,7 +15,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from ckptrace.errors import CkptraceError, EbpfUnavailable, NotPermitted
+from ckptrace.core.errors import CkptraceError, EbpfUnavailable, NotPermitted
 
 CAP_SYS_ADMIN = 21
 CAP_PERFMON = 38
@@ -467,7 +467,7 @@ def _exit_on_fatal_compile_error(reason: bytes | None, terminal: int) -> None:
         where = f"its output is in {path}"
     except OSError as e:
         where = f"its output could not be kept ({e.strerror})"
-    from ckptrace.terminal import printable  # the reason is LLVM's text; the path TMPDIR's
+    from ckptrace.core.terminal import printable  # the reason is LLVM's text; the path TMPDIR's
 
     line = (f"ckptrace: error: the BPF program's compile failed: LLVM stopped on a fatal error "
             f"({why}); {where}")

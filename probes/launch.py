@@ -8,7 +8,7 @@ import signal
 import subprocess
 import time
 
-from ckptrace.errors import TargetError
+from ckptrace.core.errors import TargetError
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 

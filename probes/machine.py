@@ -5,7 +5,7 @@ the machine's other tasks, not only with the code. llama.cpp PR #201 kept every 
 capped window and checked each against a thermal-guard log; on a shared host the counterpart is
 this record: read from /proc and /sys (no BPF, no root needed) when the probes are in, about
 once a second while recording, and at the stop, and kept per leg in the trace's `machine`
-metadata (ckptrace/meta.py MachineState). `compare` then says whether the legs ran in one state
+metadata (core/meta.py MachineState). `compare` then says whether the legs ran in one state
 (analyzers/machine_state.py).
 
 Figures (each None where this machine does not have the source):
@@ -27,7 +27,7 @@ import resource
 import time
 from dataclasses import dataclass
 
-from ckptrace.meta import MachineState
+from ckptrace.core.meta import MachineState
 
 TICK_S = 1.0 / os.sysconf("SC_CLK_TCK")
 WINDOW_S = 1.0  # the shortest window the lowest/highest other-tasks figure is taken over

@@ -2,7 +2,7 @@
 
 A pool whose byte cap is a fraction of host memory (llama.cpp PR #201: 1/16 of
 sysconf(_SC_PHYS_PAGES)) does not look at the container's limit: a 4 GiB pod on a 256 GiB host
-could pool 16 GiB. The recorder stores these readings in the trace (ckptrace/meta.py
+could pool 16 GiB. The recorder stores these readings in the trace (core/meta.py
 ProcessMemory, TraceMeta.host_memory_bytes) so `whatif`, `analyze` and `compare` can say when
 pooled bytes plus RSS would come near the limit.
 
@@ -19,7 +19,7 @@ import re
 import time
 from pathlib import Path
 
-from ckptrace.meta import INT_LIMIT, ProcessMemory
+from ckptrace.core.meta import INT_LIMIT, ProcessMemory
 
 PROC = Path("/proc")
 V1_UNLIMITED = INT_LIMIT  # v1 writes "no limit" as LONG_MAX rounded down to a page

@@ -1,7 +1,7 @@
 """Load checkpoint.bpf.c into the kernel, attach it to one or more processes, and stream their
 events to a trace.
 
-Events go to disk as they come (ckptrace/stream.py: a batch at least every FLUSH_S), so the
+Events go to disk as they come (core/stream.py: a batch at least every FLUSH_S), so the
 recorder's memory does not grow with the recording and a killed recorder leaves a cut-short trace.
 A clean stop rewrites the stream, batch by batch, into the finished Parquet trace."""
 from __future__ import annotations
@@ -26,22 +26,23 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from ckptrace import __version__, stopping
-from ckptrace.columns import GPU_COLUMNS, KINDS, OPTIONAL, PHASES, arrow_array, arrow_schema, category_array, with_meta
-from ckptrace.errors import CkptraceError, EbpfUnavailable, TargetError
-from ckptrace.heap import return_freed_memory
-from ckptrace.meta import (FaultTime, GpuInfo, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, ProcessMemory,
-                           SchedCounters, TraceMeta)
+from ckptrace import __version__
+from ckptrace.core import stopping
+from ckptrace.core.columns import GPU_COLUMNS, KINDS, OPTIONAL, PHASES, arrow_array, arrow_schema, category_array, with_meta
+from ckptrace.core.errors import CkptraceError, EbpfUnavailable, TargetError
+from ckptrace.core.heap import return_freed_memory
+from ckptrace.core.meta import (FaultTime, GpuInfo, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo, ProcessMemory,
+                                SchedCounters, TraceMeta)
 from ckptrace.probes import arch, bpf_compile, bpf_runtime, cuda, fault_time, kernel
 from ckptrace.probes.process_memory import host_memory_bytes, read_process_memory
 from ckptrace.probes.fold import ProcessFold, RunningMedian
 from ckptrace.probes.target import alive, comm_of, process_of, processes_named, resident_members, start_time
 from ckptrace.probes.launch import HeldChild
 from ckptrace.probes.machine import MachineSampler
-from ckptrace.output import OutputError, check_output, write_new, write_output
-from ckptrace.stdio import PipeClosed
-from ckptrace.terminal import printable
-from ckptrace.stream import CUT_SHORT, Recording, StreamFull, batches
+from ckptrace.core.output import OutputError, check_output, write_new, write_output
+from ckptrace.core.stdio import PipeClosed
+from ckptrace.core.terminal import printable
+from ckptrace.core.stream import CUT_SHORT, Recording, StreamFull, batches
 
 BPF_SOURCE = Path(__file__).with_name("checkpoint.bpf.c")
 
@@ -246,7 +247,7 @@ class _Stopping:
     """The stop signals of one recording, from its first instant. While it starts, the first one
     raises Interrupted where the start is (a compile, an attach, a wait for --comm: each undoes
     itself), once; from the moment the output is opened they are noted and the session stops at
-    its next poll, writing the trace. A signal the CLI held before (ckptrace/stopping.py) counts."""
+    its next poll, writing the trace. A signal the CLI held before (core/stopping.py) counts."""
 
     def __init__(self, command: bool):
         self.command = command
@@ -714,7 +715,7 @@ def _finisher(out: Recording, session: _Session, meta: TraceMeta):
     the recording streams without them."""
     import pyarrow.parquet as pq
 
-    from ckptrace.trace import PARQUET_OPTIONS, trace_schema
+    from ckptrace.core.trace import PARQUET_OPTIONS, trace_schema
 
     cal = _calibrate(session, meta)
     meta.complete, meta.cut_short = True, None
@@ -751,7 +752,7 @@ def _finished_tables(out: Recording, unwritten: list[pa.RecordBatch], cal: dict 
     rows of spans still open across flushes, not the recording."""
     import pandas as pd
 
-    from ckptrace.trace import ROW_GROUP_ROWS, arrow_frame, normalize_events
+    from ckptrace.core.trace import ROW_GROUP_ROWS, arrow_frame, normalize_events
 
     later = np.minimum.accumulate(np.asarray(min_starts, dtype="int64")[::-1])[::-1]
     carry: dict = {}
@@ -796,7 +797,7 @@ def _chunks(stream) -> Iterator[tuple[int, pa.Table]]:
 def _sorted_table(parts: list, schema: pa.Schema) -> pa.Table:
     import pandas as pd
 
-    from ckptrace.trace import to_batch
+    from ckptrace.core.trace import to_batch
 
     df = pd.concat(parts, ignore_index=True).sort_values(["start_ns", "end_ns"], kind="stable")
     return pa.Table.from_batches([to_batch(df, schema.remove_metadata())]).replace_schema_metadata(schema.metadata)

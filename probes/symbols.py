@@ -17,12 +17,12 @@ import cxxfilt
 import numpy as np
 from elftools.elf.elffile import ELFFile
 
-from ckptrace.errors import NotPermitted, SymbolError, TargetError
+from ckptrace.core.errors import NotPermitted, SymbolError, TargetError
 from ckptrace.probes import callsites, cuda, elfsafe
 from ckptrace.probes.elfsafe import BadObject
 from ckptrace.probes.target import process_of, unreadable
-from ckptrace.terminal import printable
-from ckptrace.meta import ObjectInfo, ProfileInfo  # the trace records these as they are
+from ckptrace.core.terminal import printable
+from ckptrace.core.meta import ObjectInfo, ProfileInfo  # the trace records these as they are
 
 __all__ = ["POINTS", "ProbePoint", "ObjectInfo", "ProbePlan", "resolve_binary", "resolve_pid",
            "format_plan", "verify_with_bcc"]

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-from ckptrace.errors import NotPermitted, TargetError
-from ckptrace.terminal import printable
+from ckptrace.core.errors import NotPermitted, TargetError
+from ckptrace.core.terminal import printable
 
 PF_KTHREAD = 0x00200000  # <linux/sched.h>: task->flags of a kernel thread
 

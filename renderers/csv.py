@@ -5,9 +5,9 @@ from __future__ import annotations
 import errno
 from pathlib import Path
 
-from ckptrace.errors import CkptraceError
-from ckptrace.output import write_output
-from ckptrace.terminal import printable
+from ckptrace.core.errors import CkptraceError
+from ckptrace.core.output import write_output
+from ckptrace.core.terminal import printable
 
 
 def csv_paths(directory: str, requests: bool) -> list[Path]:
@@ -17,7 +17,7 @@ def csv_paths(directory: str, requests: bool) -> list[Path]:
 
 
 def write_csv(analysis, directory: str, requests=None) -> list[Path]:
-    """Each file replaced atomically (ckptrace.output); the folder is created if missing."""
+    """Each file replaced atomically (ckptrace.core.output); the folder is created if missing."""
     make_folder(directory, "--csv DIR")
     paths = csv_paths(directory, requests is not None)
     tables = [analysis.checkpoints, analysis.iterations] + ([] if requests is None else [requests])

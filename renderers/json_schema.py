@@ -26,7 +26,7 @@ from ckptrace.analyzers.requests import REQUEST_COLUMNS
 from ckptrace.analyzers.state_path import EVICTION_COLUMNS, PROMPT_SAVE_COLUMNS, RESTORE_COLUMNS, SLOT_FILE_COLUMNS
 from ckptrace.analyzers.summary import STAT_METRICS
 from ckptrace.analyzers.ttft import TTFT_COLUMNS
-from ckptrace.meta import TraceMeta
+from ckptrace.core.meta import TraceMeta
 
 from .json import SCHEMA_VERSION
 
@@ -151,7 +151,7 @@ def doctor_schema() -> dict:
 
 
 def drive_schema() -> dict:
-    from ckptrace.requests_file import COLUMNS
+    from ckptrace.core.requests_file import COLUMNS
 
     return {"$schema": DRAFT, "title": "ckptrace drive --json (-o FILE writes `requests` alone: the request file)",
             **strict({"schema_version": VERSION, "requests": rows(COLUMNS)})}
@@ -194,7 +194,7 @@ def whatif_schema() -> dict:
 
 
 def top_schema() -> dict:
-    from ckptrace.top import WINDOW_COLUMNS
+    from ckptrace.live.top import WINDOW_COLUMNS
 
     stat = strict({"count": COUNT, "p50": NUMBER, "p99": NUMBER})
     process = strict({

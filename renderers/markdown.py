@@ -14,7 +14,7 @@ import textwrap
 
 import pandas as pd
 
-from ckptrace.terminal import printable, shown_label
+from ckptrace.core.terminal import printable, shown_label
 
 from .text import NAMES, POOL_NAMES, fmt_ms, pct, value_text, unjudged_said
 

@@ -15,7 +15,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ckptrace.output import write_output
+from ckptrace.core.output import write_output
 
 from .csv import make_folder
 
@@ -29,7 +29,7 @@ def parquet_paths(directory: str, requests: bool) -> list[Path]:
 
 
 def write_parquet(tables: dict[str, pd.DataFrame], directory: str, requests: pd.DataFrame | None = None) -> list[Path]:
-    """Each file replaced atomically (ckptrace.output); the folder is created if missing."""
+    """Each file replaced atomically (ckptrace.core.output); the folder is created if missing."""
     make_folder(directory, "--parquet DIR")
     frames = [tables[n] for n in TABLES] + ([] if requests is None else [requests])
     paths = parquet_paths(directory, requests is not None)

@@ -8,10 +8,10 @@ import pandas as pd
 
 from ckptrace.analyzers.metrics import CPU, METRICS, POOL
 from ckptrace.analyzers.summary import WAIT_WARN_SHARE
-from ckptrace.meta import TraceMeta
-from ckptrace.terminal import printable, shown_label
-from ckptrace.trace import time_origin
-from ckptrace.units import MIB
+from ckptrace.core.meta import TraceMeta
+from ckptrace.core.terminal import printable, shown_label
+from ckptrace.core.trace import time_origin
+from ckptrace.core.units import MIB
 
 WIDTH = 80
 FAULT_MARK = {"measured": "", "estimated": "*", "none": "", "not recorded": ""}

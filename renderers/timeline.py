@@ -23,7 +23,7 @@ formats show the same slices with the same names and figures.
   named by --requests-pid), with analyze --requests' breakdown.
 
 Every string from a trace or a request file (labels, process names, paths, hosts, statuses) is
-made printable (ckptrace/terminal.py: control and bidi characters shown as escapes), and a label
+made printable (core/terminal.py: control and bidi characters shown as escapes), and a label
 or process name in a track or slice name is cut to LABEL_MAX characters: the viewers show them.
 
 Times stay CLOCK_MONOTONIC nanoseconds, as recorded.
@@ -37,7 +37,7 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.analyzers.memory import held_series, rss_series
-from ckptrace.terminal import printable, shown_label
+from ckptrace.core.terminal import printable, shown_label
 
 SYNTHETIC_BASE = 1 << 22  # above PID_MAX_LIMIT: no real pid or tid is ever this large
 # Outer before inner when two slices start and end together.

@@ -31,8 +31,8 @@ import pandas as pd
 import pyarrow as pa
 
 from ckptrace.analyzers.memory import held_series, rss_series
-from ckptrace.terminal import printable, shown_label
-from ckptrace.trace import BATCH_ROWS, KINDS, PHASES, iter_record_batches, opened
+from ckptrace.core.terminal import printable, shown_label
+from ckptrace.core.trace import BATCH_ROWS, KINDS, PHASES, iter_record_batches, opened
 
 from .timeline import (CHECKPOINT_ARGS, DEFAULT_ARGS, FAULT_SPANS, FROM_ANALYSIS, ITERATION_ARGS, NEST_RANK,
                        POINT_KINDS, RAW_ARGS, SLICE_NAMES, SYNTHETIC_BASE, Counter, Process, Slice, Thread, Timeline,
@@ -284,7 +284,7 @@ def _with_pids(frame: pd.DataFrame, meta) -> pd.DataFrame:
 
 
 def stream_timeline(traces, analyses, batch_rows: int = BATCH_ROWS) -> StreamTimeline:
-    """The timeline of trace files (paths or open ckptrace.trace.TraceFile), each with its
+    """The timeline of trace files (paths or open ckptrace.core.trace.TraceFile), each with its
     analysis (analyzers.analyze_file's: read batch by batch); close() it after writing.
     `batch_rows`: rows read, sorted and spilled as one run at a time."""
     tmp = tempfile.mkdtemp(prefix="ckptrace-export-")

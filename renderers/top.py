@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from ckptrace.terminal import printable
+from ckptrace.core.terminal import printable
 
 WIDTH = 79  # a line never reaches the 80th column (some terminals wrap there)
 COLUMNS = ("{:>7} {:<10} {:>6} {:>4} {:<11} {:<11} {:<11} {:>5} {:>6}")
@@ -43,7 +43,7 @@ def pair(stat: dict) -> str:
 
 
 def frame_lines(doc: dict, notes: list[str] = ()) -> list[str]:
-    """The frame of a frame document (ckptrace/top.py's frame()), each line under 80 columns."""
+    """The frame of a frame document (live/top.py's frame()), each line under 80 columns."""
     when = dt.datetime.fromtimestamp(doc["time"]).strftime("%H:%M:%S")
     procs = doc["processes"]
     rate = sum(p["checkpoints_per_s"] for p in procs if not p["exited"])

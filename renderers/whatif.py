@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from ckptrace.analyzers.whatif import Replay, SWEEP_COLUMNS, mib_text, ttft_summary
-from ckptrace.terminal import printable
+from ckptrace.core.terminal import printable
 
 from .json import records
 from .text import fmt_ms, wrap

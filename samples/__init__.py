@@ -14,7 +14,7 @@ import shutil
 import subprocess
 import tempfile
 
-from ckptrace.errors import CkptraceError
+from ckptrace.core.errors import CkptraceError
 
 SAMPLE_DIR = pathlib.Path(__file__).resolve().parent
 WORKLOAD_DIR = SAMPLE_DIR / "workload"

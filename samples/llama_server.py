@@ -29,11 +29,11 @@ from typing import Callable, Iterator
 
 import pandas as pd
 
-from ckptrace.errors import CkptraceError, TargetError
-from ckptrace.loadgen import local_url, make_prompt, one_request, run_load, wait_healthy
-from ckptrace.output import output_folder, write_output
+from ckptrace.core.errors import CkptraceError, TargetError
+from ckptrace.core.loadgen import local_url, make_prompt, one_request, run_load, wait_healthy
+from ckptrace.core.output import output_folder, write_output
 from ckptrace.probes.launch import die_with_parent, stop
-from ckptrace.requests_file import write_requests
+from ckptrace.core.requests_file import write_requests
 
 HERE = Path(__file__).resolve().parent / "llama-server"
 BUILD_SH = HERE / "build.sh"
@@ -143,7 +143,7 @@ def make_model(path: Path, d_model: int | None = None, layers: int | None = None
                heads: int | None = None) -> Path:
     """Write a tiny random GGUF with make_model.py (None: its default; mamba: 48.094 MiB checkpoints).
 
-    Made in a private folder beside it, then written into place by ckptrace.output, so an
+    Made in a private folder beside it, then written into place by ckptrace.core.output, so an
     interrupted run never leaves a half model under `path` and nothing is written through a link."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -430,7 +430,7 @@ def log_path(trace: Path) -> Path:
 def ttft_path(trace: Path) -> Path:
     """The load driver's per-request results (TTFT) run_legs keeps next to a trace: the request
     file `ckptrace drive --json` writes, named so `compare` and `dashboard` pair it with the trace."""
-    from ckptrace.requests_file import requests_path
+    from ckptrace.core.requests_file import requests_path
 
     return requests_path(trace)
 

@@ -51,7 +51,7 @@ def sha256(data: bytes) -> str:
 def render(image: str) -> bytes:
     """The intermediate file of `image`, as the current code renders it from its inputs."""
     from ckptrace.analyzers import analyze_file, analyze_trace
-    from ckptrace.trace import read_trace
+    from ckptrace.core.trace import read_trace
 
     spec = IMAGES[image]
     traces = [p for p in spec["inputs"] if p.endswith(".parquet")]
@@ -67,9 +67,9 @@ def render(image: str) -> bytes:
                 a.trace.path = p  # shown as given: the repository's relative path
             write_dashboard(analyses, compare(analyses), out, spec["title"])
         else:
-            from ckptrace.requests_file import read_requests
+            from ckptrace.core.requests_file import read_requests
             from ckptrace.analyzers.requests import request_table
-            from ckptrace.output import write_output
+            from ckptrace.core.output import write_output
             from ckptrace.renderers.timeline import build_timeline
 
             analyses = [analyze_trace(read_trace(ROOT / p)) for p in traces]

@@ -43,7 +43,7 @@ _ebpf_ran: list[str] = []
 
 def ebpf_unavailable_reason() -> str | None:
     """Why eBPF can't be used by this process, or None when it can."""
-    from ckptrace.errors import CkptraceError
+    from ckptrace.core.errors import CkptraceError
     from ckptrace.probes import kernel
 
     try:

@@ -264,7 +264,7 @@ def within_clock(ours_ns, truth_ns) -> bool:
 
 @dataclass
 class Recording:
-    trace: object  # ckptrace.trace.Trace
+    trace: object  # ckptrace.core.trace.Trace
     truth: dict[str, pd.DataFrame]
     summary: dict  # record --json
     proc: subprocess.CompletedProcess
@@ -274,7 +274,7 @@ class Recording:
 def record_with_truth(tmp_path: Path, workload_argv: list, *record_args, name: str = "t", rc: int = 0) -> Recording:
     """`ckptrace record --json` of the workload writing its truth beside the trace; must succeed
     (exit with `rc`: the workload's own exit status)."""
-    from ckptrace.trace import read_trace
+    from ckptrace.core.trace import read_trace
 
     trace, truth = tmp_path / f"{name}.parquet", tmp_path / f"{name}.truth.jsonl"
     p = ckptrace("record", "--quiet", "--json", "-o", trace, *record_args, "--", *workload_argv,

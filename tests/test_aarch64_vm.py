@@ -20,7 +20,7 @@ from typing import Iterator
 import pytest
 
 import aarch64_vm
-from ckptrace.trace import read_trace
+from ckptrace.core.trace import read_trace
 from helpers import load_truth
 from test_record import assert_matches_truth, checkpoints_vs_truth
 

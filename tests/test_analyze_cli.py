@@ -6,8 +6,8 @@ import json
 import pandas as pd
 import pytest
 
-from ckptrace.meta import TraceMeta
-from ckptrace.trace import write_trace
+from ckptrace.core.meta import TraceMeta
+from ckptrace.core.trace import write_trace
 from helpers import assert_one_line_error, assert_parts_fit, assert_pool_faster, clock_tolerance, ckptrace, record_with_truth, within_clock
 from test_analyzers import MIB, MS, META, V2, decode_rows, make_events, slots_rows
 
@@ -212,7 +212,7 @@ def test_v1_trace_reads_with_new_figures_not_recorded(tmp_path):
 def test_report_shows_cpu_wait_and_estimates():
     from ckptrace.analyzers import analyze_trace
     from ckptrace.renderers.text import analysis_report
-    from ckptrace.trace import Trace
+    from ckptrace.core.trace import Trace
 
     out = analysis_report(analyze_trace(Trace(make_events(slots_rows()), META, "slots.parquet")))
     rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln[:4].strip().rstrip("d").isdigit()}

@@ -7,10 +7,10 @@ import pytest
 
 from ckptrace.analyzers import (CHECKPOINT_COLUMNS, ITERATION_COLUMNS, KindRows, analyze_trace, checkpoint_table,
                                 iteration_spans, iteration_table, summarize)
-from ckptrace.errors import AnalysisError
-from ckptrace.meta import OpenSpans, TraceMeta
-from ckptrace.trace import Trace, normalize_events, read_trace, write_trace
-from ckptrace.units import MIB
+from ckptrace.core.errors import AnalysisError
+from ckptrace.core.meta import OpenSpans, TraceMeta
+from ckptrace.core.trace import Trace, normalize_events, read_trace, write_trace
+from ckptrace.core.units import MIB
 from helpers import assert_parts_fit
 
 MS = 1_000_000

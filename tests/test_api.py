@@ -20,7 +20,7 @@ import pytest
 import ckptrace
 from ckptrace.analyzers.checkpoints import CHECKPOINT_COLUMNS
 from ckptrace.analyzers.iterations import ITERATION_COLUMNS
-from ckptrace.errors import AnalysisError
+from ckptrace.core.errors import AnalysisError
 from helpers import assert_one_line_error, ckptrace as run_ckptrace, validate_json
 
 REPO = Path(__file__).resolve().parent.parent
@@ -110,8 +110,8 @@ def test_the_api_gives_typed_frames_with_units_in_their_names():
 def test_a_trace_is_opened_and_checked_once(monkeypatch):
     """Every table, the events and the metadata from one open of the file (today's code opened a
     trace five times for one analysis and read its metadata three times)."""
-    import ckptrace.trace as trace_module
-    import ckptrace.stream as stream_module
+    import ckptrace.core.trace as trace_module
+    import ckptrace.core.stream as stream_module
 
     opens, metas = [], []
     real_open, real_meta = trace_module.open_regular, trace_module._checked_meta

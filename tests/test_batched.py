@@ -10,12 +10,12 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from ckptrace import trace as tracemod
+from ckptrace.core import trace as tracemod
 from ckptrace.analyzers import analyze_file, analyze_trace
 from ckptrace.dashboards.synthetic import synthetic_trace
-from ckptrace.errors import TraceFormatError
+from ckptrace.core.errors import TraceFormatError
 from ckptrace.renderers.json import analysis_json, dumps
-from ckptrace.trace import iter_batches, read_between, read_trace, write_trace
+from ckptrace.core.trace import iter_batches, read_between, read_trace, write_trace
 from tests.helpers import ckptrace
 
 SAMPLES = sorted((tracemod.Path(__file__).parent.parent / "samples" / "traces").glob("*.parquet"))

@@ -33,7 +33,7 @@ def entries(folder: Path) -> dict[str, int]:
 def record_sample(tmp_path: Path, workload, cache: Path, name: str, *args):
     """record -- workload (3 checkpoints' worth), with `cache` as the program cache; the trace's
     checkpoints and the workload's truth."""
-    from ckptrace.trace import read_trace
+    from ckptrace.core.trace import read_trace
 
     out, truth = tmp_path / f"{name}.parquet", tmp_path / f"{name}.jsonl"
     p = ckptrace("record", "--quiet", "-o", out, *args, "--", workload, "--iterations", "4", "--truth", truth,

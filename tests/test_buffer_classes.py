@@ -1,6 +1,6 @@
 """Fresh or reused: the variants llama.cpp PR #201 discusses, recorded under the real kernel from
 the sample workload (`--fill zero|none|touch|half`, the pool, growth); every checkpoint's buffer
-class (ckptrace/rules.py) and copy faults held to the workload's own account, exact counts."""
+class (core/rules.py) and copy faults held to the workload's own account, exact counts."""
 from __future__ import annotations
 
 import json

@@ -11,11 +11,11 @@ import pytest
 
 from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.compare import METRICS, PROMPT_SAVE_METRICS, RESTORE_METRICS, compare
-from ckptrace.errors import AnalysisError, TraceFormatError
-from ckptrace.meta import MachineState, ObjectInfo, ProbeInfo, TraceMeta
+from ckptrace.core.errors import AnalysisError, TraceFormatError
+from ckptrace.core.meta import MachineState, ObjectInfo, ProbeInfo, TraceMeta
 from ckptrace.renderers.json import comparison_json
 from ckptrace.renderers.text import compare_report
-from ckptrace.trace import Trace, read_trace, write_trace
+from ckptrace.core.trace import Trace, read_trace, write_trace
 from helpers import assert_one_line_error, assert_parts_fit, ckptrace
 from test_analyzers import MIB, MS, make_events
 

@@ -23,7 +23,7 @@ import pytest
 
 from ckptrace.samples.llama_server import (build_server, cached_model, free_port, logged_checkpoints, server_argv)
 from ckptrace.samples.llama_server import recorder as llama_recorder
-from ckptrace.trace import read_trace
+from ckptrace.core.trace import read_trace
 from containers import SHAPES, app_root, container
 from helpers import CKPTRACE, assert_one_line_error, assert_pool_faster, load_truth, recorder, wait_until
 from llama_checks import assert_pool_mechanism, builds, checkpoint_rows, e2e

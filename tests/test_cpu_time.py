@@ -12,8 +12,8 @@ import pandas as pd
 import pyarrow.parquet as pq
 import pytest
 
-from ckptrace.meta import TraceMeta
-from ckptrace.trace import META_KEY, OPTIONAL, read_trace, write_trace
+from ckptrace.core.meta import TraceMeta
+from ckptrace.core.trace import META_KEY, OPTIONAL, read_trace, write_trace
 from helpers import clock_tolerance as TIME_TOL
 from helpers import record_with_truth, steal_ns
 

@@ -14,8 +14,8 @@ from ckptrace.analyzers.compare import compare
 from ckptrace.dashboards.legs import MAX_POINTS, PHASE_COLOURS, bin_rows, order_statistics, plain
 from ckptrace.dashboards.report import build_panels, write_dashboard
 from ckptrace.dashboards.synthetic import synthetic_aba, synthetic_trace
-from ckptrace.meta import TraceMeta
-from ckptrace.trace import write_trace
+from ckptrace.core.meta import TraceMeta
+from ckptrace.core.trace import write_trace
 from helpers import assert_one_line_error, ckptrace, record_with_truth, within_clock
 
 HOSTILE = "<img src=x onerror=\"document.title='pwned'\">"
@@ -284,7 +284,7 @@ def test_browser_screenshot_is_not_blank(rendered):
 
 
 def test_empty_trace_still_gives_a_page_that_says_what_is_missing(tmp_path):
-    from ckptrace.trace import Trace, empty_events
+    from ckptrace.core.trace import Trace, empty_events
     a = analyze_trace(Trace(events=empty_events(), meta=TraceMeta(label="empty"), path="empty.parquet"))
     parts = build_panels([a], None, "t")
     assert set(figures(parts)) == {"header", "summary", "metadata"}
@@ -375,7 +375,7 @@ def test_every_leg_shares_one_scale_and_the_timeline_is_the_median_iteration(aba
 
 
 def test_tables_have_units_and_legends_show_only_what_is_drawn():
-    from ckptrace.trace import Trace
+    from ckptrace.core.trace import Trace
 
     traces = synthetic_aba(checkpoints=20)
     for t in traces:  # as a format 1 trace: no on-CPU time, no wait

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from ckptrace.trace import read_trace
+from ckptrace.core.trace import read_trace
 from helpers import (CKPTRACE, assert_pool_faster, ckptrace, load_truth, proc_status, validate_json as validate,
                      wait_until, within_clock)
 from llama_checks import builds

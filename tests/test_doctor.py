@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from ckptrace.errors import EbpfUnavailable
+from ckptrace.core.errors import EbpfUnavailable
 from ckptrace.probes import kernel
 from helpers import (AS_NOBODY, NO_BCC, assert_one_line_error, ckptrace, wait_until,
                      why_nobody_cannot_run_ckptrace)

@@ -5,7 +5,7 @@ import re
 from pathlib import Path
 
 from ckptrace.probes import recorder
-from ckptrace.trace import KINDS, PHASES
+from ckptrace.core.trace import KINDS, PHASES
 
 HEADER = Path(recorder.__file__).with_name("checkpoint.h")
 

@@ -17,7 +17,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from ckptrace.analyzers import analyze_trace
 from ckptrace.renderers.json import analysis_json
-from ckptrace.trace import read_trace, write_trace
+from ckptrace.core.trace import read_trace, write_trace
 from helpers import (CKPTRACE, assert_one_line_error, ckptrace, go, launched_pid, load_truth, proc_status, recorder,
                      wait_for_truth, wait_until, waiting_workload)
 
@@ -504,7 +504,7 @@ def _crafted_trace(path: Path) -> None:
     spans that start and end together (nested by kind, then in build_timeline's order), RSS rows."""
     import pandas as pd
 
-    from ckptrace.meta import TraceMeta
+    from ckptrace.core.meta import TraceMeta
     ms = 1_000_000
     rows = []
     for pid, tid, base in ((0, 11, 0), (700, 21, 5 * ms), (700, 22, 6 * ms), (0, 12, ms)):

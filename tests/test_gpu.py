@@ -19,8 +19,8 @@ import pytest
 
 from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.gpu import DST_CLASSES, GPU_COPY_COLUMNS, gpu_copy_table, gpu_summary
-from ckptrace.meta import GpuInfo, TraceMeta
-from ckptrace.trace import GPU_COLUMNS, read_trace, write_trace
+from ckptrace.core.meta import GpuInfo, TraceMeta
+from ckptrace.core.trace import GPU_COLUMNS, read_trace, write_trace
 from helpers import ckptrace, go, load_truth, recorder, started
 
 ebpf = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]

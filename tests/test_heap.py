@@ -1,4 +1,4 @@
-"""ckptrace.heap: the commands that read traces keep freed memory for reuse, so a block freed and
+"""ckptrace.core.heap: the commands that read traces keep freed memory for reuse, so a block freed and
 allocated again comes back without fresh-page faults (each a page the kernel must zero), and ask
 numpy for no 2 MiB pages."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ try:
     from numpy._core import multiarray
 except ImportError:  # numpy 1.x
     from numpy.core import multiarray
-from ckptrace.heap import keep_freed_memory
+from ckptrace.core.heap import keep_freed_memory
 if sys.argv[1] == "keep" and not keep_freed_memory():
     print("no-mallopt")
     sys.exit()

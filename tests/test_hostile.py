@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from ckptrace.terminal import printable
+from ckptrace.core.terminal import printable
 from helpers import AS_NOBODY, CKPTRACE, assert_one_line_error, ckptrace
 
 CLI = [str(CKPTRACE)]
@@ -92,7 +92,7 @@ def relabeled(src, dst, label, **meta):
     """A real sample trace with another label (and metadata): what a colleague might hand over."""
     import dataclasses
 
-    from ckptrace.trace import read_trace, write_trace
+    from ckptrace.core.trace import read_trace, write_trace
     t = read_trace(src)
     write_trace(dst, t.events, dataclasses.replace(t.meta, label=label, **meta))
     return dst
@@ -126,8 +126,8 @@ def test_no_escape_byte_from_a_trace_reaches_the_terminal(nasty_legs, how):
 def nasty_limit(tmp_path_factory):
     """A sample pool-off trace whose process ran under a cgroup memory limit named with escapes and
     a forged line (a cgroup's path is any name its creator chose), small enough for the warning."""
-    from ckptrace.meta import ProcessInfo, ProcessMemory
-    from ckptrace.trace import read_meta
+    from ckptrace.core.meta import ProcessInfo, ProcessMemory
+    from ckptrace.core.trace import read_meta
 
     meta = read_meta(SAMPLES / "1-pool-off.parquet")
     memory = ProcessMemory(rss_bytes=200 << 20, rss_peak_bytes=200 << 20, cgroup=NASTY, cgroup_version=2,
@@ -300,7 +300,7 @@ def test_a_fifo_and_stdout_are_written_into(tmp_path):
 def test_a_file_being_written_has_no_name_and_is_private(tmp_path):
     """O_TMPFILE: while written the new file is in no folder (a writer killed then leaves nothing;
     test_stream kills a recorder there), then it is named and renamed over the target."""
-    from ckptrace.output import write_output
+    from ckptrace.core.output import write_output
     seen = []
 
     def writer(f):
@@ -320,7 +320,7 @@ def test_a_file_being_written_has_no_name_and_is_private(tmp_path):
 def test_without_o_tmpfile_temp_files_are_exclusive_private_and_unpredictable(tmp_path, monkeypatch):
     """A filesystem without O_TMPFILE (opening the folder for writing then fails, EISDIR as old
     kernels answer): a named temp file, created exclusively, private, unpredictable."""
-    from ckptrace.output import write_output
+    from ckptrace.core.output import write_output
     monkeypatch.setattr(os, "O_TMPFILE", os.O_DIRECTORY)  # the flag without its tmpfile bit: EISDIR
     seen = []
 
@@ -415,7 +415,7 @@ def test_full_output_folder_and_tmpdir_rescue_the_recording_elsewhere(require_ro
     assert r.stdout.splitlines() == [f"{out_dir}: t.parquet", f"{tmpdir}: "]  # no temp file left behind
     rescued = Path(line.split("saved to ")[1].split(";")[0])
     try:
-        from ckptrace.trace import read_trace
+        from ckptrace.core.trace import read_trace
         t = read_trace(rescued)
         n = int(line.split("the whole recording (")[1].split(" events")[0])
         assert len(t.events) == n and (t.events["kind"] == "checkpoint").sum() >= 1
@@ -487,7 +487,7 @@ def test_a_thread_id_names_its_process():
 
 @pytest.mark.ebpf
 def test_record_given_a_thread_id_records_its_process(require_root_ebpf, workload, tmp_path):
-    from ckptrace.trace import read_trace
+    from ckptrace.core.trace import read_trace
     from helpers import go, proc_status, wait_until, waiting_workload
 
     with waiting_workload(workload, "--noise-threads", "1", "--iterations", "100000") as wl:
@@ -557,8 +557,8 @@ COLUMN_CASES = {
 
 @pytest.mark.parametrize("case", COLUMN_CASES, ids=list(COLUMN_CASES))
 def test_wrong_column_types_and_ranges_are_one_line(tmp_path, case):
-    from ckptrace.errors import TraceFormatError
-    from ckptrace.trace import read_trace
+    from ckptrace.core.errors import TraceFormatError
+    from ckptrace.core.trace import read_trace
 
     columns, needle = COLUMN_CASES[case]
     path = hostile_trace(tmp_path / "h.parquet", columns)
@@ -569,8 +569,8 @@ def test_wrong_column_types_and_ranges_are_one_line(tmp_path, case):
 def test_reversed_spans_and_parts_outside_their_checkpoint_are_refused(tmp_path):
     import pyarrow.parquet as pq
 
-    from ckptrace.errors import TraceFormatError
-    from ckptrace.trace import read_trace
+    from ckptrace.core.errors import TraceFormatError
+    from ckptrace.core.trace import read_trace
 
     t = pq.read_table(SAMPLES / "1-pool-off.parquet").to_pandas()
     kinds = t["kind"].astype(str).tolist()
@@ -666,7 +666,7 @@ def test_a_file_above_the_floor_expanding_past_the_bound_is_refused(tmp_path):
     whose one varying column pads it to about 1.4 MiB would expand about 650x, past the bound."""
     import pyarrow.parquet as pq
 
-    from ckptrace.validate import EXPANSION, MIN_BUDGET
+    from ckptrace.core.validate import EXPANSION, MIN_BUDGET
 
     one = pq.read_table(SAMPLES / "1-pool-off.parquet").slice(0, 1)
     block = pa.concat_tables([one] * 100_000).combine_chunks()

@@ -106,7 +106,7 @@ def test_a_footer_lying_about_a_page_bomb_is_not_believed(page_bomb, tmp_path):
 
 
 def test_the_page_walk_reads_a_real_trace_and_refuses_a_chunk_that_does_not_add_up(tmp_path):
-    from ckptrace import pages
+    from ckptrace.core import pages
 
     md = pq.read_metadata(OFF1)
     with pa.OSFile(str(OFF1)) as f:
@@ -178,7 +178,7 @@ def test_metadata_listing_20000_processes_is_refused_at_once(tmp_path):
 
 
 def test_metadata_past_its_byte_bound_is_refused_unparsed(tmp_path):
-    from ckptrace.meta import JSON_MAX
+    from ckptrace.core.meta import JSON_MAX
 
     meta = _sample_meta()
     meta["padding"] = "x" * JSON_MAX  # a key this version does not know: kept, so bounded by length
@@ -240,7 +240,7 @@ def planted(nobody_dir):
 @pytest.mark.parametrize("how", ["dashboard -o", "export -o", "write_output"])
 def test_root_s_output_never_takes_the_mode_of_a_file_it_replaces(planted, how):
     if how == "write_output":
-        from ckptrace.output import write_output
+        from ckptrace.core.output import write_output
 
         write_output(planted, lambda f: f.write(b"ours\n"))
     elif how == "export -o":
@@ -270,8 +270,8 @@ def test_an_output_name_of_255_bytes_is_written_and_one_of_256_is_one_line(tmp_p
 
 def test_a_nul_byte_in_a_path_is_one_line():
     import ckptrace
-    from ckptrace.errors import CkptraceError
-    from ckptrace.output import write_output
+    from ckptrace.core.errors import CkptraceError
+    from ckptrace.core.output import write_output
 
     for path in ("\x00", "a\x00b"):
         with pytest.raises(CkptraceError, match=r"not a file name \(it holds a NUL byte\)"):

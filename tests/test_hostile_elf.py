@@ -260,7 +260,7 @@ def test_an_unreadable_executable_of_a_pid_is_one_line(tmp_path):
 
 def test_a_file_not_read_in_time_is_left_out(workload, monkeypatch):
     """The time bound, without waiting for it: with none left, every file is past its deadline."""
-    from ckptrace.errors import TargetError
+    from ckptrace.core.errors import TargetError
     from ckptrace.probes import elfsafe, symbols
 
     monkeypatch.setattr(elfsafe, "TIME_S", 0.0)
@@ -271,7 +271,7 @@ def test_a_file_not_read_in_time_is_left_out(workload, monkeypatch):
 @pytest.mark.ebpf
 def test_record_pid_of_a_workload_mapping_hostile_files(require_root_ebpf, tmp_path, workload, mapping_env):
     """`record --pid`: each hostile mapping noted, the workload's checkpoints recorded."""
-    from ckptrace.trace import read_trace
+    from ckptrace.core.trace import read_trace
 
     env, files = mapping_env
     out = tmp_path / "t.parquet"

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptrace.requests_file import MAX_BYTES, MAX_REQUESTS, MAX_VALUES
+from ckptrace.core.requests_file import MAX_BYTES, MAX_REQUESTS, MAX_VALUES
 from helpers import assert_one_line_error, ckptrace, ckptrace_peak
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "traces"
@@ -32,7 +32,7 @@ def a_request(i: int) -> dict:
 
 def test_a_request_file_drive_writes_at_its_most_is_read(tmp_path):
     """drive --requests' most (100,000 requests) fits every bound: the bounds refuse no real file."""
-    from ckptrace.requests_file import read_requests, requests_json
+    from ckptrace.core.requests_file import read_requests, requests_json
     import pandas as pd
 
     rows = [a_request(i) for i in range(MAX_REQUESTS)]
@@ -112,8 +112,8 @@ def test_at_the_count_bounds_parsing_costs_bounded_memory(tmp_path, shape):
 def stream_file(path: Path, rows: int = 0, kinds: pa.Array | None = None, level: int | None = None) -> Path:
     """A stream trace, as a killed recorder leaves, of `rows` copies of one real event in one batch
     (`kinds`: its kind column's dictionary instead), zstd-compressed as the recorder writes it."""
-    from ckptrace.stream import IPC_OPTIONS
-    from ckptrace.trace import read_trace, to_batch, trace_schema
+    from ckptrace.core.stream import IPC_OPTIONS
+    from ckptrace.core.trace import read_trace, to_batch, trace_schema
 
     t = read_trace(OFF1)
     t.meta.complete = False
@@ -163,7 +163,7 @@ def test_a_damaged_batch_header_is_one_line(tmp_path, damage):
     Before, a batch claiming -5 rows or a buffer past its body was analyzed as if whole (exit 0)."""
     import struct
 
-    from ckptrace import stream
+    from ckptrace.core import stream
 
     f = stream_file(tmp_path / "t.parquet", rows=10)
     data = bytearray(f.read_bytes())
@@ -210,7 +210,7 @@ def test_a_library_mapped_by_a_name_with_a_newline_is_traced_by_that_file(requir
     import shutil
     import subprocess
 
-    from ckptrace.trace import read_trace
+    from ckptrace.core.trace import read_trace
     from helpers import AS_NOBODY, go, recorder, started, truth_count
 
     folders = [nobody_dir / NEWLINE_DIR] + ([nobody_dir / NEWLINE_DIR.replace("\n", "\\012")] if lookalike else [])

@@ -136,7 +136,7 @@ def test_a_stdout_that_fails_is_141_or_one_line(workload, tmp_path, name, how):
         assert (rc, err) == (141, "")
         return
     assert rc == 1 and len(err.splitlines()) == 1, (rc, err)
-    if name.startswith("export"):  # written through its own descriptor (ckptrace/output.py)
+    if name.startswith("export"):  # written through its own descriptor (core/output.py)
         assert err.startswith("ckptrace: error: ") and (
             "No space left on device" in err if how == "full" else "fd 1 was closed when ckptrace started" in err)
     else:
@@ -158,7 +158,7 @@ def test_a_stderr_that_fails_changes_no_result(tmp_path, how):
 
 def complete_trace(path: Path, truth: Path):
     """The finished trace at `path` holds every checkpoint the workload's truth file counts."""
-    from ckptrace.trace import read_trace
+    from ckptrace.core.trace import read_trace
 
     from helpers import truth_count
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptrace.terminal import LABEL_MAX
+from ckptrace.core.terminal import LABEL_MAX
 from helpers import CKPTRACE, ckptrace
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "traces"
@@ -45,7 +45,7 @@ def figure_data(html: str) -> str:
 
 @pytest.fixture(scope="module")
 def legs(tmp_path_factory):
-    from ckptrace.trace import read_trace, write_trace
+    from ckptrace.core.trace import read_trace, write_trace
 
     d = tmp_path_factory.mktemp("labels")
     out = []

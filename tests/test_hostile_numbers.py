@@ -2,7 +2,7 @@
 that can't be what they claim, is refused in one line by every command that reads the trace,
 never printed wrong; a figure at the limit is printed exactly.
 
-Each hostile trace is written with ckptrace.trace.write_trace and run through the real CLI
+Each hostile trace is written with ckptrace.core.trace.write_trace and run through the real CLI
 (helpers.ckptrace): analyze, analyze --json, compare, dashboard, export. Each case comes with
 its control, the same trace shape within range, whose figures must be exact.
 """
@@ -15,8 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from ckptrace.meta import TraceMeta
-from ckptrace.trace import normalize_events, write_trace
+from ckptrace.core.meta import TraceMeta
+from ckptrace.core.trace import normalize_events, write_trace
 from helpers import assert_one_line_error, ckptrace
 
 SAMPLES = Path(__file__).resolve().parents[1] / "samples" / "traces"
@@ -175,8 +175,8 @@ def test_parts_overlapping_another_of_their_checkpoint_are_refused_whole_and_bat
     """Any two fills or copies of one checkpoint that overlap, found by read_trace (export's read)
     and by the batched read (analyze's), naming the same first bad row."""
     from ckptrace.analyzers import analyze_file
-    from ckptrace.errors import TraceFormatError
-    from ckptrace.trace import read_trace
+    from ckptrace.core.errors import TraceFormatError
+    from ckptrace.core.trace import read_trace
 
     rows = fill_and_copy(60)
     if case == "fill and fill":
@@ -252,8 +252,8 @@ def test_checkpoint_buffers_held_past_2_62_bytes_are_refused(tmp_path, command):
 
 def test_counts_past_2_30_are_refused_so_their_sums_fit(tmp_path):
     """ROWS_MAX (2^32) x COUNT_MAX (2^30) = 2^62: a sum of counts over any rows fits in int64."""
-    from ckptrace.errors import TraceFormatError
-    from ckptrace.trace import read_trace
+    from ckptrace.core.errors import TraceFormatError
+    from ckptrace.core.trace import read_trace
 
     rows = fill_and_copy(60)
     rows[2]["faults"] = 1 << 30
@@ -266,9 +266,9 @@ def test_counts_past_2_30_are_refused_so_their_sums_fit(tmp_path):
 def test_more_rows_than_rows_max_are_refused_before_decoding(tmp_path, monkeypatch):
     """No real trace reaches ROWS_MAX (2^32 rows would need over a TiB of memory to read); with
     it lowered, the check shows: one line, before any row is decoded."""
-    import ckptrace.validate as validate
-    from ckptrace.errors import TraceFormatError
-    from ckptrace.trace import read_trace
+    import ckptrace.core.validate as validate
+    from ckptrace.core.errors import TraceFormatError
+    from ckptrace.core.trace import read_trace
 
     path = write(tmp_path / "t.parquet", fill_and_copy(60))
     monkeypatch.setattr(validate, "ROWS_MAX", 3)

@@ -22,7 +22,7 @@ import pytest
 from ckptrace.analyzers import analyze_trace
 from ckptrace.samples.llama_server import (cached_model, log_path, logged_checkpoints, logged_erasures,
                                            logged_prompt_saves, logged_restores, run_legs)
-from ckptrace.trace import read_trace
+from ckptrace.core.trace import read_trace
 from llama_checks import builds, checkpoint_rows, e2e
 
 LLAMA_BUILDS = builds("ik-0.1.5", pools=(False,))  # built in the background (conftest.py)
@@ -161,7 +161,7 @@ def test_symbols_on_a_generation_it_does_not_know_names_the_nearest(monkeypatch)
     refusal hinting at stripping and inlining, while the functions simply do not exist there): the
     nearest known generation is named with what was found of it, what the missing points cost, and
     no guess. Then the CLI, which knows ik: the profile and no missing point."""
-    from ckptrace.errors import SymbolError
+    from ckptrace.core.errors import SymbolError
     from ckptrace.probes import symbols
     from ckptrace.samples.llama_server import build_server
     from helpers import ckptrace

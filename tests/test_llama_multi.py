@@ -14,9 +14,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ckptrace.analyzers.processes import process_traces
-from ckptrace.loadgen import run_load
+from ckptrace.core.loadgen import run_load
 from ckptrace.samples.llama_server import build_server, cached_model, llama_server, logged_checkpoints
-from ckptrace.trace import read_trace
+from ckptrace.core.trace import read_trace
 from helpers import CKPTRACE, ckptrace, started
 from llama_checks import builds
 

@@ -18,7 +18,7 @@ import pytest
 from ckptrace.analyzers import analyze_trace
 from ckptrace.samples.llama_server import (cached_model, log_path, logged_checkpoints, logged_restores, run_legs,
                                            slots_path)
-from ckptrace.trace import read_trace
+from ckptrace.core.trace import read_trace
 from llama_checks import builds, checkpoint_rows, e2e
 
 LLAMA_BUILDS = builds("11549", pools=(False,))  # built in the background (conftest.py)

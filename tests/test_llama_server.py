@@ -24,11 +24,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pandas as pd
 import pytest
 
-from ckptrace.loadgen import make_prompt, run_load
+from ckptrace.core.loadgen import make_prompt, run_load
 from ckptrace.samples.llama_server import (build_server, cached_model, free_port, llama_server, log_path,
                                            logged_checkpoints, run_legs, ttft_path)
-from ckptrace.requests_file import read_requests
-from ckptrace.trace import read_trace, write_trace
+from ckptrace.core.requests_file import read_requests
+from ckptrace.core.trace import read_trace, write_trace
 from helpers import assert_one_line_error, assert_pool_faster, ckptrace
 from llama_checks import BUILDS, assert_pool_mechanism, builds, checkpoint_rows, e2e
 

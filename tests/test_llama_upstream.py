@@ -19,7 +19,7 @@ import pytest
 
 from ckptrace.samples.llama_server import (SPEC_ARGS, cached_model, log_path, logged_checkpoints, logged_restores,
                                            logged_spec_checkpoints, run_legs)
-from ckptrace.trace import read_trace
+from ckptrace.core.trace import read_trace
 from llama_checks import BUILDS, builds, checkpoint_rows, e2e
 
 # Shapes no default uses. hybrid: 6 of 8 layers recurrent, 32.813 MiB checkpoints (the

@@ -21,10 +21,10 @@ import pandas as pd
 import pytest
 
 from ckptrace.analyzers import analyze_trace
-from ckptrace.loadgen import RESULT_COLUMNS, local_url, one_request, run_load
-from ckptrace.requests_file import write_requests
+from ckptrace.core.loadgen import RESULT_COLUMNS, local_url, one_request, run_load
+from ckptrace.core.requests_file import write_requests
 from ckptrace.samples.llama_server import build_server, cached_model, llama_server, log_path, recorder, ttft_path
-from ckptrace.trace import read_trace
+from ckptrace.core.trace import read_trace
 from helpers import ckptrace
 from llama_checks import builds, e2e
 

@@ -11,8 +11,8 @@ import pytest
 
 from ckptrace.analyzers.memory import held_series, memory_summary, releases, rss_series
 from ckptrace.renderers.json import memory_json
-from ckptrace.trace import normalize_events, read_trace
-from ckptrace.units import MIB
+from ckptrace.core.trace import normalize_events, read_trace
+from ckptrace.core.units import MIB
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "traces"
 PAGE = 4096
@@ -192,8 +192,8 @@ def two_servers(a: str, b: str, label: str):
     recording of two servers would: one pid per row, one `processes` entry each."""
     import dataclasses
 
-    from ckptrace.meta import ProcessInfo
-    from ckptrace.trace import Trace
+    from ckptrace.core.meta import ProcessInfo
+    from ckptrace.core.trace import Trace
 
     ta, tb = read_trace(SAMPLES / f"{a}.parquet"), read_trace(SAMPLES / f"{b}.parquet")
     eb = tb.events.copy()
@@ -248,7 +248,7 @@ def test_a_buffer_moved_by_mremap_is_held_at_its_new_range_only(tmp_path):
     import subprocess
 
     from ckptrace.exporters.prometheus import CheckpointMetrics
-    from ckptrace.probes.live import LiveBatch
+    from ckptrace.live.session import LiveBatch
     from helpers import ckptrace
     from test_serve import kernel_records
 

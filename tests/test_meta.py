@@ -8,10 +8,10 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from ckptrace.errors import TraceFormatError
-from ckptrace.meta import (FaultTime, GpuInfo, MachineState, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo,
-                           ProcessMemory, ProfileInfo, SchedCounters, TraceMeta)
-from ckptrace.trace import read_meta, read_trace, write_trace
+from ckptrace.core.errors import TraceFormatError
+from ckptrace.core.meta import (FaultTime, GpuInfo, MachineState, ObjectInfo, OpenSpans, ProbeInfo, ProcessInfo,
+                                ProcessMemory, ProfileInfo, SchedCounters, TraceMeta)
+from ckptrace.core.trace import read_meta, read_trace, write_trace
 from helpers import assert_one_line_error, ckptrace
 from test_analyzers import make_events, slots_rows
 

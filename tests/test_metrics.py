@@ -16,7 +16,7 @@ from ckptrace.analyzers.iterations import ITERATION_COLUMNS
 from ckptrace.analyzers.metrics import METRICS, POOL, compared
 from ckptrace.analyzers.requests import REQUEST_COLUMNS
 from ckptrace.analyzers.state_path import PROMPT_SAVE_COLUMNS, RESTORE_COLUMNS
-from ckptrace.requests_file import COLUMNS as REQUEST_FILE_COLUMNS
+from ckptrace.core.requests_file import COLUMNS as REQUEST_FILE_COLUMNS
 from helpers import ckptrace
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "traces"

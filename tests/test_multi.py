@@ -11,8 +11,8 @@ import uuid
 import pytest
 
 from ckptrace.analyzers.processes import process_traces
-from ckptrace.trace import read_trace
-from ckptrace.units import MIB
+from ckptrace.core.trace import read_trace
+from ckptrace.core.units import MIB
 from helpers import (CKPTRACE, assert_one_line_error, ckptrace, go, load_truth, started, truth_records,
                      waiting_workload)
 from test_record import assert_matches_truth, checkpoints_vs_truth

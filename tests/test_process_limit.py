@@ -57,7 +57,7 @@ def pids(procs) -> list[str]:
 
 @pytest.mark.ebpf
 def test_record_traces_64_processes_and_refuses_the_65th(require_root_ebpf, workload, tmp_path):
-    from ckptrace.trace import read_trace
+    from ckptrace.core.trace import read_trace
 
     out = tmp_path / "t.parquet"
     with workloads(workload, tmp_path, MAX_TARGETS + 1) as procs:

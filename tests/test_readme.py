@@ -110,7 +110,7 @@ def test_the_your_server_block_runs_as_written(require_root_ebpf, workload, tmp_
 
 
 def test_docs_name_the_trace_format_version_the_code_writes():
-    from ckptrace.columns import VERSION
+    from ckptrace.core.columns import VERSION
 
     assert f"the trace file (format version {VERSION})" in README.read_text()
     assert f"## Trace format (version {VERSION})" in (README.parent / "docs" / "trace-format.md").read_text()

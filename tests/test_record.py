@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from ckptrace.analyzers import analyze_trace
-from ckptrace.trace import VERSION, read_trace
+from ckptrace.core.trace import VERSION, read_trace
 from helpers import (CKPTRACE, NO_BCC, assert_one_line_error, ckptrace, clock_tolerance, go, launched_pid, load_truth,
                      proc_status, record_with_truth, recorder, signal_pending, started, truth_count, wait_for_truth,
                      wait_until, waiting_workload)

@@ -25,8 +25,8 @@ import pytest
 from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.requests import request_process, request_summary, request_table
 from ckptrace.analyzers.warmup import split
-from ckptrace.requests_file import read_requests, requests_path
-from ckptrace.trace import read_trace, write_trace
+from ckptrace.core.requests_file import read_requests, requests_path
+from ckptrace.core.trace import read_trace, write_trace
 from helpers import assert_one_line_error, ckptrace, load_truth
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "traces"
@@ -362,7 +362,7 @@ def test_markdown_shows_hostile_labels_as_code_only(tmp_path):
     tables = [t for t in tables if t]
     assert len(tables) >= 2 and all(len({ln.count("|") for ln in t}) == 1 for t in tables), tables  # no row split
     # the label, printable (its newline as \n) and cut to LABEL_MAX, only inside a code span of a longer fence
-    from ckptrace.terminal import shown_label
+    from ckptrace.core.terminal import shown_label
     assert shown_label(hostile[0]).startswith("A|b `x` <img src=y> @someone **z** [l](ht~")
     assert f"``{shown_label(hostile[0])}``" in md
     assert "``` B`` ```" in md
@@ -399,8 +399,8 @@ def test_dashboard_requests_panel_draws_the_tables_values(tmp_path):
 def test_restores_count_as_stall_nested_copies_once():
     """A trace with restores (trace format 3 kinds): a restore span and its nested copy count
     once; a copy outside any restore span (load_tgt not probed) counts as restore time itself."""
-    from ckptrace.meta import TraceMeta
-    from ckptrace.trace import Trace
+    from ckptrace.core.meta import TraceMeta
+    from ckptrace.core.trace import Trace
     from test_analyzers import make_events
 
     ms = 1_000_000
@@ -413,7 +413,7 @@ def test_restores_count_as_stall_nested_copies_once():
     ])
     a = analyze_trace(Trace(ev, TraceMeta(label="r", attach_ns=1, stop_ns=100 * ms), "r.parquet"))
     reqs = pd.DataFrame([request(0, 5 * ms, 60 * ms), request(1, 35 * ms, 17 * ms)])
-    from ckptrace.requests_file import COLUMNS
+    from ckptrace.core.requests_file import COLUMNS
     t = request_table(reqs.astype({k: v for k, v in COLUMNS.items() if k in reqs}), a).set_index("request")
     assert (t.loc[0, "ckpt_ns"], t.loc[0, "restore_ns"], t.loc[0, "restore_copy_ns"]) == (10 * ms, 14 * ms, 12 * ms)
     assert t.loc[0, "stall_ns"] == 24 * ms and t.loc[0, "rest_ns"] == 36 * ms
@@ -449,7 +449,7 @@ def two_servers(tmp_path: Path, east: Path, west: Path, label: str, name: str) -
     """One trace of two processes, as `record --pid A=east --pid B=west` writes it: two sample
     recordings, the west one moved in time so that its checkpoints interleave with the east one's.
     Beside it, a request file whose windows sit on the east process's checkpoints."""
-    from ckptrace.meta import ProcessInfo
+    from ckptrace.core.meta import ProcessInfo
 
     e, w = read_trace(east), read_trace(west)
     first = lambda t: int(t.events.loc[t.events["kind"] == "checkpoint", "start_ns"].min())  # noqa: E731
@@ -667,8 +667,8 @@ def test_a_ttft_verdict_stands_where_the_traced_path_explains_it(tmp_path):
     ~7 ms), 40 requests each holding one checkpoint. Same rest everywhere: the TTFT change is the
     checkpoints' own, explained, and p50 reads faster. 100 ms more rest in the candidate: slower by
     the interval, but the path explains none of it, so not judged."""
-    from ckptrace.meta import ObjectInfo, TraceMeta
-    from ckptrace.trace import Trace
+    from ckptrace.core.meta import ObjectInfo, TraceMeta
+    from ckptrace.core.trace import Trace
     from test_compare import leg_events
 
     def legs(cand_rest_ms):

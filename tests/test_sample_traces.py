@@ -7,7 +7,7 @@ import pytest
 
 from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.compare import compare
-from ckptrace.trace import read_trace
+from ckptrace.core.trace import read_trace
 from ckptrace.renderers.json import comparison_json
 from helpers import assert_parts_fit, assert_pool_faster, load_truth, within_clock
 

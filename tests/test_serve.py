@@ -20,7 +20,7 @@ import pytest
 from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.memory import memory_summary
 from ckptrace.exporters.prometheus import HISTOGRAMS, LABELS, series_names
-from ckptrace.trace import read_trace
+from ckptrace.core.trace import read_trace
 from helpers import (CKPTRACE, assert_one_line_error, ckptrace, clock_tolerance, go, load_truth, recorder, started,
                      wait_until, waiting_workload)
 from prometheus import Prometheus, prometheus_available
@@ -287,7 +287,7 @@ def test_fold_in_any_batches_equals_analyze(trace):
     """serve's fold, fed a recorded trace in batches cut anywhere (inside checkpoints too), gives
     analyze's own counts and sums: its numpy definitions, the carry across batches, held memory."""
     from ckptrace.exporters.prometheus import CheckpointMetrics
-    from ckptrace.probes.live import LiveBatch
+    from ckptrace.live.session import LiveBatch
 
     tr = read_trace(SAMPLES / trace)
     ck = analyze_trace(tr).checkpoints

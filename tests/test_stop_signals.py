@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from ckptrace.trace import read_trace
+from ckptrace.core.trace import read_trace
 from helpers import CKPTRACE, assert_no_traceback, assert_one_line_error, ckptrace, proc_status, truth_count
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.usefixtures("require_root_ebpf")]

@@ -10,9 +10,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from ckptrace.meta import TraceMeta
-from ckptrace.stream import StreamWriter
-from ckptrace.trace import VERSION, event_schema, read_trace, to_batch, trace_columns, trace_schema
+from ckptrace.core.meta import TraceMeta
+from ckptrace.core.stream import StreamWriter
+from ckptrace.core.trace import VERSION, event_schema, read_trace, to_batch, trace_columns, trace_schema
 from helpers import (assert_one_line_error, ckptrace, launched_pid, load_truth, proc_status, record_with_truth,
                      recorder, wait_for_truth, wait_until, within_clock)
 from test_analyzers import make_events, slots_rows
@@ -168,7 +168,7 @@ def test_a_kill_while_the_finished_trace_is_written_leaves_the_stream_and_nothin
     import signal
     import subprocess
 
-    from ckptrace.stream import is_stream
+    from ckptrace.core.stream import is_stream
     from helpers import CKPTRACE, go, waiting_workload
 
     folder = (tmp_path / "out").resolve()

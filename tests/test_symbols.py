@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 
-from ckptrace.errors import SymbolError, TargetError
+from ckptrace.core.errors import SymbolError, TargetError
 from ckptrace.probes import symbols
 from ckptrace.probes.symbols import format_plan, qualified_name, resolve_binary, resolve_pid
 from helpers import AS_NOBODY, assert_one_line_error, ckptrace, waiting_workload, why_nobody_cannot_run_ckptrace

@@ -1,4 +1,4 @@
-"""`ckptrace top` (ckptrace/top.py, renderers/top.py, the fold in probes/fold.py): its figures
+"""`ckptrace top` (live/top.py, renderers/top.py, the fold in probes/fold.py): its figures
 against `analyze` of a recording of the same seconds and the workload's own clocks, its frame on
 a real terminal (a pty) in 80 columns of plain ANSI, `q` and Ctrl-C, and bad input."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.memory import memory_summary
-from ckptrace.trace import read_trace
+from ckptrace.core.trace import read_trace
 from helpers import (CKPTRACE, assert_one_line_error, ckptrace, clock_tolerance, go, load_truth, recorder, started,
                      validate_json, wait_until, waiting_workload)
 
@@ -189,7 +189,7 @@ def test_a_pid_that_is_not_there_is_one_line():
 
 def test_a_frame_holds_any_figures_and_names_in_79_columns_escaped():
     """The frame's text from extreme figures and a hostile process name: every line under 80
-    columns, the name's escape sequence shown, never sent (ckptrace/terminal.py's printable)."""
+    columns, the name's escape sequence shown, never sent (core/terminal.py's printable)."""
     from ckptrace.renderers.top import frame_lines
 
     big = {"count": 1, "p50": 3.6e15, "p99": 9.9e17}
@@ -211,12 +211,12 @@ def test_a_frame_holds_any_figures_and_names_in_79_columns_escaped():
 
 
 def test_enclosing_in_numpy_is_the_asof_join_it_replaced():
-    """ckptrace/rules.py's enclosing (numpy, so the live tools run without pandas) against the
+    """core/rules.py's enclosing (numpy, so the live tools run without pandas) against the
     definition it replaced, pandas' backward as-of join by thread then the end check, on random
     spans with shared starts, several threads, and rows in no span."""
     import pandas as pd
 
-    from ckptrace.rules import enclosing
+    from ckptrace.core.rules import enclosing
 
     def asof(inner, outer):
         out = np.full(len(inner), -1, dtype="int64")

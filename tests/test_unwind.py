@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptrace.trace import read_trace
+from ckptrace.core.trace import read_trace
 from helpers import ckptrace, recorder, started
 
 PROGRAM = Path(__file__).resolve().with_name("throwing_checkpoint.cpp")

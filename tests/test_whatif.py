@@ -22,8 +22,8 @@ import pytest
 
 from ckptrace.analyzers import analyze_trace
 from ckptrace.analyzers.whatif import GET_COLUMNS, Policy, ReplayInput, simulate
-from ckptrace.trace import read_trace
-from ckptrace.units import MIB
+from ckptrace.core.trace import read_trace
+from ckptrace.core.units import MIB
 from helpers import assert_one_line_error, ckptrace, go, record_with_truth, recorder, waiting_workload
 
 SAMPLES = Path(__file__).resolve().parent.parent / "samples" / "traces"
@@ -385,8 +385,8 @@ def test_ttft_saved_is_the_hits_fill_inside_each_window(tmp_path):
     """A request file beside a sample trace (windows made here: the first and second halves of
     its checkpoints, and one ending inside a fill): each request's saving is the part of the hits'
     fills inside its window, summed by a plain loop over the trace's own fill rows."""
-    from ckptrace.loadgen import RESULT_COLUMNS
-    from ckptrace.requests_file import write_requests
+    from ckptrace.core.loadgen import RESULT_COLUMNS
+    from ckptrace.core.requests_file import write_requests
 
     trace = read_trace(SAMPLES / "1-pool-off.parquet")
     ev = trace.events

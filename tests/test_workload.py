@@ -11,9 +11,9 @@ import pytest
 from elftools.elf.dynamic import DynamicSection
 from elftools.elf.elffile import ELFFile
 
-from ckptrace.errors import CkptraceError
+from ckptrace.core.errors import CkptraceError
 from ckptrace.samples import workload_binary
-from ckptrace.units import MIB
+from ckptrace.core.units import MIB
 from helpers import go, truth_records, waiting_workload
 
 PAGE = os.sysconf("SC_PAGESIZE")

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ckptrace.terminal import echo, printable
+from ckptrace.core.terminal import echo, printable
 
 
 @click.command("analyze", epilog="""\b
@@ -54,7 +54,7 @@ def command(trace, as_json, csv_dir, parquet_dir, requests_file, requests_pid, s
         raise click.UsageError("--requests-pid says which process a request file's requests went to: "
                                "give --requests too")
     if csv_dir or parquet_dir:  # before anything is read or written: a table must not replace an input
-        from ckptrace.output import not_an_input
+        from ckptrace.core.output import not_an_input
         from ckptrace.renderers.csv import csv_paths
         from ckptrace.renderers.parquet import parquet_paths
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import click
 
 from ckptrace.options import Finite, warmup_option
-from ckptrace.terminal import echo, printable, shown_label
+from ckptrace.core.terminal import echo, printable, shown_label
 
 # Exit statuses: 0 compared (gate passed), 1 an error (one line), 2 a usage error, GATE_EXIT the
 # gate tripped, UNJUDGED_EXIT (--require-judged) a metric the gate looks at was not judged.

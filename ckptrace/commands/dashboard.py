@@ -5,10 +5,10 @@ from pathlib import Path
 
 import click
 
-from ckptrace.errors import AnalysisError, CkptraceError
+from ckptrace.core.errors import AnalysisError, CkptraceError
 from ckptrace.options import warmup_option
-from ckptrace.output import check_output, not_an_input
-from ckptrace.terminal import printable
+from ckptrace.core.output import check_output, not_an_input
+from ckptrace.core.terminal import printable
 
 
 @click.command(epilog="""\b
@@ -44,7 +44,7 @@ def command(traces: tuple[Path, ...], output: Path, title: str, request_files: t
     """Write a self-contained HTML report of one or more TRACE files."""
     from ckptrace.api import legs_with_requests
     from ckptrace.dashboards.report import write_dashboard
-    from ckptrace.requests_file import lacking_requests, requests_path
+    from ckptrace.core.requests_file import lacking_requests, requests_path
 
     # A FIFO, a terminal or /dev/stdout is written into as it is; a file's name says what it holds.
     named_file = not output.exists() or output.is_file()

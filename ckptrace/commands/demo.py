@@ -11,8 +11,8 @@ import click
 import pandas as pd
 
 from ckptrace.options import warmup_option
-from ckptrace.output import output_folder
-from ckptrace.terminal import echo
+from ckptrace.core.output import output_folder
+from ckptrace.core.terminal import echo
 
 LEGS = [("pool-off", "off"), ("pool-on", "on"), ("pool-off", "off")]
 
@@ -93,9 +93,9 @@ def llama_server_legs(out_dir: Path, say, version: str = "0.3.36", model: str = 
     leg's requests (drive's request file, read back)."""
     from ckptrace.analyzers import analyze_trace
     from ckptrace.analyzers.requests import request_summary, request_table
-    from ckptrace.requests_file import read_requests
+    from ckptrace.core.requests_file import read_requests
     from ckptrace.samples.llama_server import cached_model, log_path, run_legs, ttft_path
-    from ckptrace.trace import read_trace
+    from ckptrace.core.trace import read_trace
 
     with sigterm_raises():
         say(f"model: make_model.py --arch {model} (its default shape)")
@@ -187,7 +187,7 @@ def command(ctx, out_dir: Path | None, llama: bool, llama_version: str, model: s
     from ckptrace.analyzers import analyze_trace
     from ckptrace.probes.recorder import RecordOptions, record
     from ckptrace.samples import workload_binary
-    from ckptrace.trace import read_trace
+    from ckptrace.core.trace import read_trace
 
     workload = workload_binary()
     say(f"ckptrace demo: sample workload {workload}")
@@ -217,7 +217,7 @@ def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, titl
     from ckptrace.renderers.json import comparison_json, versioned
     from ckptrace.renderers.text import compare_report
     from ckptrace.dashboards.report import write_dashboard
-    from ckptrace.output import write_output
+    from ckptrace.core.output import write_output
     from ckptrace.renderers.perfetto import perfetto_writer
     from ckptrace.renderers.timeline import build_timeline
 

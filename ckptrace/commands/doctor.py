@@ -10,7 +10,7 @@ from typing import Callable
 
 import click
 
-from ckptrace.errors import CkptraceError, EbpfUnavailable, NotPermitted
+from ckptrace.core.errors import CkptraceError, EbpfUnavailable, NotPermitted
 from ckptrace.probes import arch, kernel
 
 

@@ -1,13 +1,13 @@
 """`ckptrace drive`: a bounded load of distinct streaming prompts to a local llama-server, with TTFT.
 
-The load generator is ckptrace/loadgen.py; this command parses options and prints."""
+The load generator is core/loadgen.py; this command parses options and prints."""
 from __future__ import annotations
 
 import json
 
 import click
 
-from ckptrace.errors import TargetError
+from ckptrace.core.errors import TargetError
 from ckptrace.options import seconds
 
 
@@ -17,7 +17,7 @@ class LocalURL(click.ParamType):
     name = "URL"
 
     def convert(self, value, param, ctx):
-        from ckptrace.loadgen import local_url
+        from ckptrace.core.loadgen import local_url
 
         try:
             return local_url(value)
@@ -65,10 +65,10 @@ def command(url, clients, n_requests, prompt_tokens, n_predict, timeout_s, reque
     predicted_tokens (tokens generated). -o FILE writes the list of requests (the request file) to FILE, failed requests
     included, before the exit status says they failed.
     """
-    from ckptrace.loadgen import run_load, ttft_percentiles_ms
-    from ckptrace.output import check_output
+    from ckptrace.core.loadgen import run_load, ttft_percentiles_ms
+    from ckptrace.core.output import check_output
     from ckptrace.renderers.text import load_report
-    from ckptrace.requests_file import requests_json, write_requests
+    from ckptrace.core.requests_file import requests_json, write_requests
 
     if output is not None:
         check_output(output, what="request file")  # before the load, not after it

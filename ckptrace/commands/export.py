@@ -7,9 +7,9 @@ from pathlib import Path
 
 import click
 
-from ckptrace.errors import CkptraceError
-from ckptrace.output import check_output, not_an_input, write_output
-from ckptrace.terminal import printable
+from ckptrace.core.errors import CkptraceError
+from ckptrace.core.output import check_output, not_an_input, write_output
+from ckptrace.core.terminal import printable
 
 FORMATS = ("perfetto", "chrome")
 
@@ -54,7 +54,7 @@ def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...
     from ckptrace.api import open as open_trace
     from ckptrace.renderers.timeline import build_timeline, process_count, recording_notes, slice_count
     from ckptrace.renderers.timeline_stream import stream_timeline
-    from ckptrace.requests_file import leg_requests, request_pid_choices, requests_path
+    from ckptrace.core.requests_file import leg_requests, request_pid_choices, requests_path
 
     fmt = fmt or ("chrome" if output.suffix.lower() == ".json" else "perfetto")
     not_an_input(output, (*traces, *request_files, *(requests_path(t) for t in traces)), what="export")
@@ -88,7 +88,7 @@ def _request_tables(analyses, traces: tuple[str, ...], given: tuple[str, ...], c
     """Each leg's request table (analyze --requests' rows), None for a leg without a file, and the
     pid its requests went to (None: the leg's one process)."""
     from ckptrace.analyzers.requests import request_pids, request_table
-    from ckptrace.requests_file import lacking_requests, leg_requests, request_pid_choices, requests_path
+    from ckptrace.core.requests_file import lacking_requests, leg_requests, request_pid_choices, requests_path
 
     frames = leg_requests(traces, given)
     choices = request_pid_choices(traces, frames, choices)

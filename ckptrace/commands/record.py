@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from ckptrace.options import seconds
-from ckptrace.terminal import printable
+from ckptrace.core.terminal import printable
 
 from ckptrace.probes.recorder import FAULT_SAMPLE_CHOICES
 
@@ -81,7 +81,7 @@ def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, ma
     """
     if sum(map(bool, (pids, comm, command))) != 1:
         raise click.UsageError("give exactly one of --pid PID, --comm NAME or -- COMMAND [ARGS...]")
-    from ckptrace.errors import CkptraceError
+    from ckptrace.core.errors import CkptraceError
     from ckptrace.probes.recorder import Interrupted, RecordOptions, record
 
     opts = RecordOptions(output=output, label=label, duration_s=duration,
@@ -113,7 +113,7 @@ def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, ma
 
 def _summary(doc: dict, trace: Path) -> None:
     """The --json summary on stdout; if stdout fails, its one line says the trace is written."""
-    from ckptrace.stdio import StdoutFailed
+    from ckptrace.core.stdio import StdoutFailed
 
     try:
         click.echo(json.dumps(doc))

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ckptrace.exporters.server import DEFAULT_LISTEN
+from ckptrace.live.serve import DEFAULT_LISTEN
 from ckptrace.options import seconds
 
 
@@ -43,7 +43,7 @@ def command(pids, comm, listen, label, ringbuf_pages, hint_after, duration):
     once more, then its series end; with --pid it stops when every process has exited, with
     --comm it keeps serving the name's new processes. Needs root.
     """
-    from ckptrace.exporters.server import ServeOptions, serve
+    from ckptrace.live.serve import ServeOptions, serve
 
     if bool(pids) == bool(comm):
         raise click.UsageError("give --pid PID (one or more) or --comm NAME")

@@ -5,7 +5,7 @@ import json
 
 import click
 
-from ckptrace.terminal import echo, printable
+from ckptrace.core.terminal import echo, printable
 
 
 @click.command("symbols", epilog="""\b

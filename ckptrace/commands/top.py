@@ -43,7 +43,7 @@ def command(pids, comm, interval, window, once, as_json, ringbuf_pages):
     colour; q or Ctrl-C quits); otherwise frames follow each other, as with top -b. With --pid it
     stops when every process has exited. Figures are analyze's (docs/metrics.md). Needs root.
     """
-    from ckptrace.top import TopOptions, top
+    from ckptrace.live.top import TopOptions, top
 
     if bool(pids) == bool(comm):
         raise click.UsageError("give --pid PID (one or more) or --comm NAME")

@@ -5,8 +5,8 @@ import dataclasses
 
 import click
 
-from ckptrace.terminal import echo, printable
-from ckptrace.units import parse_bytes, parse_bytes_or_fraction
+from ckptrace.core.terminal import echo, printable
+from ckptrace.core.units import parse_bytes, parse_bytes_or_fraction
 
 
 class _Size(click.ParamType):
@@ -110,7 +110,7 @@ def command(traces, policy_name, cap_bytes, count, floor, evict, trim_idle, fit,
     RSS would come near the process's cgroup memory limit, as the trace recorded it.
     """
     from ckptrace.analyzers.whatif import POLICIES
-    from ckptrace.requests_file import leg_requests, request_pid_choices
+    from ckptrace.core.requests_file import leg_requests, request_pid_choices
     from ckptrace.renderers.json import dumps, versioned
     from ckptrace.renderers.whatif import whatif_json, whatif_report
 
@@ -144,7 +144,7 @@ def _one_trace(path, policy, sweep, requests, choice):
     from ckptrace.analyzers.requests import request_process, request_table
     from ckptrace.analyzers.whatif import limit_warning, predict, sweep as run_sweep, ttft_saved
     from ckptrace.renderers.whatif import ProcessResult
-    from ckptrace.trace import TraceFile as open_trace, read_trace, time_origin
+    from ckptrace.core.trace import TraceFile as open_trace, read_trace, time_origin
 
     shown = printable(str(path))
     if requests is None:  # batch by batch: memory holds what the analysis keeps, not the trace

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import click
 
-from ckptrace.terminal import printable
+from ckptrace.core.terminal import printable
 
 
 @click.command(epilog="""\b

@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from ckptrace.errors import TraceFormatError
-from ckptrace.meta import TraceMeta
-from ckptrace.output import OutputError, create_in_place
-from ckptrace.terminal import printable
+from ckptrace.core.errors import TraceFormatError
+from ckptrace.core.meta import TraceMeta
+from ckptrace.core.output import OutputError, create_in_place
+from ckptrace.core.terminal import printable
 
-if TYPE_CHECKING:  # a recorder writes its stream without pandas (ckptrace/columns.py)
+if TYPE_CHECKING:  # a recorder writes its stream without pandas (core/columns.py)
     import pandas as pd
 
 STREAM_MAGIC = b"\xff\xff\xff\xff"  # an IPC stream's first message starts with this continuation marker

@@ -13,7 +13,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptrace.errors import TraceFormatError
+from ckptrace.core.errors import TraceFormatError
 
 INT_LIMIT = 1 << 62  # any integer field: sums and differences of a few stay inside int64
 # Bounds on what a hostile trace's metadata can make a reader build (20,000 processes once took
@@ -192,7 +192,7 @@ class TraceMeta:
     fault_time: FaultTime | None = None
     # version 3: each traced process (a recording follows at most MAX_PROCESSES)
     processes: list[ProcessInfo] = field(default_factory=list, metadata={"max_items": MAX_PROCESSES})
-    # Version 3 (ckptrace/stream.py). A finished trace is complete; a stream a killed recorder
+    # Version 3 (core/stream.py). A finished trace is complete; a stream a killed recorder
     # left is not, and says so in one line.
     complete: bool = True
     cut_short: str | None = None

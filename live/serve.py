@@ -14,9 +14,9 @@ import sys
 import time
 from dataclasses import dataclass
 
-from ckptrace.errors import CkptraceError, TargetError
+from ckptrace.core.errors import CkptraceError, TargetError
 from ckptrace.probes.target import process_of, processes_named, start_time
-from ckptrace.terminal import printable
+from ckptrace.core.terminal import printable
 
 DEFAULT_LISTEN = "127.0.0.1:9464"  # 9464: the port OpenTelemetry's Prometheus exporters use
 POLL_S = 0.5
@@ -110,7 +110,7 @@ def serve(opts: ServeOptions) -> None:
            for s in STOP_SIGNALS}
     probes = None
     try:
-        from ckptrace.probes.live import LiveProbes, attach_given
+        from ckptrace.live.session import LiveProbes, attach_given
 
         probes = LiveProbes(opts.ringbuf_pages, preload=opts.comm is not None)  # --pid: verified as attached
         session = _Serving(opts, probes, metrics)

@@ -20,8 +20,8 @@ from typing import Callable
 
 import pandas as pd
 
-from ckptrace.errors import TargetError
-from ckptrace.terminal import printable
+from ckptrace.core.errors import TargetError
+from ckptrace.core.terminal import printable
 
 # The network policy allows no other target: the server must be on this machine.
 LOCAL_HOSTS = ("127.0.0.1", "localhost")
@@ -29,7 +29,7 @@ REASON_CHARS = 80  # a failure's reason, as shown in the status column
 # One line of the event stream, at most: llama-server's longest, the last chunk with its timings
 # and settings, is a few KiB. A server sending a line without end once took drive to 3.1 GB.
 LINE_MAX = 1 << 20
-COUNT_MAX = (1 << 31) - 1  # a token count, as a trace holds one (ckptrace/validate.py)
+COUNT_MAX = (1 << 31) - 1  # a token count, as a trace holds one (core/validate.py)
 # Refused connections to a server we did not start: nothing listens, said after this long (a
 # server restarting has that long to listen again), not after --timeout.
 REFUSED_S = 1.0

@@ -4,7 +4,7 @@ Plain pandas reads it without ckptrace: `pd.read_parquet(path)` gives the events
 `.attrs["ckptrace"]` the metadata (pandas >= 2.1 restores attrs from Parquet). The same JSON
 is also stored under the schema key `ckptrace` for pyarrow and other readers.
 While recording, and after a recorder that was killed, the file is instead an Arrow IPC stream
-of the same columns (ckptrace/stream.py); both read here, the stream as a cut-short trace.
+of the same columns (core/stream.py); both read here, the stream as a cut-short trace.
 """
 from __future__ import annotations
 
@@ -22,16 +22,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ckptrace.columns import (ADDED_IN_3, ADDED_IN_5, COLUMN_TYPES, FORMAT, GPU_COLUMNS, KINDS, META_KEY,  # noqa: F401 (also read from here)
-                              MIN_READER_VERSION, OPTIONAL, OUTCOMES, PHASES, STATE_FLAG_ON_DEVICE,
-                              STATE_FLAG_PARTIAL_ONLY, VERSION, with_meta)
-from ckptrace.errors import TraceFormatError
-from ckptrace.meta import JSON_MAX, TraceMeta
-from ckptrace.output import write_output
-from ckptrace.terminal import printable
-from ckptrace import stream
-from ckptrace.validate import (FOOTER_MAX, STREAM_EXPANSION, KeyTwice, budget_rows, check_column, check_events, check_ids, check_table,
-                               check_types, memory_budget, no_key_twice, open_regular, reversed_error)
+from ckptrace.core.columns import (ADDED_IN_3, ADDED_IN_5, COLUMN_TYPES, FORMAT, GPU_COLUMNS, KINDS, META_KEY,  # noqa: F401 (also read from here)
+                                   MIN_READER_VERSION, OPTIONAL, OUTCOMES, PHASES, STATE_FLAG_ON_DEVICE,
+                                   STATE_FLAG_PARTIAL_ONLY, VERSION, with_meta)
+from ckptrace.core.errors import TraceFormatError
+from ckptrace.core.meta import JSON_MAX, TraceMeta
+from ckptrace.core.output import write_output
+from ckptrace.core.terminal import printable
+from ckptrace.core import stream
+from ckptrace.core.validate import (FOOTER_MAX, STREAM_EXPANSION, KeyTwice, budget_rows, check_column, check_events, check_ids, check_table,
+                                    check_types, memory_budget, no_key_twice, open_regular, reversed_error)
 
 # The tables share columns and rely on copy-on-write, pandas 3's rule: under pandas 2.2 and 2.3
 # it is an option, turned on here (every analysis imports this module), so a write to one table
@@ -39,7 +39,7 @@ from ckptrace.validate import (FOOTER_MAX, STREAM_EXPANSION, KeyTwice, budget_ro
 if int(pd.__version__.split(".")[0]) < 3:
     pd.set_option("mode.copy_on_write", True)
 
-# The format's identity, kinds, phases and column types live in ckptrace/columns.py (no pandas:
+# The format's identity, kinds, phases and column types live in core/columns.py (no pandas:
 # the recorder streams with it alone); COLUMNS are their pandas dtypes.
 _DTYPES = {"kind": pd.CategoricalDtype(KINDS), "phase": pd.CategoricalDtype(PHASES), "Int64": pd.Int64Dtype()}
 COLUMNS: dict[str, object] = {c: _DTYPES[t] if t in _DTYPES else np.dtype(t) for c, t in COLUMN_TYPES.items()}
@@ -99,7 +99,7 @@ def normalize_events(df: pd.DataFrame, columns: dict[str, object] = COLUMNS) -> 
 
 
 def write_trace(path: str | os.PathLike, events: pd.DataFrame, meta: TraceMeta) -> None:
-    """Write atomically (ckptrace.output): a reader never sees a half-written trace."""
+    """Write atomically (ckptrace.core.output): a reader never sees a half-written trace."""
     write_output(path, trace_writer(events, meta), what="trace")
 
 
@@ -160,7 +160,7 @@ def _no_constant(name: str):
 
 
 class TraceFile:
-    """A trace file opened once: the open file (a regular file, ckptrace.validate.open_regular),
+    """A trace file opened once: the open file (a regular file, ckptrace.core.validate.open_regular),
     whether it is a recording's stream or a finished Parquet trace (sniffed from its first bytes),
     and its metadata, checked. Every reader below takes one (or a path, opened for that call), so
     an analysis opens, sniffs and checks a file once. A context manager; `close()` closes it."""

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from ckptrace.columns import KINDS
-from ckptrace.errors import CkptraceError, TargetError
-from ckptrace.heap import return_freed_memory
+from ckptrace.core.columns import KINDS
+from ckptrace.core.errors import CkptraceError, TargetError
+from ckptrace.core.heap import return_freed_memory
 from ckptrace.probes import fault_time, kernel, recorder
 from ckptrace.probes.target import alive, process_of
-from ckptrace.terminal import printable
+from ckptrace.core.terminal import printable
 
 MAX_CAL_SIZES = 32  # distinct span sizes calibrated; past this, resident time is interpolated
 

@@ -18,10 +18,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ckptrace import pages
-from ckptrace.errors import TraceFormatError
-from ckptrace.order import in_order, increasing  # noqa: F401 (also read from here)
-from ckptrace.terminal import printable
+from ckptrace.core import pages
+from ckptrace.core.errors import TraceFormatError
+from ckptrace.core.order import in_order, increasing  # noqa: F401 (also read from here)
+from ckptrace.core.terminal import printable
 
 # Bounds, so the analysis' int64 arithmetic (analyzers/sums.py) is exact or refused, never wrapped
 # (docs/trace-format.md, "Bounds"). A trace holds at most ROWS_MAX rows (4.3 billion: the memory

@@ -1,6 +1,6 @@
 """Whether numpy arrays are in order: the checks before a sort or a binary search, shared by the
-trace's validation (ckptrace/validate.py) and the numpy rules analyze and the live tools share
-(ckptrace/rules.py), without pandas."""
+trace's validation (core/validate.py) and the numpy rules analyze and the live tools share
+(core/rules.py), without pandas."""
 from __future__ import annotations
 
 import numpy as np

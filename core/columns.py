@@ -1,7 +1,7 @@
 """The trace format's identity, row kinds and columns, without pandas.
 
-ckptrace/trace.py builds its pandas dtypes (`COLUMNS`) from these and reads and writes traces;
-the recorder streams a recording with only this module and pyarrow (ckptrace/stream.py), so a
+core/trace.py builds its pandas dtypes (`COLUMNS`) from these and reads and writes traces;
+the recorder streams a recording with only this module and pyarrow (core/stream.py), so a
 long-running recorder or `serve` never loads pandas (about 50 MiB resident: docs/performance.md).
 """
 from __future__ import annotations

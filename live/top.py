@@ -1,6 +1,6 @@
 """`ckptrace top`: running processes' checkpoints, live, a frame every interval.
 
-The kernel side, its load and the attach are `serve`'s (probes/live.py), and each batch is folded
+The kernel side, its load and the attach are `serve`'s (live/session.py), and each batch is folded
 as serve folds it (probes/fold.py: analyze's definitions). What this keeps per process: totals
 since it was attached, the checkpoints folded in the last interval (their rate) and those of the
 last window (their percentiles). A frame (renderers/top.py) is drawn every interval: in place on
@@ -19,10 +19,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ckptrace.errors import CkptraceError, TargetError
+from ckptrace.core.errors import CkptraceError, TargetError
 from ckptrace.probes.fold import ProcessFold
 from ckptrace.probes.target import process_of, processes_named, start_time
-from ckptrace.terminal import printable
+from ckptrace.core.terminal import printable
 
 DRAIN_S = 0.25  # the ring buffer is drained this often (and `q` read), whatever the interval
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -146,7 +146,7 @@ def top(opts: TopOptions, out=None) -> int:
     for pid in opts.pids:
         process_of(pid)  # a missing pid, a kernel thread: said now, before anything loads
     interactive = not opts.once and not opts.as_json and out.isatty()
-    from ckptrace.probes.live import LiveProbes, attach_given
+    from ckptrace.live.session import LiveProbes, attach_given
 
     stop: list[str] = []
     old = {s: signal.signal(s, lambda signum, frame: stop.append(signal.Signals(signum).name)) for s in STOP_SIGNALS}

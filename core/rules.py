@@ -2,14 +2,14 @@
 checkpoint's fill, buffer class and pool hit, which restores restored state, and the per-checkpoint sums they
 read (Ids, Groups). analyzers/checkpoints.py, spans.py and state_path.py use them on a trace;
 `serve`, `top` and the recorder's status line (probes/fold.py) on each live batch, without
-pandas (about 50 MiB resident). Beside the layers, as ckptrace/buffers.py: probes/ and analyzers/
+pandas (about 50 MiB resident). Beside the layers, as core/buffers.py: probes/ and analyzers/
 both read it, and neither imports the other.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from ckptrace.order import increasing
+from ckptrace.core.order import increasing
 
 
 class Ids:

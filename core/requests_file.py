@@ -19,11 +19,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from ckptrace.errors import TraceFormatError, UsageError
-from ckptrace.loadgen import RESULT_COLUMNS
-from ckptrace.output import write_output
-from ckptrace.terminal import printable
-from ckptrace.validate import NS_MAX, KeyTwice, no_key_twice, open_regular
+from ckptrace.core.errors import TraceFormatError, UsageError
+from ckptrace.core.loadgen import RESULT_COLUMNS
+from ckptrace.core.output import write_output
+from ckptrace.core.terminal import printable
+from ckptrace.core.validate import NS_MAX, KeyTwice, no_key_twice, open_regular
 
 MAX_BYTES = 32 << 20  # drive's most, 100,000 requests, take about 23 MiB
 MAX_REQUESTS = 100_000  # objects and lists in a file: drive --requests' most
@@ -52,7 +52,7 @@ def requests_json(df: pd.DataFrame) -> str:
 
 
 def write_requests(path: str | os.PathLike, df: pd.DataFrame) -> Path:
-    """Write the request file (atomically, through ckptrace.output)."""
+    """Write the request file (atomically, through ckptrace.core.output)."""
     text = requests_json(df).encode() + b"\n"
     return write_output(path, lambda f: f.write(text), what="request file")
 

@@ -36,9 +36,9 @@ import stat
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from ckptrace import stdio
-from ckptrace.errors import CkptraceError
-from ckptrace.terminal import printable
+from ckptrace.core import stdio
+from ckptrace.core.errors import CkptraceError
+from ckptrace.core.terminal import printable
 
 Writer = Callable[[BinaryIO], None]
 MAX_LINKS = 40  # the kernel's own limit on symlinks followed in one lookup
