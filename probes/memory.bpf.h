@@ -91,6 +91,7 @@ static __always_inline void rss_sample(u32 tid, u64 now) {}
 static __always_inline void rss_forget(u32 tid) {}
 #endif
 
+/* mmap/munmap/mremap rows: the call's arguments held from its entry to its exit, per thread. */
 static __always_inline int syscall_enter(u32 kind, u64 len, u64 old_addr, u64 old_len)
 {
     u32 tid;
