@@ -30,6 +30,7 @@ from ckptrace.probes import bpf_cache
 from ckptrace.probes.bpf_runtime import MAP_TYPES, decode_type
 
 NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
+INCLUDE = re.compile(r'^#include "([A-Za-z0-9_.-]+)"[ \t]*$', re.M)
 LD_IMM64, CALL = 0x18, 0x85
 PSEUDO_MAP_FD, PSEUDO_MAP_VALUE, PSEUDO_CALL = 1, 2, 1
 MAX_INSNS = 1 << 20  # the kernel's own limit per program
@@ -51,6 +52,26 @@ def bcc_version() -> str:
         return "unknown"
     m = re.search(r"__version__\s*=\s*['\"]([^'\"]+)", text)
     return m.group(1) if m else "unknown"
+
+
+def assemble(source: Path) -> str:
+    """The source as bcc compiles it: each `#include "NAME"` of a header beside it replaced by the
+    header's text, recursively, each header once. bcc rewrites map calls (threads.lookup) only in
+    the file it is given, never in a header it includes, so the headers reach it inside that file;
+    they are read from beside the source, so an installed package finds its own."""
+    seen = {source.name}
+
+    def inline(m: re.Match) -> str:
+        name = m.group(1)
+        path = source.parent / name
+        if not path.is_file():
+            return m.group(0)  # not ours (none today): the compiler's include path finds it
+        if name in seen:
+            return f"/* {name}: included above */"
+        seen.add(name)
+        return f"/* ---- {name} ---- */\n{INCLUDE.sub(inline, path.read_text())}\n/* ---- end of {name} ---- */"
+
+    return INCLUDE.sub(inline, source.read_text())
 
 
 def compiled(source: Path, cflags: list[str], headers: Path, status=None, note=None) -> dict:
@@ -196,7 +217,7 @@ def _compile(source: Path, cflags: list[str]) -> dict:
     terminal = os.dup(2)  # the pipe to the parent: LLVM's fatal error is one line there (see _run_child)
     try:
         with kernel.captured_output() as out, kernel.fatal_compile_errors_reported(bcc, terminal):
-            module = lib.bpf_module_create_c_from_string(source.read_bytes(), 0, array, len(flags), True, None)
+            module = lib.bpf_module_create_c_from_string(assemble(source).encode(), 0, array, len(flags), True, None)
             if not module:
                 failure = Exception(f"Failed to compile BPF module {source}")
     finally:

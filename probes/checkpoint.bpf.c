@@ -23,122 +23,17 @@
  *   TOKEN_SIZE_STDCXX, TOKEN_SIZE_LIBCXX  sizeof(llama_batch_ext::token) by standard library
  * Per process, the `targets` map's value holds TARGET_* flags (checkpoint.h) the recorder set from
  * its probe plan.
- * A process that maps libcudart or libcuda also gets the CUDA programs (the "CUDA" section below);
+ * A process that maps libcudart or libcuda also gets the CUDA programs (cuda.bpf.h and the "CUDA" section below);
  * every other process never reaches them.
  */
 #include <uapi/linux/ptrace.h>
 #include <uapi/linux/bpf_perf_event.h>
 #include "checkpoint.h"
+#include "tstate.bpf.h"
+#include "cuda.bpf.h"
+#include "emit.bpf.h"
+#include "memory.bpf.h"
 
-#ifndef RSS_PER_FAULT
-#define RSS_PER_FAULT 0
-#endif
-
-/* A fault's own accounting comes within microseconds; a longer gap is a sample that lost its pair. */
-#define MAX_FAULT_NS 1000000ULL
-
-/* The thread's scheduler counters at one instant (see sched_read). */
-struct sched_now {
-    u64 cpu;
-    u64 wait;
-    u64 nvcsw;
-    u64 nivcsw;
-};
-
-struct span {
-    u64 start;
-    u64 faults0;
-    u64 timed0;
-    u64 timed_ns0;
-    struct sched_now sc0;
-};
-
-struct tstate {
-    u64 iter;          /* open update_slots call, 0 = none */
-    u64 ckpt;          /* open update_tgt/update_dft call, 0 = none */
-    struct span it, ck, ph, dec;
-    struct span cr, ax, rc; /* create_checkpoint; restore/spec_state/prompt_save; set_data_ext */
-    struct span sl;    /* a slot file's save or load (llama_state_seq_save_file / _load_file) */
-    u32 sl_kind;       /* 0, K_SLOT_SAVE or K_SLOT_RESTORE */
-    u64 cr_bytes;      /* state bytes the checkpoints inside the open create_checkpoint copied */
-    u64 ax_bytes;      /* bytes the open restore / prompt save copied */
-    u64 ax_vec;        /* common_speculative_get_state's std::vector<uint8_t> & (its size at return) */
-    u32 cr_open;
-    u32 ax_kind;       /* 0, K_RESTORE, K_SPEC_STATE or K_PROMPT_SAVE */
-    u32 ax_draft;
-    u32 ax_in_copy;    /* a prompt save's state copy is open: 1 in a prompt_save span, 2 at a call site */
-    u32 rc_open;
-    u32 ck_spec;
-    u32 ck_in_create;  /* opened by the size query inside create_checkpoint: the copy's return closes it */
-    u64 ck_bytes;
-    u64 ph_bytes;
-    u64 ph_addr;
-    u64 rc_size;       /* the open set_data_ext call's size argument: what it was given to read */
-    u32 ph_flags;      /* the open copy's llama_state_seq_flags (its fifth argument) */
-    u32 rc_flags;      /* the open set_data_ext call's */
-    u64 it_tokens;
-    u64 it_prompt;
-    u64 timed;         /* faults timed so far on this thread, and their summed ns */
-    u64 timed_ns;
-    u64 sc_len;        /* pending mmap/mremap length and start between syscall enter and exit */
-    u64 sc_start;
-    u64 sc_old_addr;   /* pending mremap: the range it moves or resizes from */
-    u64 sc_old_len;
-    u32 phase;         /* P_NONE, P_FILL or P_COPY inside a checkpoint */
-    u32 ck_draft;
-    u32 dec_open;
-    u32 dec_tokens;
-    u32 dec_prompt;
-    u32 sc_kind;
-    /* CUDA calls inside the open state copy span (copy or restore_copy), see the CUDA section */
-    u64 gpu_t0;        /* entry of the outermost open copy call, and of the open wait */
-    u64 gpu_s0;
-    u64 gpu_bytes;
-    u64 gpu_pinned;
-    u64 gpu_pageable;
-    u64 gpu_enqueue_ns;
-    u64 gpu_sync_ns;
-    u32 gpu_copies;
-    u32 gpu_syncs;
-    u32 gpu_depth;     /* copy calls open (a runtime call's own driver call is the second) */
-    u32 gpu_sync_depth;
-    u32 gpu_slot;      /* 1 + this span's destination range in dst_ranges; 0: none */
-    u32 pin_depth;     /* pin calls open; their pointer (or out-pointer) and size by depth */
-    u64 pin_arg[2];
-    u64 pin_size[2];
-    u32 pin_out[2];
-    u64 ck_sp;         /* the stack pointer at the open checkpoint's entry (0: not known) */
-};
-
-/* A sampled fault waiting for its rss_stat; per CPU so rss_stat needs no hash lookup. */
-struct armed {
-    u32 tid;
-    u32 pad;
-    u64 t0;
-};
-
-BPF_HASH(threads, u32, struct tstate, MAX_THREADS);
-BPF_HASH(targets, u32, u32, MAX_TARGETS); /* the processes traced: tgid -> TARGET_* flags */
-/* Resident bytes per traced mm, as kmem:rss_stat reports them member by member. Keyed by the
- * tracepoint's mm_id (a hash of the mm pointer), learnt from events the process's own threads
- * raise, so changes made to it by another task (reclaim) count too. */
-struct rss_state {
-    s64 member[4];     /* MM_FILEPAGES, MM_ANONPAGES, MM_SWAPENTS, MM_SHMEMPAGES, bytes */
-    s64 last;          /* resident bytes in the last row emitted, -1 = none yet */
-    u32 pid;
-    u32 pad;
-};
-BPF_HASH(rss_by_mm, u32, struct rss_state, 1024);
-/* A launched command, held before its exec: no RSS rows until it has exec'd (its mm before that
- * is the recorder's forked child's). tgid -> 1, removed by sched_process_exec. */
-BPF_HASH(rss_before_exec, u32, u32, MAX_TARGETS);
-/* Each traced process's counters as /proc/PID/status showed them at attach, written by the
- * recorder: the starting point before every member has changed once. */
-BPF_HASH(rss_seed, u32, struct rss_state, MAX_TARGETS);
-BPF_PERCPU_ARRAY(zero_state, struct tstate, 1); /* the initial value: too big for the BPF stack */
-BPF_ARRAY(counters, u64, N_COUNTERS);
-BPF_ARRAY(event_layout, struct ckpt_event, 1); /* lets user space read the layout from the compiler */
-BPF_PERCPU_ARRAY(armed_fault, struct armed, 1);
 struct logits_buf {
     u8 b[256];
 };
@@ -149,383 +44,6 @@ struct tokens_buf {
     u8 b[BATCH_SCAN * TOKEN_SIZE_MAX];
 };
 BPF_PERCPU_ARRAY(token_scratch, struct tokens_buf, 1);
-/* Submitted without wakeup: the recorder drains on its own clock, so the traced thread never pays
- * for waking it (or gets preempted by it on a small machine). */
-BPF_RINGBUF_OUTPUT(events, RINGBUF_PAGES);
-
-/* CUDA targets. Per process (entries made by the recorder for processes that map libcudart or
- * libcuda): its pinned host ranges, and the destination ranges of its open state copy spans, which
- * the page fault programs count faults on. */
-#define MAX_PINNED 64 /* pinned ranges remembered per process */
-#define MAX_DST 8     /* state copy spans with a destination range open at once, per process */
-#define KIND_D2H 2    /* cudaMemcpyDeviceToHost */
-struct pin_set {
-    u64 lo[MAX_PINNED];
-    u64 hi[MAX_PINNED]; /* 0: a free slot */
-};
-BPF_HASH(pinned, u32, struct pin_set, MAX_TARGETS);
-struct dst_range {
-    u64 lo;
-    u64 hi;      /* 0: not open */
-    u64 faults;  /* page faults on [lo, hi) while open, by any thread of the process */
-    u64 others;  /* ... by other threads than tid */
-    u64 tid;     /* the span's thread; 0: a free slot (64 bits: claimed by a 64-bit compare-and-swap) */
-};
-struct dst_set {
-    struct dst_range r[MAX_DST];
-};
-BPF_HASH(dst_ranges, u32, struct dst_set, MAX_TARGETS);
-BPF_ARRAY(gpu_open, u64, 1); /* destination ranges open now, all processes: a fault's first test */
-
-static __always_inline void count(u32 idx)
-{
-    u64 *v = counters.lookup(&idx);
-    if (v)
-        __sync_fetch_and_add(v, 1);
-}
-
-static __always_inline u64 new_id(void)
-{
-    u32 idx = C_NEXT_ID;
-    u64 *v = counters.lookup(&idx);
-    if (!v)
-        return 0;
-    return __sync_fetch_and_add(v, 1) + 1;
-}
-
-static __always_inline u64 kread(u64 addr)
-{
-    u64 v = 0;
-    bpf_probe_read_kernel(&v, sizeof(v), (void *)addr);
-    return v;
-}
-
-#if SCHED_COUNTERS
-/* One try of sched_read: 1 when no tick or switch moved exec_start or clock_task between the reads. */
-static __always_inline int sched_try(u64 task, u64 *sum, u64 *e2, u64 *now, u64 *steal)
-{
-    u64 e1 = kread(task + EXEC_START_OFF);
-    u64 rq = kread(kread(task + SE_CFS_RQ_OFF) + CFS_RQ_RQ_OFF);
-    *sum = kread(task + SUM_EXEC_RUNTIME_OFF);
-    u64 ct = kread(rq + RQ_CLOCK_TASK_OFF);
-    *steal = kread(rq + RQ_CLOCK_OFF) - ct;
-    *now = bpf_ktime_get_ns();
-    *e2 = kread(task + EXEC_START_OFF);
-    return e1 == *e2 && ct == kread(rq + RQ_CLOCK_TASK_OFF);
-}
-#endif
-
-/* The running thread's scheduler counters. `cpu` is on-CPU time up to this instant, in a frame
- * where only differences mean anything: the kernel accounts se.sum_exec_runtime lazily (at ticks
- * and switches) and keeps se.sum_exec_runtime - se.exec_start constant while the thread runs, so
- * the exact figure is that constant plus the rq's clock_task now. clock_task is sched_clock minus
- * the steal time the rq has accounted (rq->clock - rq->clock_task), and bpf_ktime_get_ns() runs at
- * sched_clock's rate; so ktime - (clock - clock_task) is clock_task now up to a constant, whatever
- * CPU the thread is on. What it leaves out is steal not yet accounted (at most one tick's). */
-static __always_inline void sched_read(struct sched_now *n)
-{
-#if SCHED_COUNTERS
-    u64 task = bpf_get_current_task();
-    u64 sum = 0, e2 = 0, now = 0, steal = 0;
-    /* A tick or a switch between the reads moves exec_start: read again, at most 3 tries. Written
-     * out, not a loop: clang lays a loop with two exits out with its back-edge as a fall-through,
-     * which Linux 6.1's verifier rejects ("back-edge from insn N to N+1"; Debian 12's kernel). */
-    if (!sched_try(task, &sum, &e2, &now, &steal) && !sched_try(task, &sum, &e2, &now, &steal))
-        sched_try(task, &sum, &e2, &now, &steal);
-    n->cpu = sum - e2 + now - steal;
-    n->wait = kread(task + RUN_DELAY_OFF); /* waits are added at switch-in: exact while running */
-    n->nvcsw = kread(task + NVCSW_OFF);
-    n->nivcsw = kread(task + NIVCSW_OFF);
-#endif
-}
-
-/* min_flt + maj_flt of the current thread: what getrusage(RUSAGE_THREAD) reports. */
-static __always_inline u64 thread_faults(void)
-{
-    u64 task = bpf_get_current_task();
-    u64 mn = 0, mj = 0;
-    bpf_probe_read_kernel(&mn, sizeof(mn), (void *)(task + MIN_FLT_OFF));
-    bpf_probe_read_kernel(&mj, sizeof(mj), (void *)(task + MAJ_FLT_OFF));
-    return mn + mj;
-}
-
-static __always_inline int target_tid(u32 *tid)
-{
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-    if (!targets.lookup(&tgid))
-        return 0;
-    *tid = (u32)id;
-    return 1;
-}
-
-static __always_inline u64 counter(u32 idx)
-{
-    u64 *v = counters.lookup(&idx);
-    return v ? *v : 0;
-}
-
-/* The calling process's TARGET_* flags (0 for a process not traced). */
-static __always_inline u32 target_flags(void)
-{
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    u32 *f = targets.lookup(&tgid);
-    return f ? *f : 0;
-}
-
-static __always_inline struct tstate *state_of(u32 tid)
-{
-    struct tstate *s = threads.lookup(&tid);
-    if (s)
-        return s;
-    u32 idx = 0;
-    struct tstate *zero = zero_state.lookup(&idx); /* the initial state: too big for the stack */
-    if (!zero)
-        return 0;
-    if (threads.insert(&tid, zero) == 0) {
-        count(C_THREADS_SEEN);
-        u32 peak = C_THREADS_PEAK;
-        u64 *p = counters.lookup(&peak);
-        u64 live = counter(C_THREADS_SEEN) - counter(C_THREADS_PRUNED);
-        if (p && live > *p)
-            *p = live; /* racy between CPUs by one thread at most: a gauge, not an account */
-    }
-    s = threads.lookup(&tid);
-    if (!s)
-        count(C_MAP_FULL); /* what this thread does next is not seen, and that is said */
-    return s;
-}
-
-static __always_inline void open_span(struct span *sp, struct tstate *s)
-{
-    sched_read(&sp->sc0);
-    sp->faults0 = thread_faults();
-    sp->timed0 = s->timed;
-    sp->timed_ns0 = s->timed_ns;
-    sp->start = bpf_ktime_get_ns(); /* last, so the span excludes our own bookkeeping */
-}
-
-static __always_inline u32 phase_of(struct tstate *s)
-{
-    if (s->ckpt)
-        return s->phase ? s->phase : P_CHECKPOINT;
-    if (s->sl_kind)
-        return s->sl_kind == K_SLOT_SAVE ? P_SLOT_SAVE : P_SLOT_RESTORE;
-    if (s->rc_open)
-        return P_RESTORE_COPY;
-    if (s->ax_kind == K_RESTORE)
-        return P_RESTORE;
-    if (s->ax_kind == K_SPEC_STATE)
-        return P_SPEC_STATE;
-    if (s->ax_kind == K_PROMPT_SAVE)
-        return P_PROMPT_SAVE;
-    if (s->cr_open)
-        return P_CREATE;
-    return s->iter ? P_ITERATION : P_NONE;
-}
-
-/* ---- CUDA: what a state copy span's CUDA calls add to its row ---- */
-
-static __always_inline struct dst_range *dst_slot(struct tstate *s, u32 tgid)
-{
-    if (!s->gpu_slot || s->gpu_slot > MAX_DST)
-        return 0;
-    u64 i = s->gpu_slot - 1;
-    asm volatile("%0 &= 7" : "+r"(i)); /* MAX_DST - 1: a bound the verifier keeps (clang drops a C one) */
-    struct dst_set *ds = dst_ranges.lookup(&tgid);
-    return ds ? &ds->r[i] : 0;
-}
-
-/* The span's destination range closes: its fault counts go to the row (e: 0 to drop them). */
-static __always_inline void gpu_close_range(struct tstate *s, struct ckpt_event *e)
-{
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    struct dst_range *r = dst_slot(s, tgid);
-    if (r) {
-        if (e) {
-            e->gpu_dst_faults = r->faults;
-            e->gpu_driver_faults = r->others;
-        }
-        r->hi = 0;
-        r->lo = 0;
-        r->tid = 0; /* free: last */
-        u32 zero = 0;
-        u64 *open = gpu_open.lookup(&zero);
-        if (open)
-            __sync_fetch_and_add(open, -1);
-    }
-    s->gpu_slot = 0;
-}
-
-/* A state copy span opens: nothing of its CUDA calls yet. */
-static __always_inline void gpu_reset(struct tstate *s)
-{
-    gpu_close_range(s, 0); /* one left open by a span that never returned */
-    s->gpu_bytes = 0;
-    s->gpu_pinned = 0;
-    s->gpu_pageable = 0;
-    s->gpu_enqueue_ns = 0;
-    s->gpu_sync_ns = 0;
-    s->gpu_copies = 0;
-    s->gpu_syncs = 0;
-    s->gpu_depth = 0;
-    s->gpu_sync_depth = 0;
-}
-
-static __always_inline void gpu_fields(u32 kind, struct tstate *s, struct ckpt_event *e)
-{
-    e->gpu_dst_faults = 0;
-    e->gpu_driver_faults = 0;
-    if (kind != K_COPY && kind != K_RESTORE_COPY) {
-        e->gpu_bytes = e->gpu_pinned_bytes = e->gpu_pageable_bytes = 0;
-        e->gpu_enqueue_ns = e->gpu_sync_ns = 0;
-        e->gpu_copies = e->gpu_syncs = 0;
-        return;
-    }
-    e->gpu_bytes = s->gpu_bytes;
-    e->gpu_pinned_bytes = s->gpu_pinned;
-    e->gpu_pageable_bytes = s->gpu_pageable;
-    e->gpu_enqueue_ns = s->gpu_enqueue_ns;
-    e->gpu_sync_ns = s->gpu_sync_ns;
-    e->gpu_copies = s->gpu_copies;
-    e->gpu_syncs = s->gpu_syncs;
-    gpu_close_range(s, e);
-}
-
-/* A span's row; `flags`: the call's llama_state_seq_flags (copies), `outcome`: enum ckpt_outcome. */
-static __always_inline void emit_call(u32 kind, u32 tid, struct tstate *s, struct span *sp, u64 now,
-                                      u64 bytes, u64 addr, u32 flags, u32 outcome)
-{
-    struct ckpt_event *e = events.ringbuf_reserve(sizeof(struct ckpt_event));
-    if (!e) {
-        count(C_LOST);
-        return;
-    }
-    e->start_ns = sp->start;
-    e->end_ns = now;
-    e->ckpt = s->ckpt;
-    e->iter = s->iter;
-    e->bytes = bytes;
-    e->addr = addr;
-    e->faults = thread_faults() - sp->faults0;
-    e->fault_timed = s->timed - sp->timed0;
-    e->fault_timed_ns = s->timed_ns - sp->timed_ns0;
-    struct sched_now sc = {};
-    sched_read(&sc);
-    /* Steal time accounted between the two reads can put the end a few us below the start
-     * (sched_read's one-tick bound): a span that short had no measurable CPU, so 0, never < 0. */
-    e->cpu_ns = sc.cpu > sp->sc0.cpu ? sc.cpu - sp->sc0.cpu : 0;
-    e->wait_ns = sc.wait - sp->sc0.wait;
-    e->nvcsw = sc.nvcsw - sp->sc0.nvcsw;
-    e->nivcsw = sc.nivcsw - sp->sc0.nivcsw;
-    e->tid = tid;
-    e->pid = bpf_get_current_pid_tgid() >> 32;
-    e->kind = kind;
-    e->tokens = 0;
-    e->prompt_tokens = 0;
-    e->phase = phase_of(s);
-    e->draft = (kind == K_RESTORE || kind == K_RESTORE_COPY) ? s->ax_draft : s->ck_draft;
-    e->spec = kind == K_CHECKPOINT ? s->ck_spec : 0;
-    e->state_flags = flags;
-    e->outcome = outcome;
-    if (kind == K_DECODE) {
-        e->tokens = s->dec_tokens;
-        e->prompt_tokens = s->dec_prompt;
-    } else if (kind == K_ITERATION) {
-        e->tokens = s->it_tokens;
-        e->prompt_tokens = s->it_prompt;
-    }
-    e->old_addr = 0; /* a reserved record holds whatever an earlier one left: every field is set */
-    e->old_bytes = 0;
-    gpu_fields(kind, s, e);
-    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-}
-
-static __always_inline void emit_span(u32 kind, u32 tid, struct tstate *s, struct span *sp, u64 now,
-                                      u64 bytes, u64 addr)
-{
-    emit_call(kind, tid, s, sp, now, bytes, addr, 0, O_NOT_RECORDED);
-}
-
-static __always_inline void emit_syscall(u32 kind, u32 tid, struct tstate *s, u64 start, u64 bytes, u64 addr,
-                                         u64 old_addr, u64 old_bytes)
-{
-    struct ckpt_event *e = events.ringbuf_reserve(sizeof(struct ckpt_event));
-    if (!e) {
-        count(C_LOST);
-        return;
-    }
-    __builtin_memset(e, 0, sizeof(*e));
-    e->start_ns = start;
-    e->end_ns = bpf_ktime_get_ns();
-    e->ckpt = s->ckpt;
-    e->iter = s->iter;
-    e->bytes = bytes;
-    e->addr = addr;
-    e->old_addr = old_addr;
-    e->old_bytes = old_bytes;
-    e->tid = tid;
-    e->pid = bpf_get_current_pid_tgid() >> 32;
-    e->kind = kind;
-    e->phase = phase_of(s);
-    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-}
-
-/* ---- resident memory at defaults: the mm's own counters, read at a few events ----
- * No program runs per fault (kmem:rss_stat fires on every one: record --rss-per-fault). RSS is
- * what /proc/PID/statm shows (file + anon + shmem pages, each counter's folded value), read when a
- * checkpoint or an iteration returns and when a munmap starts (before it gives pages back, so the
- * peaks are seen); a row when it moved by RSS_STEP since the process's last one. */
-#if RSS_STEP && !RSS_PER_FAULT && defined(TASK_MM_OFF)
-BPF_HASH(rss_last, u32, s64, 1024); /* tgid -> resident bytes in its last row; gone at its exit */
-
-static __always_inline s64 rss_pages(u64 mm, u32 member)
-{
-    s64 v = (s64)kread(mm + MM_RSS_OFF + member * MM_RSS_STRIDE);
-    return v > 0 ? v : 0; /* percpu_counter_read_positive, as get_mm_counter */
-}
-
-static __always_inline void rss_sample(u32 tid, u64 now)
-{
-    u32 tgid = bpf_get_current_pid_tgid() >> 32;
-    if (rss_before_exec.lookup(&tgid))
-        return; /* still the recorder's forked child, not the command */
-    u64 mm = kread((u64)bpf_get_current_task() + TASK_MM_OFF);
-    if (!mm)
-        return;
-    s64 rss = (rss_pages(mm, 0) + rss_pages(mm, 1) + rss_pages(mm, 3)) << RSS_PAGE_SHIFT;
-    s64 *last = rss_last.lookup(&tgid);
-    if (last) {
-        s64 moved = rss - *last;
-        if (moved < RSS_STEP && moved > -RSS_STEP)
-            return;
-        *last = rss;
-    } else {
-        rss_last.update(&tgid, &rss);
-    }
-    struct ckpt_event *e = events.ringbuf_reserve(sizeof(struct ckpt_event));
-    if (!e) {
-        count(C_LOST);
-        return;
-    }
-    __builtin_memset(e, 0, sizeof(*e));
-    e->start_ns = e->end_ns = now;
-    e->bytes = rss;
-    e->pid = tgid;
-    e->tid = tid;
-    e->kind = K_RSS;
-    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
-}
-
-static __always_inline void rss_forget(u32 tid)
-{
-    if (tid == bpf_get_current_pid_tgid() >> 32)
-        rss_last.delete(&tid); /* the process exits: its pid may come back as another */
-}
-#else
-static __always_inline void rss_sample(u32 tid, u64 now) {}
-static __always_inline void rss_forget(u32 tid) {}
-#endif
 
 /* ---- checkpoints: common_prompt_checkpoint::update_tgt / update_dft ---- */
 
@@ -544,12 +62,21 @@ static __always_inline void open_ckpt(struct tstate *s, u32 draft, u32 in_create
     open_span(&s->ck, s);
 }
 
+/* No checkpoint open on this thread any more (closed, or abandoned). */
+static __always_inline void ckpt_reset(struct tstate *s)
+{
+    s->ckpt = 0;
+    s->phase = P_NONE;
+    s->ck_draft = 0;
+    s->ck_spec = 0;
+    s->ck_in_create = 0;
+    s->ck_sp = 0;
+}
+
 static __always_inline int ckpt_enter(struct pt_regs *ctx, u32 draft)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = state_of(tid);
+    struct tstate *s = entry_state(&tid);
     if (!s)
         return 0;
     open_ckpt(s, draft, 0);
@@ -569,12 +96,7 @@ static __always_inline void unwound(struct tstate *s, u64 sp)
     if (!s->ckpt || !s->ck_sp || sp <= s->ck_sp)
         return;
     count(C_ABANDONED);
-    s->ckpt = 0;
-    s->phase = P_NONE;
-    s->ck_draft = 0;
-    s->ck_spec = 0;
-    s->ck_in_create = 0;
-    s->ck_sp = 0;
+    ckpt_reset(s);
 }
 
 /* ik_llama.cpp: no update_tgt. server_context::create_checkpoint asks llama_state_seq_get_size,
@@ -584,9 +106,7 @@ static __always_inline void unwound(struct tstate *s, u64 sp)
 int ckpt_enter_size(struct pt_regs *ctx)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (!s || !s->cr_open || s->ckpt)
         return 0;
     open_ckpt(s, 0, 1);
@@ -599,21 +119,14 @@ static __always_inline void close_ckpt(u32 tid, struct tstate *s, u64 now)
     emit_span(K_CHECKPOINT, tid, s, &s->ck, now, s->ck_bytes, 0);
     if (s->cr_open)
         s->cr_bytes += s->ck_bytes;
-    s->ckpt = 0;
-    s->phase = P_NONE;
-    s->ck_draft = 0;
-    s->ck_spec = 0;
-    s->ck_in_create = 0;
-    s->ck_sp = 0;
+    ckpt_reset(s);
 }
 
 int ckpt_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (!s || !s->ckpt) {
         count(C_PARTIAL);
         return 0;
@@ -630,9 +143,7 @@ int ckpt_return(struct pt_regs *ctx)
 static __always_inline struct tstate *fill_state(struct pt_regs *ctx)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (s)
         unwound(s, PT_REGS_SP(ctx));
     if (!s || !s->ckpt || s->phase != P_NONE)
@@ -684,9 +195,7 @@ int fill_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (!s || !s->ckpt || s->phase != P_FILL)
         return 0;
     emit_span(K_FILL, tid, s, &s->ph, now, s->ph_bytes, 0);
@@ -699,9 +208,7 @@ int fill_return(struct pt_regs *ctx)
 int copy_enter(struct pt_regs *ctx)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (s)
         unwound(s, PT_REGS_SP(ctx));
     if (s && !s->ckpt && s->ax_kind == K_PROMPT_SAVE && !s->ax_in_copy) {
@@ -727,9 +234,7 @@ int copy_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (s && s->ax_in_copy == 1) {
         s->ax_in_copy = 0;
         u64 saved = PT_REGS_RC(ctx);
@@ -754,9 +259,7 @@ int copy_return(struct pt_regs *ctx)
 int save_call_enter(struct pt_regs *ctx)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = state_of(tid);
+    struct tstate *s = entry_state(&tid);
     if (!s || s->ckpt || s->ax_in_copy)
         return 0;
     s->ax_in_copy = 2;
@@ -771,9 +274,7 @@ int save_call_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (!s || s->ax_in_copy != 2)
         return 0;
     s->ax_in_copy = 0;
@@ -786,9 +287,7 @@ int save_call_return(struct pt_regs *ctx)
 int iter_enter(struct pt_regs *ctx)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = state_of(tid);
+    struct tstate *s = entry_state(&tid);
     if (!s)
         return 0;
     unwound(s, PT_REGS_SP(ctx));
@@ -805,9 +304,7 @@ int iter_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (s)
         unwound(s, PT_REGS_SP(ctx));
     if (!s || !s->iter) {
@@ -833,9 +330,7 @@ struct batch_head {
 int decode_enter(struct pt_regs *ctx)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = state_of(tid);
+    struct tstate *s = entry_state(&tid);
     if (!s)
         return 0;
     unwound(s, PT_REGS_SP(ctx));
@@ -886,9 +381,7 @@ int decode_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (!s || !s->dec_open) {
         count(C_PARTIAL);
         return 0;
@@ -958,9 +451,7 @@ int process_enter(struct pt_regs *ctx)
 int create_enter(struct pt_regs *ctx)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = state_of(tid);
+    struct tstate *s = entry_state(&tid);
     if (!s)
         return 0;
     if (s->cr_open)
@@ -975,18 +466,14 @@ int create_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (!s || !s->cr_open) {
         count(C_PARTIAL);
         return 0;
     }
     if (s->ckpt && s->ck_in_create) {
         count(C_ABANDONED); /* a size query whose copy never came (the allocation threw) */
-        s->ckpt = 0;
-        s->phase = P_NONE;
-        s->ck_in_create = 0;
+        ckpt_reset(s);
     }
     emit_span(K_CREATE, tid, s, &s->cr, now, s->cr_bytes, 0);
     s->cr_open = 0;
@@ -998,9 +485,7 @@ int create_return(struct pt_regs *ctx)
 static __always_inline int aux_enter(u32 kind, u32 draft, u64 vec)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = state_of(tid);
+    struct tstate *s = entry_state(&tid);
     if (!s)
         return 0;
     if (s->ax_kind)
@@ -1023,9 +508,7 @@ int aux_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (!s || !s->ax_kind) {
         count(C_PARTIAL);
         return 0;
@@ -1054,9 +537,7 @@ int aux_return(struct pt_regs *ctx)
 int restore_copy_enter(struct pt_regs *ctx)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = state_of(tid);
+    struct tstate *s = entry_state(&tid);
     if (!s)
         return 0;
     if (s->rc_open)
@@ -1073,9 +554,7 @@ int restore_copy_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (!s || !s->rc_open) {
         count(C_PARTIAL);
         return 0;
@@ -1096,9 +575,7 @@ int restore_copy_return(struct pt_regs *ctx)
 static __always_inline int slot_enter(u32 kind)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = state_of(tid);
+    struct tstate *s = entry_state(&tid);
     if (!s)
         return 0;
     if (s->sl_kind)
@@ -1115,9 +592,7 @@ int slot_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (!s || !s->sl_kind) {
         count(C_PARTIAL);
         return 0;
@@ -1139,9 +614,7 @@ int slot_return(struct pt_regs *ctx)
 int fault_enter(struct bpf_raw_tracepoint_args *ctx)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (!s || !s->ckpt)
         return 0;
     u32 zero = 0;
@@ -1174,91 +647,7 @@ int fault_accounted(struct bpf_raw_tracepoint_args *ctx)
     return 0;
 }
 
-/* ---- CUDA (targets that map libcudart or libcuda) ----
- * Inside a state copy span (a checkpoint's or a prompt save's copy, a restore's copy), each copy
- * call adds its bytes and its time (enqueue: for pageable memory the driver returns only when the
- * copy is done, so the whole staged copy), each synchronize call its wait for the device. Only the
- * outermost call counts: the runtime's cudaMemcpyAsync calls the driver's cuMemcpyDtoHAsync_v2, a
- * wait inside a copy call is the copy's. A device-to-host copy's destination is pinned when it lies
- * in a range the process registered or allocated pinned while traced, else pageable: the span's
- * destination range (lowest to highest byte its pageable copies wrote) is then open to the fault
- * programs until the span returns. Calls outside a state copy span cost one lookup. */
-
-static __always_inline struct tstate *gpu_span(u32 *tid)
-{
-    if (!target_tid(tid))
-        return 0;
-    struct tstate *s = threads.lookup(tid);
-    if (!s || !((s->ckpt && s->phase == P_COPY) || s->ax_in_copy || s->rc_open))
-        return 0;
-    return s;
-}
-
-static __always_inline int is_pinned(u32 tgid, u64 p, u64 n)
-{
-    struct pin_set *ps = pinned.lookup(&tgid);
-    if (!ps)
-        return 0;
-    for (int i = 0; i < MAX_PINNED; i++) {
-        if (p >= ps->lo[i] && p + n <= ps->hi[i])
-            return 1;
-    }
-    return 0;
-}
-
-/* The span's destination range grows to hold [p, p + n) (opened on its first pageable copy). */
-static __always_inline void dst_extend(struct tstate *s, u32 tid, u32 tgid, u64 p, u64 n)
-{
-    struct dst_range *r = dst_slot(s, tgid);
-    if (r) {
-        if (p < r->lo)
-            r->lo = p;
-        if (p + n > r->hi)
-            r->hi = p + n;
-        return;
-    }
-    struct dst_set *ds = dst_ranges.lookup(&tgid);
-    if (!ds)
-        return;
-    for (u32 i = 0; i < MAX_DST; i++) {
-        /* claimed by a compare-and-swap: another thread of the process may claim at once */
-        if (__sync_val_compare_and_swap(&ds->r[i].tid, 0, (u64)tid) == 0) {
-            r = &ds->r[i];
-            r->faults = 0;
-            r->others = 0;
-            r->lo = p;
-            r->hi = p + n; /* open: last */
-            s->gpu_slot = i + 1;
-            u32 zero = 0;
-            u64 *open = gpu_open.lookup(&zero);
-            if (open)
-                __sync_fetch_and_add(open, 1);
-            return;
-        }
-    }
-    count(C_GPU_RANGES_FULL);
-}
-
-static __always_inline int gpu_copy_enter(u64 dst, u64 n, int d2h)
-{
-    u32 tid;
-    struct tstate *s = gpu_span(&tid);
-    if (!s || s->gpu_depth++ > 0)
-        return 0; /* not in a state copy, or a call inside a copy call: the outer one counts */
-    s->gpu_copies++;
-    s->gpu_bytes += n;
-    if (d2h && n) {
-        u32 tgid = bpf_get_current_pid_tgid() >> 32;
-        if (is_pinned(tgid, dst, n)) {
-            s->gpu_pinned += n;
-        } else {
-            s->gpu_pageable += n;
-            dst_extend(s, tid, tgid, dst, n);
-        }
-    }
-    s->gpu_t0 = bpf_ktime_get_ns(); /* last: the call's time excludes our bookkeeping */
-    return 0;
-}
+/* ---- CUDA (targets that map libcudart or libcuda): cuda.bpf.h says what these add ---- */
 
 /* cudaMemcpy(dst, src, n, kind), cudaMemcpyAsync(dst, src, n, kind, stream) */
 int gpu_copy_rt(struct pt_regs *ctx)
@@ -1276,9 +665,7 @@ int gpu_copy_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (!s || !s->gpu_depth)
         return 0;
     if (--s->gpu_depth == 0)
@@ -1302,32 +689,11 @@ int gpu_sync_return(struct pt_regs *ctx)
 {
     u64 now = bpf_ktime_get_ns();
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (!s || !s->gpu_sync_depth)
         return 0;
     if (--s->gpu_sync_depth == 0)
         s->gpu_sync_ns += now - s->gpu_s0;
-    return 0;
-}
-
-/* Pinned host memory, anywhere in the process: a range is remembered when its call returns 0. */
-static __always_inline int pin_open(u64 arg, u64 size, u32 out)
-{
-    u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = state_of(tid);
-    if (!s)
-        return 0;
-    u64 d = s->pin_depth++;
-    if (d < 2) {
-        asm volatile("%0 &= 1" : "+r"(d)); /* a bound the verifier keeps */
-        s->pin_arg[d] = arg;
-        s->pin_size[d] = size;
-        s->pin_out[d] = out;
-    }
     return 0;
 }
 
@@ -1340,9 +706,7 @@ int gpu_pin_out_enter(struct pt_regs *ctx) { return pin_open(PT_REGS_PARM1(ctx),
 int gpu_pin_return(struct pt_regs *ctx)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
+    struct tstate *s = return_state(&tid);
     if (!s || !s->pin_depth)
         return 0;
     u64 d = --s->pin_depth;
@@ -1395,40 +759,6 @@ int gpu_unpin(struct pt_regs *ctx)
     return 0;
 }
 
-/* exceptions:page_fault_user and page_fault_kernel, attached only while a CUDA target is traced:
- * a fault on an open destination range counts for the span that opened it, whoever takes it (the
- * driver's threads touch the destination too, and their faults are on their own counters). Every
- * fault of every process comes here: with no range open it is one array read. */
-struct fault_args {
-    u64 common;
-    u64 address;
-    u64 ip;
-    u64 error_code;
-};
-
-static __always_inline int dst_fault(u64 a)
-{
-    u32 zero = 0;
-    u64 *open = gpu_open.lookup(&zero);
-    if (!open || !*open)
-        return 0;
-    u64 id = bpf_get_current_pid_tgid();
-    u32 tgid = id >> 32;
-    struct dst_set *ds = dst_ranges.lookup(&tgid);
-    if (!ds)
-        return 0;
-    for (int i = 0; i < MAX_DST; i++) {
-        struct dst_range *r = &ds->r[i];
-        if (a >= r->lo && a < r->hi) {
-            __sync_fetch_and_add(&r->faults, 1);
-            if ((u32)id != (u32)r->tid)
-                __sync_fetch_and_add(&r->others, 1);
-            return 0;
-        }
-    }
-    return 0;
-}
-
 int gpu_fault(struct fault_args *args) { return dst_fault(args->address); }
 
 /* Where the exceptions tracepoints don't exist (arm64; probes/arch.py): the `page-faults` software
@@ -1436,37 +766,6 @@ int gpu_fault(struct fault_args *args) { return dst_fault(args->address); }
 int gpu_fault_perf(struct bpf_perf_event_data *ctx) { return dst_fault(ctx->addr); }
 
 /* ---- mmap / munmap / mremap of the target, attributed to the thread's phase ---- */
-
-static __always_inline int syscall_enter(u32 kind, u64 len, u64 old_addr, u64 old_len)
-{
-    u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = state_of(tid);
-    if (!s)
-        return 0;
-    s->sc_len = len;
-    s->sc_old_addr = old_addr;
-    s->sc_old_len = old_len;
-    s->sc_kind = kind;
-    s->sc_start = bpf_ktime_get_ns();
-    return 0;
-}
-
-static __always_inline int syscall_exit(u32 kind, s64 ret)
-{
-    u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = threads.lookup(&tid);
-    if (!s || s->sc_kind != kind)
-        return 0;
-    s->sc_kind = 0;
-    if (ret < 0 && ret > -4096)
-        return 0; /* failed: nothing was mapped */
-    emit_syscall(kind, tid, s, s->sc_start, s->sc_len, (u64)ret, s->sc_old_addr, s->sc_old_len);
-    return 0;
-}
 
 TRACEPOINT_PROBE(syscalls, sys_enter_mmap) { return syscall_enter(K_MMAP, args->len, 0, 0); }
 TRACEPOINT_PROBE(syscalls, sys_exit_mmap) { return syscall_exit(K_MMAP, args->ret); }
@@ -1480,9 +779,7 @@ TRACEPOINT_PROBE(syscalls, sys_exit_mremap) { return syscall_exit(K_MREMAP, args
 TRACEPOINT_PROBE(syscalls, sys_enter_munmap)
 {
     u32 tid;
-    if (!target_tid(&tid))
-        return 0;
-    struct tstate *s = state_of(tid);
+    struct tstate *s = entry_state(&tid);
     if (!s)
         return 0;
     u64 now = bpf_ktime_get_ns();
@@ -1553,18 +850,15 @@ TRACEPOINT_PROBE(kmem, rss_stat)
     if (st->last >= 0 && moved < RSS_STEP && moved > -RSS_STEP)
         return 0;
     st->last = rss;
-    struct ckpt_event *e = events.ringbuf_reserve(sizeof(struct ckpt_event));
-    if (!e) {
-        count(C_LOST);
+    struct ckpt_event *e = reserve_event();
+    if (!e)
         return 0;
-    }
-    __builtin_memset(e, 0, sizeof(*e));
     e->start_ns = e->end_ns = bpf_ktime_get_ns();
     e->bytes = rss > 0 ? rss : 0;
     e->pid = pid;
     e->tid = (u32)bpf_get_current_pid_tgid();
     e->kind = K_RSS;
-    events.ringbuf_submit(e, BPF_RB_NO_WAKEUP);
+    submit_event(e);
     return 0;
 }
 

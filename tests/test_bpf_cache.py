@@ -194,3 +194,36 @@ def test_an_object_with_a_bad_relocation_or_map_is_refused():
         with pytest.raises(ValueError):
             bpf_compile.decode(bpf_compile.encode({**obj, **bad}))
     assert json.loads(bpf_compile.encode(obj))["functions"]["f"]["relocs"] == [[0, 0]]
+
+
+def test_a_changed_header_is_a_new_entry_and_headers_are_read_from_beside_the_source(tmp_path):
+    """The key covers every header the program includes, so an edited .bpf.h never reuses the
+    object compiled from the old one; assemble() inlines them from beside the source (where an
+    installed package has them: tests/test_install.py), here from a copy of the folder."""
+    import shutil
+
+    from ckptrace.probes import bpf_cache, bpf_compile, recorder
+
+    copy = tmp_path / "probes"
+    copy.mkdir()
+    for p in recorder.BPF_SOURCE.parent.iterdir():
+        if p.name.endswith((".bpf.c", ".h")):
+            shutil.copy(p, copy / p.name)
+    source = copy / recorder.BPF_SOURCE.name
+    headers = sorted(p.name for p in copy.glob("*.bpf.h"))
+    assert headers == ["cuda.bpf.h", "emit.bpf.h", "memory.bpf.h", "tstate.bpf.h"]
+    text = bpf_compile.assemble(source)
+    assert text == bpf_compile.assemble(recorder.BPF_SOURCE)
+    assert not re.search(r'^#include "', text, re.M)  # each inlined: bcc rewrites map calls only in its own file
+    for name in [*headers, "checkpoint.h"]:
+        assert text.count(f"/* ---- {name} ---- */") == 1, name
+    args = (["-DRSS_STEP=1"], tmp_path / "no-headers", "0.0")
+    before = bpf_cache.key(source, *args)
+    assert bpf_cache.key(source, *args) == before
+    for name in [*headers, "checkpoint.h"]:
+        old = (copy / name).read_text()
+        (copy / name).write_text(old.replace("static __always_inline", "static inline __always_inline", 1)
+                                 if "static __always_inline" in old else old + "\n/* changed */\n")
+        assert bpf_cache.key(source, *args) != before, f"{name} changed, the key did not"
+        (copy / name).write_text(old)
+    assert bpf_cache.key(source, *args) == before

@@ -99,6 +99,8 @@ def test_wheel_and_sdist_hold_every_package_and_data_file(dists):
     want = {(f if f.startswith("ckptrace/") else f"ckptrace/{f}") for f in tracked if f.split("/")[0] in top}
     assert want - in_wheel == set()
     assert {"ckptrace/commands/analyze.py", "ckptrace/probes/checkpoint.bpf.c",
+            "ckptrace/probes/tstate.bpf.h", "ckptrace/probes/memory.bpf.h", "ckptrace/probes/cuda.bpf.h",
+            "ckptrace/probes/emit.bpf.h",
             "ckptrace/samples/workload/Makefile", "ckptrace/samples/traces/1-pool-off.parquet"} <= in_wheel
     # The sdist is the whole source: the wheel's files plus tests, docs and the set-up script.
     with tarfile.open(sdist) as t:
