@@ -11,7 +11,7 @@ from pathlib import Path
 from ckptrace.probes import bpf_compile, recorder
 
 PROBES = Path(recorder.__file__).parent
-PYTHON = [PROBES / "recorder.py", PROBES / "live.py"]  # the modules that hold the loaded program
+PYTHON = [PROBES / "recorder.py", PROBES.parent / "live" / "session.py"]  # the modules that hold the loaded program
 
 # Maps only the kernel side reads: no Python use expected.
 KERNEL_ONLY_MAPS = {
