@@ -49,11 +49,11 @@ from ckptrace.terminal import printable
 from ckptrace.units import MIB
 
 from .memory import BUFFER_PHASES, held_series, rss_series
+from .requests import overlap
 
 FITS = ("best", "exact")
 EVICTIONS = ("smallest", "none")
 MMAP_THRESHOLD_MAX = 32 * MIB  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on LP64: larger always maps
-NEAR_LIMIT = 0.9  # pooled bytes plus RSS at this share of the cgroup limit or more: a warning
 SECOND = 1_000_000_000
 
 
@@ -313,7 +313,7 @@ class Replay:
     outcomes: pd.DataFrame  # one row per get (OUTCOME_COLUMNS)
     pooled: pd.DataFrame  # one row per change of the pool (POOLED_COLUMNS); extra_bytes: held beyond the recording's
     held: pd.DataFrame = field(default_factory=pd.DataFrame)  # [t_ns, recorded_bytes, predicted_bytes]
-    limit: dict | None = None  # the cgroup limit check (memory_limit_check)
+    limit: dict | None = None  # the cgroup limit check (memory_limit.memory_limit_check), set by predict
     requests: pd.DataFrame | None = None  # TTFT saved per request (ttft_saved), when a request file exists
     input: ReplayInput | None = field(default=None, repr=False)  # what was replayed (for sweeps, ttft_saved)
     analysis: object | None = field(default=None, repr=False)  # the process's analysis, when predict() made it
@@ -434,7 +434,6 @@ def simulate(inp: ReplayInput, policy: Policy, where: str = "the trace") -> Repl
     peak = r.held["predicted_bytes"].max() if len(r.held) else None
     summary["held_hwm_bytes"] = int(peak) if peak is not None and not pd.isna(peak) else None
     summary["recorded_held_hwm_bytes"] = int(inp.held_off["held_bytes"].max()) if len(inp.held_off) else 0
-    r.limit = memory_limit_check(inp, r)
     return r
 
 
@@ -503,7 +502,7 @@ def _summary(inp: ReplayInput, policy: Policy, cap: int, n: dict, hwm: dict, out
     }
 
 
-def _steps(frames: list[tuple[pd.DataFrame, str, str]]) -> pd.DataFrame:
+def step_frame(frames: list[tuple[pd.DataFrame, str, str]]) -> pd.DataFrame:
     """Step functions [t_ns, value] summed at each time any of them changes (each one's last value
     at a time counts; before its first row a function is 0)."""
     times = np.unique(np.concatenate([f["t_ns"].to_numpy("int64") for f, _, _ in frames] + [np.zeros(0, "int64")]))
@@ -518,70 +517,9 @@ def _steps(frames: list[tuple[pd.DataFrame, str, str]]) -> pd.DataFrame:
 
 def _held(inp: ReplayInput, pooled: pd.DataFrame) -> pd.DataFrame:
     """[t_ns, recorded_bytes, predicted_bytes]: held checkpoint-buffer bytes as recorded and with the pool."""
-    s = _steps([(inp.held_off, "held_bytes", "recorded_bytes"), (pooled, "extra_bytes", "extra")])
+    s = step_frame([(inp.held_off, "held_bytes", "recorded_bytes"), (pooled, "extra_bytes", "extra")])
     s["predicted_bytes"] = s["recorded_bytes"] + s["extra"]
     return s.drop(columns="extra")
-
-
-def memory_limit_check(inp: ReplayInput, r: Replay) -> dict | None:
-    """Pooled bytes plus RSS against the process's cgroup memory limit (None when no limit was
-    recorded): the peak of recorded RSS + what the pool keeps beyond the recording, at each time
-    (with no RSS rows, the recorded peak RSS + the most the pool kept). `near`: at NEAR_LIMIT or more."""
-    mem = inp.memory
-    if mem is None or mem.limit_bytes is None:
-        return None
-    if len(inp.rss_off):
-        s = _steps([(inp.rss_off, "rss_bytes", "rss"), (r.pooled, "extra_bytes", "extra")])
-        total = s["rss"] + s["extra"]
-        at = int(total.to_numpy().argmax())
-        peak, rss_peak = int(total.iat[at]), int(s["rss"].max())
-    else:
-        rss_peak = mem.rss_peak_bytes or mem.rss_bytes or 0
-        extra = int(r.pooled["extra_bytes"].max()) if len(r.pooled) else 0
-        peak = rss_peak + max(extra, 0)
-    share = peak / mem.limit_bytes
-    return {"limit_bytes": mem.limit_bytes, "limit_from": mem.limit_from, "cgroup_version": mem.cgroup_version,
-            "rss_peak_bytes": rss_peak, "predicted_peak_bytes": peak, "share": share, "near": share >= NEAR_LIMIT,
-            "cap_bytes": r.cap_bytes, "cap_exceeds_headroom": r.cap_bytes > mem.limit_bytes - rss_peak}
-
-
-def limit_warning(label: str, r: Replay) -> str | None:
-    """One line when pooled bytes plus RSS would come near the cgroup limit, else None (printable:
-    the cgroup's path comes from the trace)."""
-    lim = r.limit
-    if not lim or not lim["near"]:
-        return None
-    cap = f"its byte cap ({r.policy.describe(r.cap_bytes).split(', ')[0].removeprefix('byte cap ')})"
-    return (f"{label}: with a {r.policy.name} pool, pooled bytes plus RSS would reach "
-            f"{mib_text(lim['predicted_peak_bytes'])}, {lim['share'] * 100:.0f}% of its cgroup memory limit "
-            f"({mib_text(lim['limit_bytes'])}, {printable(lim['limit_from'])}): the pool could be OOM-killed with it; "
-            f"{cap} does not look at that limit")
-
-
-def predict(trace, policy: Policy | None = None) -> list[Replay]:
-    """Every process of a trace (a path, or a ckptrace.trace.Trace) replayed against `policy`
-    (default PR #201's): one Replay each, in the trace's process order, with its `input` and
-    `analysis` (a process that mapped no checkpoint buffer has no gets). A path is read batch by
-    batch (analyze_processes): memory holds the rows the analysis keeps, never the whole trace."""
-    from . import analyze_processes
-    from ckptrace.trace import Trace, read_meta
-
-    fills: list[pd.DataFrame] = []
-    analyses = analyze_processes(trace, on_rows=lambda rows: fills.append(rows.of("fill")[["pid", "ckpt", "start_ns"]]))
-    path = trace.path if isinstance(trace, Trace) else getattr(trace, "path", trace)
-    label = trace.label if isinstance(trace, Trace) else Trace(events=None, meta=read_meta(trace), path=path).label
-    where = printable(str(path)) if path else "the trace"
-    out = []
-    for info, analysis in analyses:
-        info = dataclasses.replace(info, label=info.label or label)
-        first = None
-        if fills:  # read batch by batch: the fill rows went with the analysis, their first starts kept here
-            mine = fills[0] if len(analyses) <= 1 else fills[0].loc[(fills[0]["pid"] == info.pid).to_numpy()]
-            first = first_fill_starts(mine)
-        r = simulate(replay_input(analysis, info, first), policy or POLICIES["pr201"], where)
-        r.analysis = analysis
-        out.append(r)
-    return out
 
 
 # --- requests --------------------------------------------------------------------------------
@@ -596,8 +534,6 @@ def ttft_saved(r: Replay, inp: ReplayInput, request_rows: pd.DataFrame) -> pd.Da
     window; a checkpoint on the server thread stalls every request in flight, so one hit can
     shorten several), and the TTFT less that. An estimate: it assumes nothing else moves. NA
     where the request has no breakdown (not wholly inside the recording, or failed)."""
-    from .requests import overlap
-
     out = r.outcomes
     hits = out["outcome"].to_numpy() == "hit"
     fills = pd.DataFrame({"start_ns": inp.gets["fill_start_ns"].to_numpy()[hits],
@@ -661,25 +597,3 @@ def default_caps(inp: ReplayInput, policy: Policy, steps: int = 12) -> list[int]
     top = max(unit, min(top, reach))
     k = max(1, math.ceil(top / unit / steps))
     return sorted({0, *range(unit, top + 1, unit * k), top})
-
-
-def limit_report(analysis, info: ProcessInfo | None = None) -> dict | None:
-    """`analyze`'s and `compare`'s check of one process against its cgroup memory limit: the
-    limit check (memory_limit_check) of a replay against PR #201's policy, with its `warning`
-    (None when not near), or None when the trace recorded no limit for the process."""
-    meta = analysis.trace.meta
-    info = info or (meta.processes[0] if len(meta.processes) == 1 else None)
-    if info is None or info.memory is None or info.memory.limit_bytes is None:
-        return None
-    policy = POLICIES["pr201"]
-    if meta.host_memory_bytes is None:  # the cap is unknown: the limit against RSS alone
-        policy = dataclasses.replace(policy, cap=0)
-    r = simulate(replay_input(analysis, info), policy)
-    label = f"pid {info.pid} ({printable(info.label or analysis.trace.label)})"
-    return {**r.limit, "pooled_hwm_bytes": r.summary["pooled_hwm_bytes"], "warning": limit_warning(label, r)}
-
-
-def limit_warnings(analysis) -> list[str]:
-    """Every warning of an analysis' limit checks (its own, and each process's)."""
-    found = [analysis.memory.get("limit")] + [p["memory"].get("limit") for p in analysis.processes]
-    return list(dict.fromkeys(lim["warning"] for lim in found if lim and lim.get("warning")))
