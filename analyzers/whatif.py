@@ -149,8 +149,7 @@ def replay_input(analysis, info: ProcessInfo | None = None, first_fills: pd.Seri
     # Only the columns read, in time order: a copy of the whole memory group or checkpoint table
     # per buffer cost more than the replay (whatif at 10M events: issue 39).
     mem = analysis.rows.of_group("memory")
-    kind = mem["kind"].astype(str).to_numpy()
-    phase = mem["phase"].astype(str).to_numpy()
+    kind, phase = _labels(mem["kind"]), _labels(mem["phase"])
     order = np.lexsort((np.arange(len(mem)), np.where(kind == "munmap", mem["start_ns"], mem["end_ns"])))
     kind, phase = kind[order], phase[order]
     t = np.where(kind == "munmap", mem["start_ns"].to_numpy()[order], mem["end_ns"].to_numpy()[order])
@@ -207,6 +206,15 @@ def replay_input(analysis, info: ProcessInfo | None = None, first_fills: pd.Seri
         reused=int((~large["spec"].to_numpy(bool)).sum()),
         host_memory=meta.host_memory_bytes, memory=info.memory,
         fill_cpu_recorded=bool(len(gets) == 0 or gets["fill_cpu_ns"].notna().all()))
+
+
+def _labels(column: pd.Series) -> np.ndarray:
+    """A column as str objects, as astype(str) gives them; a categorical's rows share its
+    categories' strings (astype(str) made one per row: about 60 bytes each)."""
+    if not isinstance(column.dtype, pd.CategoricalDtype):
+        return column.astype(str).to_numpy()
+    names = np.array([str(c) for c in column.cat.categories] + [np.nan], dtype=object)
+    return names[column.cat.codes.to_numpy()]  # code -1 (NA): the last, NaN as astype(str) leaves it
 
 
 def _fill_starts(analysis, starts: pd.Series, ckpts: np.ndarray, first: pd.Series | None = None) -> np.ndarray:
