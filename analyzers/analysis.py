@@ -21,7 +21,7 @@ from .processes import process_info, process_label, process_trace, process_trace
 from .spans import iteration_spans
 from .state_path import eviction_table, prompt_save_table, restore_table, slot_file_table
 from .summary import summarize
-from .whatif import limit_report
+from .memory_limit import limit_report
 from .sums import SumOutOfRange
 
 

@@ -67,7 +67,7 @@ from .leg_checks import check_distinct, leg_warnings
 from .processes import process_label
 from .summary import WAIT_WARN_SHARE
 from .warmup import AUTO, Warmup, described, split
-from .whatif import limit_warnings
+from .memory_limit import limit_warnings
 
 # The compared metrics, from the metric table (metrics.py): metric -> (sample unit, column or
 # columns summed, unit).

@@ -38,6 +38,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import math
+from array import array
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -49,11 +50,11 @@ from ckptrace.core.terminal import printable
 from ckptrace.core.units import MIB
 
 from .memory import BUFFER_PHASES, held_series, rss_series
+from .requests import overlap
 
 FITS = ("best", "exact")
 EVICTIONS = ("smallest", "none")
 MMAP_THRESHOLD_MAX = 32 * MIB  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on LP64: larger always maps
-NEAR_LIMIT = 0.9  # pooled bytes plus RSS at this share of the cgroup limit or more: a warning
 SECOND = 1_000_000_000
 
 
@@ -145,27 +146,29 @@ def replay_input(analysis, info: ProcessInfo | None = None, first_fills: pd.Seri
     meta: TraceMeta = analysis.trace.meta
     info = info or (meta.processes[0] if meta.processes else ProcessInfo(pid=meta.pid or 0))
     ck = analysis.checkpoints
+    # Only the columns read, in time order: a copy of the whole memory group or checkpoint table
+    # per buffer cost more than the replay (whatif at 10M events: issue 39).
     mem = analysis.rows.of_group("memory")
-    kind = mem["kind"].astype(str).to_numpy()
-    phase = mem["phase"].astype(str).to_numpy()
+    kind, phase = _labels(mem["kind"]), _labels(mem["phase"])
     order = np.lexsort((np.arange(len(mem)), np.where(kind == "munmap", mem["start_ns"], mem["end_ns"])))
-    mem = mem.iloc[order].reset_index(drop=True)
     kind, phase = kind[order], phase[order]
-    t = np.where(kind == "munmap", mem["start_ns"].to_numpy(), mem["end_ns"].to_numpy())
-    ckpt = mem["ckpt"].to_numpy()
-    nbytes = mem["bytes"].to_numpy("int64")
-    addr = mem["addr"].to_numpy("uint64")
+    t = np.where(kind == "munmap", mem["start_ns"].to_numpy()[order], mem["end_ns"].to_numpy()[order])
+    ckpt = mem["ckpt"].to_numpy()[order]
+    nbytes = mem["bytes"].to_numpy("int64")[order]
+    addr = mem["addr"].to_numpy("uint64")[order]
+    old = {c: mem[c].to_numpy(dtype)[order] for c, dtype in (("old_addr", "uint64"), ("old_bytes", "int64"))
+           if c in mem}
 
     # Each checkpoint's buffer: its largest mapping made in its fill (or its own span).
     buffer = (kind == "mmap") & np.isin(phase, ["fill", "checkpoint"]) & (ckpt != 0)
-    by_ckpt = ck.set_index("ckpt")
+    by_ckpt = ck[["ckpt", "bytes", "draft", "fill_cpu_ns", "fill_ns", "fill_faults", "start_ns"]].set_index("ckpt")
     rows = np.flatnonzero(buffer & np.isin(ckpt, by_ckpt.index.to_numpy()))
     if len(rows):
         cand = pd.DataFrame({"row": rows, "ckpt": ckpt[rows], "mapped": nbytes[rows]})
         rows = cand.sort_values(["ckpt", "mapped", "row"], ascending=[True, False, True]
                                 ).drop_duplicates("ckpt")["row"].sort_values().to_numpy()
     c = by_ckpt.loc[ckpt[rows]]
-    fill_start = _fill_starts(analysis, ckpt[rows], first_fills)
+    fill_start = _fill_starts(analysis, by_ckpt["start_ns"], ckpt[rows], first_fills)
     state = c["bytes"].to_numpy("int64")
     gets = pd.DataFrame({
         "t_ns": t[rows], "seq": rows, "ckpt": ckpt[rows],
@@ -173,7 +176,8 @@ def replay_input(analysis, info: ProcessInfo | None = None, first_fills: pd.Seri
         "draft": c["draft"].to_numpy(bool), "fill_cpu_ns": pd.array(c["fill_cpu_ns"].array, dtype="Int64"),
         "fill_ns": c["fill_ns"].to_numpy("int64"), "fill_faults": c["fill_faults"].to_numpy("int64"),
         "fill_start_ns": fill_start}).astype(GET_COLUMNS)
-    releases = _lifetimes(kind, phase, t, ckpt, addr, nbytes, mem, rows)
+    del c, by_ckpt
+    releases = _lifetimes(kind, phase, t, ckpt, addr, nbytes, old, rows)
 
     others = ck[~ck["ckpt"].isin(gets["ckpt"])]
     # A checkpoint above glibc's largest mmap threshold that mapped nothing reused a buffer it had
@@ -204,10 +208,18 @@ def replay_input(analysis, info: ProcessInfo | None = None, first_fills: pd.Seri
         fill_cpu_recorded=bool(len(gets) == 0 or gets["fill_cpu_ns"].notna().all()))
 
 
-def _fill_starts(analysis, ckpts: np.ndarray, first: pd.Series | None = None) -> np.ndarray:
-    """Each checkpoint's first fill start (its own start where no fill row is at hand)."""
-    ck = analysis.checkpoints.set_index("ckpt")
-    out = ck.loc[ckpts, "start_ns"].to_numpy("int64", copy=True)
+def _labels(column: pd.Series) -> np.ndarray:
+    """A column as str objects, as astype(str) gives them; a categorical's rows share its
+    categories' strings (astype(str) made one per row: about 60 bytes each)."""
+    if not isinstance(column.dtype, pd.CategoricalDtype):
+        return column.astype(str).to_numpy()
+    names = np.array([str(c) for c in column.cat.categories] + [np.nan], dtype=object)
+    return names[column.cat.codes.to_numpy()]  # code -1 (NA): the last, NaN as astype(str) leaves it
+
+
+def _fill_starts(analysis, starts: pd.Series, ckpts: np.ndarray, first: pd.Series | None = None) -> np.ndarray:
+    """Each checkpoint's first fill start (its own start, `starts` by ckpt, where no fill row is at hand)."""
+    out = starts.loc[ckpts].to_numpy("int64", copy=True)
     ev = analysis.trace.events
     if first is None and ev is not None and len(ckpts):
         first = first_fill_starts(ev.loc[(ev["kind"] == "fill").to_numpy(), ["ckpt", "start_ns"]])
@@ -222,15 +234,16 @@ def first_fill_starts(fills: pd.DataFrame) -> pd.Series:
     return fills.groupby("ckpt")["start_ns"].min()
 
 
-def _lifetimes(kind, phase, t, ckpt, addr, nbytes, mem: pd.DataFrame, gets: np.ndarray) -> pd.DataFrame:
+def _lifetimes(kind, phase, t, ckpt, addr, nbytes, old: dict, gets: np.ndarray) -> pd.DataFrame:
     """How each get's buffer ended, walking the rows in time order: an munmap of exactly its range
     is a put (or, inside a checkpoint's fill, its growth returning its old storage: "own"), any other
     munmap, mapping or move over part of it frees it ("free"). A buffer alive at the end has no row."""
-    get_of = {int(r): i for i, r in enumerate(gets)}
+    is_get = np.zeros(len(kind), bool)
+    is_get[gets] = True  # gets: row numbers, ascending (their index: searchsorted)
     lo = int(addr[gets].min()) if len(gets) else 0
     hi = int((addr[gets] + nbytes[gets].astype("uint64")).max()) if len(gets) else 0
-    old_addr = mem["old_addr"].to_numpy("uint64") if "old_addr" in mem else np.zeros(len(mem), "uint64")
-    old_bytes = mem["old_bytes"].to_numpy("int64") if "old_bytes" in mem else np.zeros(len(mem), "int64")
+    old_addr = old.get("old_addr", np.zeros(len(kind), "uint64"))
+    old_bytes = old.get("old_bytes", np.zeros(len(kind), "int64"))
     live: dict[int, tuple[int, int]] = {}  # start -> (end, get index)
     out = []
     # Only rows that can touch a buffer's range are walked (a long recording maps much else); a
@@ -245,10 +258,10 @@ def _lifetimes(kind, phase, t, ckpt, addr, nbytes, mem: pd.DataFrame, gets: np.n
     for i in np.flatnonzero(near):
         a, b = int(addr[i]), int(addr[i]) + int(nbytes[i])
         k = kind[i]
-        if k == "mmap" and i in get_of:
+        if k == "mmap" and is_get[i]:
             for s in [s for s, (e, _) in live.items() if s < b and e > a]:  # placed over one: gone
-                out.append((t[i], i, live.pop(s)[1], "free", 0))
-            live[a] = (b, get_of[i])
+                out.append((int(t[i]), int(i), live.pop(s)[1], "free", 0))
+            live[a] = (b, int(np.searchsorted(gets, i)))
             continue
         if k == "mremap" and old_addr[i]:
             oa, ob = int(old_addr[i]), int(old_addr[i]) + int(old_bytes[i])
@@ -263,7 +276,7 @@ def _lifetimes(kind, phase, t, ckpt, addr, nbytes, mem: pd.DataFrame, gets: np.n
             e, g = live.pop(s)
             whole = k == "munmap" and s == a and e == b
             how = ("own" if phase[i] == "fill" else "put") if whole else "free"
-            out.append((t[i], i, g, how, int(ckpt[i]) if how == "own" else 0))
+            out.append((int(t[i]), int(i), g, how, int(ckpt[i]) if how == "own" else 0))
     return pd.DataFrame(out, columns=["t_ns", "seq", "get", "how", "grower"]).astype(
         {"t_ns": "int64", "seq": "int64", "get": "int64", "how": "object", "grower": "int64"})
 
@@ -313,7 +326,7 @@ class Replay:
     outcomes: pd.DataFrame  # one row per get (OUTCOME_COLUMNS)
     pooled: pd.DataFrame  # one row per change of the pool (POOLED_COLUMNS); extra_bytes: held beyond the recording's
     held: pd.DataFrame = field(default_factory=pd.DataFrame)  # [t_ns, recorded_bytes, predicted_bytes]
-    limit: dict | None = None  # the cgroup limit check (memory_limit_check)
+    limit: dict | None = None  # the cgroup limit check (memory_limit.memory_limit_check), set by predict
     requests: pd.DataFrame | None = None  # TTFT saved per request (ttft_saved), when a request file exists
     input: ReplayInput | None = field(default=None, repr=False)  # what was replayed (for sweeps, ttft_saved)
     analysis: object | None = field(default=None, repr=False)  # the process's analysis, when predict() made it
@@ -327,19 +340,19 @@ def simulate(inp: ReplayInput, policy: Policy, where: str = "the trace") -> Repl
     trims = trim_times(inp, policy.trim_idle_ns)
     # (time, order, what, index): gets at their mmap's return, releases at their munmap's entry,
     # in trace order at one time; a trim after anything at its time; the exit last.
-    events = [(int(t), int(s), 0, i) for i, (t, s) in enumerate(zip(gets["t_ns"], gets["seq"]))]
-    events += [(int(t), int(s), 1, i) for i, (t, s) in enumerate(zip(rel["t_ns"], rel["seq"]))]
-    events += [(int(t), 1 << 62, 2, 0) for t in trims]
-    if inp.exited:
-        events.append((inp.end_ns, 1 << 63, 3, 0))
-    events.sort()
+    # Sorted as arrays and walked a chunk at a time: a tuple per event cost ~100 bytes (issue 39).
+    ends = [inp.end_ns] if inp.exited else []
+    ev_t = np.concatenate([gets["t_ns"].to_numpy("int64"), rel["t_ns"].to_numpy("int64"),
+                           np.asarray(trims, "int64"), np.asarray(ends, "int64")])
+    ev_s = np.concatenate([gets["seq"].to_numpy("int64"), rel["seq"].to_numpy("int64"),
+                           np.full(len(trims), 1 << 62, "int64"), np.full(len(ends), np.iinfo("int64").max)])
+    ev_what = np.repeat(np.arange(4, dtype="int8"), [len(gets), len(rel), len(trims), len(ends)])
+    ev_i = np.concatenate([np.arange(len(gets)), np.arange(len(rel)), np.zeros(len(trims) + len(ends), "int64")])
+    ev_order = np.lexsort((ev_i, ev_what, ev_s, ev_t))
 
-    size = gets["bytes"].to_numpy("int64").tolist()
-    mapped = gets["mapped"].to_numpy("int64").tolist()
-    ck_of = gets["ckpt"].to_numpy("int64").tolist()
-    rel_get = rel["get"].to_numpy("int64").tolist()
+    size, mapped, ck_of = (_ints(gets[c]) for c in ("bytes", "mapped", "ckpt"))
+    rel_get, rel_grower = _ints(rel["get"]), _ints(rel["grower"])
     rel_how = rel["how"].tolist()
-    rel_grower = rel["grower"].to_numpy("int64").tolist()
     pool: list[tuple[int, int, int]] = []  # (size, id, mapped), sorted: best fit is a bisect
     live: dict[int, tuple[int, int, int]] = {}  # get -> (size, id, mapped) of the buffer it holds
     outcome = [""] * len(gets)
@@ -349,10 +362,15 @@ def simulate(inp: ReplayInput, policy: Policy, where: str = "the trace") -> Repl
          "freed_by_growth": 0, "released_at_exit_bytes": 0}
     pooled = pooled_mapped = extra = 0
     hwm = {"bytes": 0, "mapped": 0, "buffers": 0, "bytes_at_ns": None}
-    rows = []
+    # The pool's changes, a column each (8 bytes a figure, not a tuple of objects per change).
+    log_cols = {c: array("q") for c in POOLED_COLUMNS if c != "event"}
+    log_event: list[str] = []
 
     def log(t: int, event: str, b: int) -> None:
-        rows.append((t, event, b, pooled, pooled_mapped, len(pool), extra))
+        log_event.append(event)
+        for c, v in (("t_ns", t), ("bytes", b), ("pooled_bytes", pooled), ("pooled_mapped_bytes", pooled_mapped),
+                     ("pooled_buffers", len(pool)), ("extra_bytes", extra)):
+            log_cols[c].append(v)
 
     def drop_all(t: int, event: str) -> int:
         nonlocal pooled, pooled_mapped, extra
@@ -363,7 +381,7 @@ def simulate(inp: ReplayInput, policy: Policy, where: str = "the trace") -> Repl
         log(t, event, gone)
         return gone
 
-    for t, _, what, i in events:
+    for t, what, i in _walk(ev_t, ev_what, ev_i, ev_order):
         if what == 0:  # get
             want = size[i]
             j = bisect.bisect_left(pool, (want, -1, -1))
@@ -427,15 +445,29 @@ def simulate(inp: ReplayInput, policy: Policy, where: str = "the trace") -> Repl
             n["released_at_exit_bytes"] = drop_all(t, "exit")
 
     out = _outcomes(gets, outcome, inp)
-    pooled_df = pd.DataFrame(rows, columns=list(POOLED_COLUMNS)).astype(POOLED_COLUMNS)
+    pooled_df = pd.DataFrame({c: log_event if c == "event" else np.frombuffer(log_cols.pop(c), "int64")
+                              for c in POOLED_COLUMNS}).astype(POOLED_COLUMNS)
     summary = _summary(inp, policy, cap, n, hwm, out, pooled, len(pool))
     r = Replay(inp.pid, inp.label, policy, cap, summary, out, pooled_df, input=inp)
     r.held = _held(inp, pooled_df)
     peak = r.held["predicted_bytes"].max() if len(r.held) else None
     summary["held_hwm_bytes"] = int(peak) if peak is not None and not pd.isna(peak) else None
     summary["recorded_held_hwm_bytes"] = int(inp.held_off["held_bytes"].max()) if len(inp.held_off) else 0
-    r.limit = memory_limit_check(inp, r)
     return r
+
+
+def _ints(column: pd.Series) -> array:
+    """A column as Python ints on access, 8 bytes each held (a list of ints: about 36)."""
+    out = array("q")
+    out.frombytes(column.to_numpy("int64").tobytes())
+    return out
+
+
+def _walk(t: np.ndarray, what: np.ndarray, i: np.ndarray, order: np.ndarray, chunk: int = 65536):
+    """(time, what, index) of the events in `order`, as Python ints, a chunk at a time."""
+    for k in range(0, len(order), chunk):
+        at = order[k:k + chunk]
+        yield from zip(t[at].tolist(), what[at].tolist(), i[at].tolist())
 
 
 def _check(policy: Policy) -> None:
@@ -503,7 +535,7 @@ def _summary(inp: ReplayInput, policy: Policy, cap: int, n: dict, hwm: dict, out
     }
 
 
-def _steps(frames: list[tuple[pd.DataFrame, str, str]]) -> pd.DataFrame:
+def step_frame(frames: list[tuple[pd.DataFrame, str, str]]) -> pd.DataFrame:
     """Step functions [t_ns, value] summed at each time any of them changes (each one's last value
     at a time counts; before its first row a function is 0)."""
     times = np.unique(np.concatenate([f["t_ns"].to_numpy("int64") for f, _, _ in frames] + [np.zeros(0, "int64")]))
@@ -518,70 +550,9 @@ def _steps(frames: list[tuple[pd.DataFrame, str, str]]) -> pd.DataFrame:
 
 def _held(inp: ReplayInput, pooled: pd.DataFrame) -> pd.DataFrame:
     """[t_ns, recorded_bytes, predicted_bytes]: held checkpoint-buffer bytes as recorded and with the pool."""
-    s = _steps([(inp.held_off, "held_bytes", "recorded_bytes"), (pooled, "extra_bytes", "extra")])
+    s = step_frame([(inp.held_off, "held_bytes", "recorded_bytes"), (pooled, "extra_bytes", "extra")])
     s["predicted_bytes"] = s["recorded_bytes"] + s["extra"]
     return s.drop(columns="extra")
-
-
-def memory_limit_check(inp: ReplayInput, r: Replay) -> dict | None:
-    """Pooled bytes plus RSS against the process's cgroup memory limit (None when no limit was
-    recorded): the peak of recorded RSS + what the pool keeps beyond the recording, at each time
-    (with no RSS rows, the recorded peak RSS + the most the pool kept). `near`: at NEAR_LIMIT or more."""
-    mem = inp.memory
-    if mem is None or mem.limit_bytes is None:
-        return None
-    if len(inp.rss_off):
-        s = _steps([(inp.rss_off, "rss_bytes", "rss"), (r.pooled, "extra_bytes", "extra")])
-        total = s["rss"] + s["extra"]
-        at = int(total.to_numpy().argmax())
-        peak, rss_peak = int(total.iat[at]), int(s["rss"].max())
-    else:
-        rss_peak = mem.rss_peak_bytes or mem.rss_bytes or 0
-        extra = int(r.pooled["extra_bytes"].max()) if len(r.pooled) else 0
-        peak = rss_peak + max(extra, 0)
-    share = peak / mem.limit_bytes
-    return {"limit_bytes": mem.limit_bytes, "limit_from": mem.limit_from, "cgroup_version": mem.cgroup_version,
-            "rss_peak_bytes": rss_peak, "predicted_peak_bytes": peak, "share": share, "near": share >= NEAR_LIMIT,
-            "cap_bytes": r.cap_bytes, "cap_exceeds_headroom": r.cap_bytes > mem.limit_bytes - rss_peak}
-
-
-def limit_warning(label: str, r: Replay) -> str | None:
-    """One line when pooled bytes plus RSS would come near the cgroup limit, else None (printable:
-    the cgroup's path comes from the trace)."""
-    lim = r.limit
-    if not lim or not lim["near"]:
-        return None
-    cap = f"its byte cap ({r.policy.describe(r.cap_bytes).split(', ')[0].removeprefix('byte cap ')})"
-    return (f"{label}: with a {r.policy.name} pool, pooled bytes plus RSS would reach "
-            f"{mib_text(lim['predicted_peak_bytes'])}, {lim['share'] * 100:.0f}% of its cgroup memory limit "
-            f"({mib_text(lim['limit_bytes'])}, {printable(lim['limit_from'])}): the pool could be OOM-killed with it; "
-            f"{cap} does not look at that limit")
-
-
-def predict(trace, policy: Policy | None = None) -> list[Replay]:
-    """Every process of a trace (a path, or a ckptrace.core.trace.Trace) replayed against `policy`
-    (default PR #201's): one Replay each, in the trace's process order, with its `input` and
-    `analysis` (a process that mapped no checkpoint buffer has no gets). A path is read batch by
-    batch (analyze_processes): memory holds the rows the analysis keeps, never the whole trace."""
-    from . import analyze_processes
-    from ckptrace.core.trace import Trace, read_meta
-
-    fills: list[pd.DataFrame] = []
-    analyses = analyze_processes(trace, on_rows=lambda rows: fills.append(rows.of("fill")[["pid", "ckpt", "start_ns"]]))
-    path = trace.path if isinstance(trace, Trace) else getattr(trace, "path", trace)
-    label = trace.label if isinstance(trace, Trace) else Trace(events=None, meta=read_meta(trace), path=path).label
-    where = printable(str(path)) if path else "the trace"
-    out = []
-    for info, analysis in analyses:
-        info = dataclasses.replace(info, label=info.label or label)
-        first = None
-        if fills:  # read batch by batch: the fill rows went with the analysis, their first starts kept here
-            mine = fills[0] if len(analyses) <= 1 else fills[0].loc[(fills[0]["pid"] == info.pid).to_numpy()]
-            first = first_fill_starts(mine)
-        r = simulate(replay_input(analysis, info, first), policy or POLICIES["pr201"], where)
-        r.analysis = analysis
-        out.append(r)
-    return out
 
 
 # --- requests --------------------------------------------------------------------------------
@@ -596,8 +567,6 @@ def ttft_saved(r: Replay, inp: ReplayInput, request_rows: pd.DataFrame) -> pd.Da
     window; a checkpoint on the server thread stalls every request in flight, so one hit can
     shorten several), and the TTFT less that. An estimate: it assumes nothing else moves. NA
     where the request has no breakdown (not wholly inside the recording, or failed)."""
-    from .requests import overlap
-
     out = r.outcomes
     hits = out["outcome"].to_numpy() == "hit"
     fills = pd.DataFrame({"start_ns": inp.gets["fill_start_ns"].to_numpy()[hits],
@@ -661,25 +630,3 @@ def default_caps(inp: ReplayInput, policy: Policy, steps: int = 12) -> list[int]
     top = max(unit, min(top, reach))
     k = max(1, math.ceil(top / unit / steps))
     return sorted({0, *range(unit, top + 1, unit * k), top})
-
-
-def limit_report(analysis, info: ProcessInfo | None = None) -> dict | None:
-    """`analyze`'s and `compare`'s check of one process against its cgroup memory limit: the
-    limit check (memory_limit_check) of a replay against PR #201's policy, with its `warning`
-    (None when not near), or None when the trace recorded no limit for the process."""
-    meta = analysis.trace.meta
-    info = info or (meta.processes[0] if len(meta.processes) == 1 else None)
-    if info is None or info.memory is None or info.memory.limit_bytes is None:
-        return None
-    policy = POLICIES["pr201"]
-    if meta.host_memory_bytes is None:  # the cap is unknown: the limit against RSS alone
-        policy = dataclasses.replace(policy, cap=0)
-    r = simulate(replay_input(analysis, info), policy)
-    label = f"pid {info.pid} ({printable(info.label or analysis.trace.label)})"
-    return {**r.limit, "pooled_hwm_bytes": r.summary["pooled_hwm_bytes"], "warning": limit_warning(label, r)}
-
-
-def limit_warnings(analysis) -> list[str]:
-    """Every warning of an analysis' limit checks (its own, and each process's)."""
-    found = [analysis.memory.get("limit")] + [p["memory"].get("limit") for p in analysis.processes]
-    return list(dict.fromkeys(lim["warning"] for lim in found if lim and lim.get("warning")))

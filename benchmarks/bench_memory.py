@@ -4,6 +4,8 @@
     .venv/bin/python benchmarks/bench_memory.py --events 1e6 3e6 1e7 --cap-mib 6144
     .venv/bin/python benchmarks/bench_memory.py --commands export-chrome --events 2e5
     .venv/bin/python benchmarks/bench_memory.py --trace sample --events 2e5   # the recorded sample repeated
+    git archive main | tar -x -C /tmp/before && \
+    .venv/bin/python benchmarks/bench_memory.py --before /tmp/before --commands export-perfetto export-chrome whatif
 
 The trace (`--trace synthetic`, the default) is bench_analyzer's synthetic recording (one thread:
 a prefill iteration with checkpoint, fill, copy, mmap, munmap and decode, then three decode
@@ -20,6 +22,10 @@ machine is shared) and reported as over the cap. Reported per command and length
 MiB, bytes of peak per event, the CPU seconds it took (user + system) and the load average when
 it ended; the figures to quote are the bytes per event and how they change from one length to the
 next (flat: memory grows with the trace at that rate; falling: a fixed part dominates).
+
+`--before DIR`: also run each command with the ckptrace of the source tree DIR (another commit's
+files, e.g. `git archive main`; its modules come first on PYTHONPATH, this venv's packages
+serve both) on the same trace, just before this tree's, and end with a table of both.
 """
 from __future__ import annotations
 
@@ -98,10 +104,14 @@ def make_trace(kind: str, path: Path, want: float) -> int:
     return int(out.stdout.split()[-1])
 
 
-def peak(args: list, cap_kib: int) -> tuple[int, float, int, bool, str]:
-    """(peak RSS in KiB, CPU seconds, exit status, over the cap, the command's last stderr line) of `ckptrace ARGS`."""
+def peak(args: list, cap_kib: int, src: Path | None = None) -> tuple[int, float, int, bool, str]:
+    """(peak RSS in KiB, CPU seconds, exit status, over the cap, the command's last stderr line) of
+    `ckptrace ARGS` (`src`: the ckptrace of that source tree)."""
+    env = dict(os.environ)
+    if src is not None:
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(src), env.get("PYTHONPATH")]))
     r = subprocess.run([sys.executable, "-c", _PEAK, str(cap_kib), str(CKPTRACE), *map(str, args)],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, env=env)
     lines = r.stderr.strip().splitlines()
     kib, cpu, over = lines[-1].split()
     return int(kib), float(cpu), r.returncode, over == "1", (lines[-2] if len(lines) > 1 else "")
@@ -116,7 +126,11 @@ def main(argv=None) -> None:
                     help="synthetic: bench_analyzer's events (default); sample: the recorded sample repeated")
     ap.add_argument("--cap-mib", type=int, default=6144, help="kill a command past this RSS (default 6144; 0: none)")
     ap.add_argument("--dir", type=Path, default=None, help="where the traces go (default: a temp folder)")
+    ap.add_argument("--before", type=Path, default=None, metavar="DIR",
+                    help="also run the ckptrace of this source tree (e.g. `git archive main`), then print a table")
     a = ap.parse_args(argv)
+    versions = [("before", a.before.resolve()), ("after", None)] if a.before else [("", None)]
+    table: dict[tuple[str, int], dict[str, int | None]] = {}
     with tempfile.TemporaryDirectory(prefix="ckptrace-bench-memory-", dir=a.dir) as tmp:
         out = Path(tmp)
         for want in a.events:
@@ -125,18 +139,31 @@ def main(argv=None) -> None:
             print(json.dumps({"trace": a.trace, "events": n, "file_mib": round(path.stat().st_size / (1 << 20), 1)}),
                   flush=True)
             for name in a.commands:
-                kib, cpu, rc, over, last = peak(COMMANDS[name](path, out), a.cap_mib << 10)
-                row = {"command": name, "events": n, "peak_mib": round(kib / 1024), "bytes_per_event":
-                       round((kib << 10) / n), "cpu_s": round(cpu, 1), "exit": rc,
-                       "loadavg_1m": round(os.getloadavg()[0], 1)}
-                if over:
-                    row["over_cap_mib"] = a.cap_mib
-                elif rc:
-                    row["error"] = last
-                print(json.dumps(row), flush=True)
+                for version, src in versions:
+                    kib, cpu, rc, over, last = peak(COMMANDS[name](path, out), a.cap_mib << 10, src)
+                    row = {"command": name, **({"version": version} if version else {}), "events": n,
+                           "peak_mib": round(kib / 1024), "bytes_per_event": round((kib << 10) / n),
+                           "cpu_s": round(cpu, 1), "exit": rc, "loadavg_1m": round(os.getloadavg()[0], 1)}
+                    if over:
+                        row["over_cap_mib"] = a.cap_mib
+                    elif rc:
+                        row["error"] = last
+                    print(json.dumps(row), flush=True)
+                    table.setdefault((name, n), {})[version] = None if over or rc else round(kib / 1024)
             for f in out.iterdir():
                 f.unlink()
     print(json.dumps({"maxrss_of_this_process_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10}))
+    if a.before:
+        print(_table(table, a.cap_mib))
+
+
+def _table(table: dict, cap_mib: int) -> str:
+    """Markdown: peak RSS in MiB (and bytes per event) before and after, per command and length."""
+    cell = lambda mib, n: f"over {cap_mib}" if mib is None else f"{mib} ({(mib << 20) // n} B/event)"  # noqa: E731
+    lines = ["| command | events | before: peak MiB | after: peak MiB |", "|---|---:|---:|---:|"]
+    for (name, n), v in table.items():
+        lines.append(f"| {name} | {n:,} | {cell(v.get('before'), n)} | {cell(v.get('after'), n)} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

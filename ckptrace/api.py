@@ -164,7 +164,7 @@ class Trace:
         return pd.DataFrame([{k: m[k] for k in MEMORY_COLUMNS}], columns=list(MEMORY_COLUMNS)).astype(MEMORY_COLUMNS)
 
     def memory_limit(self, process: int | str | None = None) -> dict | None:
-        """The cgroup memory limit check (analyzers/whatif.py `limit_report`: the limit the trace
+        """The cgroup memory limit check (analyzers/memory_limit.py `limit_report`: the limit the trace
         recorded, RSS and what llama.cpp PR #201's pool would hold at peak, a warning when near); None
         unless the recording kept a limit."""
         return self._memory(process).get("limit")

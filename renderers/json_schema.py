@@ -97,7 +97,7 @@ MEMORY = strict({
     "peak_held_bytes": COUNT, "peak_held_ns": NULLABLE_INT, "end_held_bytes": COUNT, "buffers_mapped": COUNT,
     "buffer_bytes_mapped": COUNT, "released_bytes": COUNT, "peak_rss_bytes": NULLABLE_INT, "rss_samples": COUNT,
     "releases": rows(RELEASE_COLUMNS),
-    "limit": {"type": ["object", "null"]}})  # the cgroup memory limit check (analyzers/whatif.py), null unless recorded
+    "limit": {"type": ["object", "null"]}})  # the cgroup memory limit check (analyzers/memory_limit.py), null unless recorded
 TRACE_META = loose(["label", "clock", "lost_events"],
                    {f.name: {} for f in dataclasses.fields(TraceMeta) if f.name != "extra"})
 PROCESS = loose(["pid", "label", "summary", "memory"], {"summary": SUMMARY, "memory": MEMORY})

@@ -14,14 +14,14 @@ Memory: the analysis (what `analyze` keeps: its tables and the memory rows, whos
 series are the counters) plus one batch being sorted (trace.BATCH_ROWS rows), plus one record
 batch of MERGE_ROWS rows per run (a run per BATCH_ROWS rows of the trace), plus the slices that
 would cross another's boundary (none in a recording: the kernel emits nested calls per thread).
-The files go to a temporary folder (TMPDIR), removed when the timeline is closed.
+The runs go to two temporary files under TMPDIR (about 78 bytes per event), unlinked as they are
+made (O_TMPFILE where the file system has it): nothing is left behind, even when export is killed.
 """
 from __future__ import annotations
 
 import heapq
 from itertools import chain
 import os
-import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -57,9 +57,9 @@ class _Leg:
     analysis: object
     path: str
     pids: dict[int, list] = field(default_factory=dict)  # pid -> [rows, first start, last end, tids]
-    spans: str = ""  # the span rows' file
+    spans: object = None  # the span rows' file (unlinked: tempfile.TemporaryFile)
     span_runs: list[list[int]] = field(default_factory=list)  # per run: its record batches' indexes
-    faults: str = ""
+    faults: object = None
     fault_runs: list[list[int]] = field(default_factory=list)
     fault_threads: set = field(default_factory=set)  # (pid, tid) with fault counter points
     first_ts: int | None = None  # the earliest span start
@@ -76,11 +76,10 @@ class StreamTimeline(Timeline):
     """A Timeline whose processes (and their threads' slices) are made as they are written:
     iterate `processes` once. `ts_base` is known up front (Chrome's writer needs it first)."""
 
-    def __init__(self, legs: list[_Leg], tmp: str):
+    def __init__(self, legs: list[_Leg]):
         super().__init__(processes=[])
-        self.legs, self.tmp, self.counted = legs, tmp, _Counted()
+        self.legs, self.counted = legs, _Counted()
         self.recordings: list[Slice] = []
-        self.files: list[pa.NativeFile] = []
         self._plan()
 
     def _plan(self) -> None:
@@ -174,16 +173,12 @@ class StreamTimeline(Timeline):
             stack.append(s.end)
             yield s
 
-    def _reader(self, path: str) -> pa.ipc.RecordBatchFileReader:
-        """One open file per spill file, whatever the number of runs in it (they read it in turn)."""
-        f = pa.OSFile(path, "rb")
-        self.files.append(f)
-        return pa.ipc.open_file(f)
+    def _reader(self, spill) -> pa.ipc.RecordBatchFileReader:
+        """One reader per spill file, whatever the number of runs in it (they read it in turn)."""
+        return pa.ipc.open_file(pa.PythonFile(spill, mode="r"))
 
     def close(self) -> None:
-        for f in self.files:
-            f.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
+        _close(self.legs)
 
 
 def _key(item: tuple) -> tuple:
@@ -287,13 +282,28 @@ def stream_timeline(traces, analyses, batch_rows: int = BATCH_ROWS) -> StreamTim
     """The timeline of trace files (paths or open ckptrace.core.trace.TraceFile), each with its
     analysis (analyzers.analyze_file's: read batch by batch); close() it after writing.
     `batch_rows`: rows read, sorted and spilled as one run at a time."""
-    tmp = tempfile.mkdtemp(prefix="ckptrace-export-")
+    legs: list[_Leg] = []
     try:
-        legs = [_spill(t, a, os.path.join(tmp, str(i)), batch_rows) for i, (t, a) in enumerate(zip(traces, analyses))]
-        return StreamTimeline(legs, tmp)
+        for t, a in zip(traces, analyses):
+            legs.append(_Leg(a, str(getattr(t, "path", t)), spans=_spill_file(), faults=_spill_file()))
+            _spill(t, legs[-1], batch_rows)
+        return StreamTimeline(legs)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        _close(legs)
         raise
+
+
+def _spill_file():
+    """A read-write file with no name (unlinked at creation): the kernel frees it when it is closed
+    or the process dies, SIGKILL included."""
+    return tempfile.TemporaryFile(prefix="ckptrace-export-")
+
+
+def _close(legs: list[_Leg]) -> None:
+    for leg in legs:
+        for f in (leg.spans, leg.faults):
+            if f is not None:
+                f.close()
 
 
 SPAN_SCHEMA = pa.schema([("pid", pa.int32()), ("tid", pa.int32()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
@@ -305,14 +315,14 @@ SPAN_SCHEMA = pa.schema([("pid", pa.int32()), ("tid", pa.int32()), ("start_ns", 
 FAULT_SCHEMA = pa.schema([("pid", pa.int32()), ("tid", pa.int32()), ("ts", pa.int64()), ("value", pa.int64())])
 
 
-def _spill(trace, analysis, stem: str, batch_rows: int) -> _Leg:
-    """One pass over the trace: its span rows and fault points as sorted runs in two files."""
-    meta = analysis.trace.meta
-    leg = _Leg(analysis, str(getattr(trace, "path", trace)), spans=stem + ".spans", faults=stem + ".faults")
+def _spill(trace, leg: _Leg, batch_rows: int) -> None:
+    """One pass over the trace: its span rows and fault points as sorted runs in the leg's two files."""
+    meta = leg.analysis.trace.meta
     first_of: dict[tuple[int, int], int] = {}  # (pid, kind code) -> its first row: build_timeline's group order
     row = 0
-    with opened(trace) as f, pa.OSFile(leg.spans, "wb") as sf, pa.OSFile(leg.faults, "wb") as ff, \
-            pa.ipc.new_file(sf, SPAN_SCHEMA) as spans, pa.ipc.new_file(ff, FAULT_SCHEMA) as faults:
+    # PythonFile: closing the IPC writers must leave the unlinked files open for the merge.
+    sf, ff = pa.PythonFile(leg.spans, mode="w"), pa.PythonFile(leg.faults, mode="w")
+    with opened(trace) as f, pa.ipc.new_file(sf, SPAN_SCHEMA) as spans, pa.ipc.new_file(ff, FAULT_SCHEMA) as faults:
         n_span = n_fault = 0
         for batch in iter_record_batches(f, READ, batch_rows, whole_checks=False):
             n = batch.num_rows
@@ -359,7 +369,8 @@ def _spill(trace, analysis, stem: str, batch_rows: int) -> _Leg:
                     n_fault = leg.fault_runs[-1][-1] + 1
                     leg.fault_threads |= set(zip(fp.tolist(), ft.tolist()))
             row += n
-    return leg
+    leg.spans.flush()
+    leg.faults.flush()
 
 
 def _count(pids: dict, pid: np.ndarray, tid: np.ndarray, start: np.ndarray, end: np.ndarray) -> None:

@@ -547,6 +547,9 @@ def test_the_streamed_timeline_writes_the_same_bytes(tmp_path, legs):
         writer(whole)(want)
         for rows in (5, 64, 1 << 18):
             streamed = stream_timeline(paths, [analyze_file(p) for p in paths], batch_rows=rows)
+            spills = [f for leg in streamed.legs for f in (leg.spans, leg.faults)]
+            # The spill files have no name while in use: a killed export leaves nothing behind.
+            assert all(os.readlink(f"/proc/self/fd/{f.fileno()}").endswith(" (deleted)") for f in spills)
             got = io.BytesIO()
             try:
                 writer(streamed)(got)
@@ -555,7 +558,45 @@ def test_the_streamed_timeline_writes_the_same_bytes(tmp_path, legs):
             assert got.getvalue() == want.getvalue(), (writer.__name__, rows)
             assert (slice_count(streamed), process_count(streamed), recording_notes(streamed)) == \
                 (slice_count(whole), process_count(whole), recording_notes(whole))
-            assert not os.path.exists(streamed.tmp)
+            assert all(f.closed for f in spills)
     if legs == ["crafted"]:
         assert any(th.overlapping for p in whole.processes for th in p.threads)
         assert len(whole.processes) == 2
+
+
+def test_export_killed_while_spilling_leaves_nothing_in_tmpdir(tmp_path):
+    """Issue 39: export's sorted runs (about 78 bytes per event) went to a named folder in TMPDIR,
+    left there when export was killed. Now they are unlinked files: SIGKILL while they are open
+    leaves TMPDIR empty."""
+    import signal
+    import time
+
+    import numpy as np
+    import pandas as pd
+
+    from ckptrace.core.meta import TraceMeta
+    n = 400_000
+    t = np.arange(n, dtype="int64") * 1000
+    ev = pd.DataFrame({"kind": np.where(np.arange(n) % 2, "fill", "copy"), "pid": np.int32(900), "tid": np.int32(900),
+                       "start_ns": t, "end_ns": t + 500, "ckpt": np.arange(n) // 2, "faults": np.arange(n) % 5})
+    path = tmp_path / "big.parquet"
+    write_trace(path, ev, TraceMeta(label="big", pid=900, stop_ns=int(t[-1] + 500)))
+    tmpdir = tmp_path / "tmpdir"
+    tmpdir.mkdir()
+    p = subprocess.Popen([str(CKPTRACE), "export", str(path), "-o", str(tmp_path / "out.json")],
+                         env={**os.environ, "TMPDIR": str(tmpdir)}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    caught = False
+    try:
+        deadline = time.monotonic() + 300
+        while p.poll() is None and time.monotonic() < deadline and not caught:
+            try:
+                links = [os.readlink(f"/proc/{p.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{p.pid}/fd")]
+            except OSError:
+                links = []
+            caught = any(link.startswith(str(tmpdir)) for link in links)
+            time.sleep(0.01)
+    finally:
+        p.send_signal(signal.SIGKILL)
+        p.wait()
+    assert caught, "export ended before its spill files were seen"
+    assert list(tmpdir.iterdir()) == []

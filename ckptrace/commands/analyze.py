@@ -69,7 +69,7 @@ def command(trace, as_json, csv_dir, parquet_dir, requests_file, requests_pid, s
         if requests_file:
             requests = t.requests(requests_file, requests_pid)
             analysis.summary["requests"] = t.request_summary(requests_file, requests_pid)
-        from ckptrace.analyzers.whatif import limit_warnings
+        from ckptrace.analyzers.memory_limit import limit_warnings
 
         for w in limit_warnings(analysis):
             click.echo(f"ckptrace: warning: {printable(w)}", err=True)

@@ -142,7 +142,9 @@ def command(traces, policy_name, cap_bytes, count, floor, evict, trim_idle, fit,
 
 def _one_trace(path, policy, sweep, requests, choice):
     from ckptrace.analyzers.requests import request_process, request_table
-    from ckptrace.analyzers.whatif import limit_warning, predict, sweep as run_sweep, ttft_saved
+    from ckptrace.analyzers.memory_limit import limit_warning
+    from ckptrace.analyzers.replay import predict
+    from ckptrace.analyzers.whatif import sweep as run_sweep, ttft_saved
     from ckptrace.renderers.whatif import ProcessResult
     from ckptrace.core.trace import TraceFile as open_trace, read_trace, time_origin
 
