@@ -50,7 +50,7 @@ def llama(out: Path) -> None:
     from ckptrace.samples.llama_server import run_legs
 
     with tempfile.TemporaryDirectory(prefix="ckptrace-sample-") as tmp:
-        (trace,) = run_legs(Path(tmp), legs=[("llama-pool-off", False)], clients=3, requests=12,
+        (trace,) = run_legs(Path(tmp), legs=[("llama-pool-off", False)], clients=3, requests=12, timeout_s=2400,
                             say=lambda s: print(f"make_sample_traces: {s}", file=sys.stderr))
         shutil.copyfile(trace, out / f"{LLAMA}.parquet")
         shutil.copyfile(requests_path(trace), out / f"{LLAMA}.requests.json")
