@@ -740,6 +740,8 @@ def _guard_rows(frame: pd.DataFrame, g, arms: list[str], leg_values: dict | None
         f = machine_state.factor(g, sample, wall=name in WALL_METRICS)
         if machine_state.beyond(r["ci_low_pct"], r["ci_high_pct"], f):
             continue  # larger than the state can explain
+        if r["baseline_value"] == 0 and r["diff_ci_low"] > 0:
+            continue  # from none to some (no percentage): no state of the machine makes work from none
         if by_legs and leg_values is not None and name in leg_values:
             v = leg_values[name]
             b = [x for x, arm in zip(v, arms) if arm == "baseline" and math.isfinite(x)]

@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/bench_export.py              # the recorded sample, repeated to ~100k events
     .venv/bin/python benchmarks/bench_export.py --repeat 2000
 
-The trace is the committed sample `1-pool-off` (202 recorded events: iterations, decodes,
+The trace is the committed sample `1-pool-off` (229 recorded events: iterations, decodes,
 checkpoints, fills, copies, mmaps, munmaps) repeated end to end, ids renumbered, so the mix and the
 arguments are a real recording's. In one run, each step is timed on this process's CPU clock:
 read + analyze, the timeline model, and each writer; the figures to quote are the ratios to analyze

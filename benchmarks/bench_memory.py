@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 CKPTRACE = Path(sys.executable).with_name("ckptrace")
-SAMPLE_EVENTS = 202  # rows of the sample trace
+SAMPLE_EVENTS = 229  # rows of the sample trace (samples/traces/1-pool-off.parquet)
 PID = 4242
 BUFFERS = 64  # checkpoint buffer addresses the synthetic trace cycles through
 COMMANDS = {

@@ -36,10 +36,9 @@ LLAMA = [f"{TRACES}/6-llama-pool-off.parquet", f"{TRACES}/6-llama-pool-off.reque
 IMAGES: dict[str, dict] = {
     "docs/dashboard.png": {"inputs": ABA, "render": "dashboard", "height": 2200,
                            "title": "sample workload, pool off / on / off (samples/traces)"},
-    "docs/perfetto-ui.png": {"inputs": ABA, "render": "perfetto", "window": (4741398000000, 4741625000000)},
+    "docs/perfetto-ui.png": {"inputs": ABA, "render": "perfetto", "window": "two prefills"},
     "docs/perfetto-ui-upstream.png": {"inputs": UPSTREAM, "render": "perfetto", "window": "restore"},
-    "docs/export-devtools.png": {"inputs": ABA[:1], "render": "chrome", "height": 230,
-                                 "window": (4741398000000, 4741625000000)},
+    "docs/export-devtools.png": {"inputs": ABA[:1], "render": "chrome", "height": 230, "window": "two prefills"},
     "docs/export-devtools-llama.png": {"inputs": LLAMA, "render": "chrome", "height": 330, "window": "checkpoints"},
 }
 
@@ -95,6 +94,11 @@ def window(image: str) -> tuple[int, int]:
     if isinstance(spec["window"], tuple):
         return spec["window"]
     a = analyze_file(ROOT / spec["inputs"][0])
+    if spec["window"] == "two prefills":  # the first leg's first two prefill iterations, a 2% margin
+        pre = prefill_rows(a.iterations).sort_values("start_ns")
+        lo, hi = int(pre["start_ns"].iloc[0]), int(pre["end_ns"].iloc[1])
+        pad = (hi - lo) // 50
+        return lo - pad, hi + pad
     if spec["window"] == "restore":  # the second prefill's first restore: 6 ms before it, 135 ms on
         start = int(a.restores["start_ns"].iloc[0]) - 6_000_000
         return start, start + 135_000_000

@@ -554,13 +554,23 @@ def test_an_unbracketed_candidate_is_said_in_one_line():
         "the candidate's"]
 
 
-def test_legs_of_different_executables_or_builds_are_said_in_one_line():
-    """Leg 5 ran the upstream-generation executable; leg 4 another build of the same workload."""
+def test_legs_of_different_executables_or_builds_are_said_in_one_line(tmp_path):
+    """Leg 5 ran the upstream-generation executable; leg 4, as rewritten here, another build of the
+    same workload (its build-id changed, as a rebuild changes it)."""
+    import pyarrow.parquet as pq
+
     assert guard_lines(S1, S5, S3) == [
         "the legs ran different executables (leg 1 ckpt-workload; leg 2 ckpt-workload-upstream; leg 3 "
         "ckpt-workload): this compares two programs, not one change"]
-    assert guard_lines(S1, S2, S4) == [
+    t = pq.read_table(S4)
+    md = dict(t.schema.metadata)
+    text = md[b"ckptrace"].decode()
+    old = next(o.build_id for o in read_trace(S4).meta.objects if o.path.endswith("/ckpt-workload"))
+    md[b"ckptrace"] = text.replace(old, "f" * len(old)).encode()
+    rebuilt = tmp_path / "4-rebuilt.parquet"
+    pq.write_table(t.replace_schema_metadata(md), rebuilt)
+    assert guard_lines(S1, S2, rebuilt) == [
         "baseline legs were recorded from different builds (build-ids differ: leg 1 against leg 3): drift between "
         "them includes the build change"]
-    exe = {p: [o.build_id for o in read_trace(p).meta.objects if o.path.endswith("/ckpt-workload")] for p in (S1, S4)}
-    assert exe[S1] and exe[S4] and exe[S1] != exe[S4]  # the recordings' own metadata says so
+    exe = {p: [o.build_id for o in read_trace(p).meta.objects if o.path.endswith("/ckpt-workload")] for p in (S1, rebuilt)}
+    assert exe[S1] and exe[rebuilt] and exe[S1] != exe[rebuilt]  # the recordings' own metadata says so

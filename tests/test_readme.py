@@ -114,3 +114,89 @@ def test_docs_name_the_trace_format_version_the_code_writes():
 
     assert f"the trace file (format version {VERSION})" in README.read_text()
     assert f"## Trace format (version {VERSION})" in (README.parent / "docs" / "trace-format.md").read_text()
+
+
+# Every `ckptrace ...` command README shows, run on the shipped sample traces with defaults, from a
+# folder holding samples/traces. The placeholders are the quickstart's legs: off.parquet,
+# on.parquet and off2.parquet are the sample A/B/A (1-pool-off, 2-pool-on, 3-pool-off); a command
+# with a request file gets the llama-server sample (6-llama-pool-off and its requests) as off.parquet.
+SAMPLES = README.parent / "samples" / "traces"
+LEGS = {"off.parquet": "1-pool-off.parquet", "on.parquet": "2-pool-on.parquet", "off2.parquet": "3-pool-off.parquet"}
+WITH_REQUESTS = {"off.parquet": "6-llama-pool-off.parquet", "off.requests.json": "6-llama-pool-off.requests.json"}
+OFFLINE = {"analyze", "compare", "dashboard", "export", "whatif", "workload"}
+# Commands README shows that cannot run on a trace file, and where each is run instead.
+EXCLUDED = {
+    "record": "root and BPF: the quickstart blocks run it (test_the_sample_block_runs_as_written, "
+              "test_the_your_server_block_runs_as_written)",
+    "doctor": "root: the your-server block runs it; tests/test_doctor.py",
+    "symbols": "a binary or --pid: the your-server block runs `symbols --pid X`; tests/test_symbols.py",
+    "drive": "a live llama-server: tests/test_drive.py, tests/test_llama_server.py",
+    "demo": "root, BPF and minutes of recording: tests/test_demo.py",
+    "top": "root and a live target: tests/test_top.py",
+    "serve": "root and a live target: tests/test_serve.py",
+}
+
+
+def shown_commands(text: str) -> list[str]:
+    """Each `ckptrace ...` command in a ```sh block (comments cut, `\\` lines joined) or an inline code span."""
+    out = []
+    for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            line = line.split(" #", 1)[0].strip()
+            if line.startswith("ckptrace "):
+                out.append(re.sub(r"\s+", " ", line))
+    outside = re.sub(r"```.*?```", "", text, flags=re.S)
+    out += [c.strip() for c in re.findall(r"`(ckptrace [^`]+)`", outside)]
+    return list(dict.fromkeys(out))
+
+
+def test_every_readme_command_is_run_somewhere():
+    """A command README shows is run on the samples below, or is excluded with where it runs."""
+    cmds = shown_commands(README.read_text())
+    assert len(cmds) > 15, cmds
+    for c in cmds:
+        assert c.split()[1] in OFFLINE | set(EXCLUDED), f"README shows {c!r}: run it below or exclude it, saying why"
+
+
+def _folder(tmp_path: Path, files: dict[str, str]) -> Path:
+    (tmp_path / "samples").mkdir()
+    (tmp_path / "samples" / "traces").symlink_to(SAMPLES)
+    for name, sample in files.items():
+        (tmp_path / name).write_bytes((SAMPLES / sample).read_bytes())
+    return tmp_path
+
+
+@pytest.mark.parametrize("cmd", [c for c in shown_commands(README.read_text()) if c.split()[1] in OFFLINE])
+def test_readme_command_runs_on_the_shipped_samples(cmd, tmp_path):
+    files = WITH_REQUESTS if ".requests.json" in cmd else LEGS
+    p = subprocess.run(["bash", "-euo", "pipefail", "-c", cmd], cwd=_folder(tmp_path, files), env=env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (cmd, p.stderr[-2000:])
+    assert p.stdout or list(tmp_path.glob("*.html")), cmd  # it said or wrote something
+
+
+def docs_sample_commands() -> list[tuple[str, str]]:
+    """(page, command) for each `ckptrace ...` command in docs/*.md's ```sh blocks and indented
+    blocks that names a shipped sample: they run as written from a folder holding samples/traces."""
+    out = []
+    for page in sorted((README.parent / "docs").glob("*.md")):
+        text = page.read_text()
+        blocks = re.findall(r"```sh\n(.*?)```", text, re.S) + re.findall(r"(?:^    .*\n)+", text, re.M)
+        for block in blocks:
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.split(" #", 1)[0].strip()
+                if line.startswith("ckptrace ") and "samples/traces/" in line:
+                    out.append((page.name, re.sub(r"\s+", " ", line)))
+    return list(dict.fromkeys(out))
+
+
+@pytest.mark.parametrize("page,cmd", docs_sample_commands())
+def test_docs_command_runs_on_the_shipped_samples(page, cmd, tmp_path):
+    cmd = cmd.replace("-o /tmp/", "-o ")  # written where the test can clean up
+    p = subprocess.run(["bash", "-euo", "pipefail", "-c", cmd], cwd=_folder(tmp_path, {}), env=env(),
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, (page, cmd, p.stderr[-2000:])
+
+
+def test_the_docs_show_sample_commands():
+    assert len(docs_sample_commands()) >= 6, docs_sample_commands()

@@ -257,7 +257,7 @@ def test_a_trace_recorded_under_a_small_memory_limit_warns(tmp_path, workload):
 # --- the command itself (no recording) -------------------------------------------------------
 
 def test_whatif_on_a_sample_trace_and_its_json(tmp_path):
-    """A recorded sample (trace format 2: no host memory recorded) with a byte cap in bytes."""
+    """A recorded sample with a byte cap in bytes."""
     p = ckptrace("whatif", SAMPLES / "1-pool-off.parquet", "--cap-bytes", "1GiB")
     assert p.returncode == 0, p.stderr
     assert "18 hits, 2 misses" in p.stdout and "pooled at most 96.0 MiB in 2 buffers" in p.stdout
@@ -280,8 +280,19 @@ def test_whatif_on_a_sample_trace_and_its_json(tmp_path):
     (["--cap-bytes", "1GiB", "--sweep", "count=1,x"], "not a count"),
     (["--cap-bytes", "1GiB", "--floor", "-3"], "out of range"),
 ])
-def test_bad_input_is_one_line(args, needle):
-    assert_one_line_error(ckptrace("whatif", SAMPLES / "1-pool-off.parquet", *args), needle)
+def test_bad_input_is_one_line(args, needle, tmp_path):
+    trace = SAMPLES / "1-pool-off.parquet"
+    if not args:  # a trace recorded before ckptrace kept the host's memory
+        import pyarrow.parquet as pq
+
+        t = pq.read_table(trace)
+        md = dict(t.schema.metadata)
+        meta = json.loads(md[b"ckptrace"])
+        meta["host_memory_bytes"] = None
+        md[b"ckptrace"] = json.dumps(meta).encode()
+        trace = tmp_path / "old.parquet"
+        pq.write_table(t.replace_schema_metadata(md), trace)
+    assert_one_line_error(ckptrace("whatif", trace, *args), needle)
 
 
 def test_help_has_examples():
