@@ -16,7 +16,7 @@ from .whatif import POLICIES, Policy, Replay, first_fill_starts, replay_input, s
 
 
 def predict(trace, policy: Policy | None = None) -> list[Replay]:
-    """Every process of a trace (a path, or a ckptrace.trace.Trace) replayed against `policy`
+    """Every process of a trace (a path, or a ckptrace.core.trace.Trace) replayed against `policy`
     (default PR #201's): one Replay each, in the trace's process order, with its `input` and
     `analysis` (a process that mapped no checkpoint buffer has no gets). A path is read batch by
     batch (analyze_processes): memory holds the rows the analysis keeps, never the whole trace."""
