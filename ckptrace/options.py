@@ -50,3 +50,13 @@ class Finite(click.FloatRange):
 def seconds(**kw) -> Finite:
     """A positive number of seconds, at most SECONDS_MAX."""
     return Finite(min=0.0, max=SECONDS_MAX, min_open=True, **kw)
+
+
+def requests_options(requests_help: str, pid_help: str, *, multiple: bool = True, dest: str = "request_files"):
+    """--requests FILE (a leg's request file, `ckptrace drive --json -o FILE`) and --requests-pid
+    PID|LABEL (the process its requests went to), in that order; each command says in its own
+    help what the requests add. `multiple`: once per trace (compare, dashboard, export, whatif)."""
+    def decorate(f):
+        f = click.option("--requests-pid", "requests_pid", multiple=multiple, metavar="PID|LABEL", help=pid_help)(f)
+        return click.option("--requests", dest, multiple=multiple, metavar="FILE", help=requests_help)(f)
+    return decorate

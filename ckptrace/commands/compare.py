@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from ckptrace.options import Finite, warmup_option
+from ckptrace.options import Finite, requests_options, warmup_option
 from ckptrace.core.terminal import echo, printable, shown_label
 
 # Exit statuses: 0 compared (gate passed), 1 an error (one line), 2 a usage error, GATE_EXIT the
@@ -63,14 +63,13 @@ times on a busy machine) and none tripped.
                                                       "(the same as --format json).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default=None,
               help="text (default), json, or markdown: a table ready for a pull-request comment.")
-@click.option("--requests", "request_files", multiple=True, metavar="FILE",
-              help="A leg's request file (`ckptrace drive --json -o FILE`), once per trace in the same "
-                   "order; - for a leg without one. Default: NAME.requests.json beside each NAME.parquet, where there is one. Adds "
-                   "ttft_p50_ms, ttft_p90_ms, ttft_p99_ms and throughput_tok_s.")
-@click.option("--requests-pid", "requests_pid", multiple=True, metavar="PID|LABEL",
-              help="In legs of several processes, the one the requests went to (a request file carries no "
-                   "pid): that process alone is compared. Once (a process label is the same in every leg) "
-                   "or once per trace. Required for such legs with a request file.")
+@requests_options(
+    "A leg's request file (`ckptrace drive --json -o FILE`), once per trace in the same "
+    "order; - for a leg without one. Default: NAME.requests.json beside each NAME.parquet, where there is one. Adds "
+    "ttft_p50_ms, ttft_p90_ms, ttft_p99_ms and throughput_tok_s.",
+    "In legs of several processes, the one the requests went to (a request file carries no "
+    "pid): that process alone is compared. Once (a process label is the same in every leg) "
+    "or once per trace. Required for such legs with a request file.")
 @click.option("--fail-on", "fail_on", type=click.Choice(["slower", "faster", "any-change"]), default=None,
               help="Exit 3 when a metric's verdict is slower / faster / either (for CI).")
 @click.option("--metrics", "gate_metrics", callback=split_metrics, metavar="A,B",
