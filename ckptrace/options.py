@@ -12,6 +12,8 @@ import math
 
 import click
 
+from ckptrace.analyzers.compare_config import DEFAULTS
+
 
 def _warmup_value(ctx, param, value):
     """--warmup N|auto, checked (analyzers/warmup.py)."""
@@ -25,7 +27,7 @@ def _warmup_value(ctx, param, value):
 
 # compare, dashboard and demo: each thread's warm-up, left out of compare's metrics.
 warmup_option = click.option(
-    "--warmup", default="auto", show_default=True, callback=_warmup_value, metavar="N|auto",
+    "--warmup", default=DEFAULTS.warmup, show_default=True, callback=_warmup_value, metavar="N|auto",
     help="Each thread's warm-up, left out of the metrics and reported apart: its first N prefill "
          "iterations, or auto (through the first that made a checkpoint). 0: none.")
 

@@ -43,3 +43,8 @@ def parse_bytes_or_fraction(text: str) -> int | float:
     if not 0 < f <= 1:
         raise ValueError(f"{text!r} as a fraction lies outside (0, 1]")
     return f
+
+
+def ms_signed(ns: float) -> str:
+    """Nanoseconds as signed milliseconds, two decimals: '+1.25 ms'."""
+    return f"{ns / 1e6:+.2f} ms"

@@ -474,7 +474,7 @@ def gate_said(rows: pd.DataFrame) -> str:
 
 def unjudged_said(rows: pd.DataFrame, name=str) -> str:
     """The metrics the gate looked at and could not judge, each with its verdict and why."""
-    from ckptrace.analyzers.compare import UNJUDGED_WHY
+    from ckptrace.analyzers.compare_text import UNJUDGED_WHY
 
     return "; ".join(f"{name(m['metric'])} ({m['verdict']}: "
                      f"{m.get('why') or UNJUDGED_WHY.get(m['verdict'], 'no verdict')})"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import click
 
+from ckptrace.analyzers.compare_config import DEFAULTS
 from ckptrace.options import Finite, requests_options, warmup_option
 from ckptrace.core.terminal import echo, printable, shown_label
 
@@ -78,10 +79,10 @@ times on a busy machine) and none tripped.
 @click.option("--require-judged", is_flag=True,
               help="Exit 4 when a metric --fail-on looks at could not be judged (not judged, not measured, "
                    "not recorded) and none tripped: a gate that saw nothing does not pass.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed (same seed, same output).")
-@click.option("--resamples", "n_boot", type=click.IntRange(min=100), default=2000, show_default=True,
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Bootstrap seed (same seed, same output).")
+@click.option("--resamples", "n_boot", type=click.IntRange(min=100), default=DEFAULTS.n_boot, show_default=True,
               help="Bootstrap resamples per arm and metric.")
-@click.option("--min-effect", "min_effect", type=Finite(min=0, max=1e6), default=20.0, show_default=True,
+@click.option("--min-effect", "min_effect", type=Finite(min=0, max=1e6), default=DEFAULTS.min_effect_pct, show_default=True,
               help="Changes up to this many percent read 'within drift' even when the baseline legs agree "
                    "more closely (two legs give one drift estimate).")
 @warmup_option

@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from ckptrace.analyzers.compare_config import DEFAULTS
 from ckptrace.options import warmup_option
 from ckptrace.core.output import output_folder
 from ckptrace.core.terminal import echo
@@ -209,7 +210,7 @@ def command(ctx, out_dir: Path | None, llama: bool, llama_version: str, model: s
 
 
 def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, title: str,
-           requests: list | None = None, warmup="auto") -> None:
+           requests: list | None = None, warmup=DEFAULTS.warmup) -> None:
     """Compare the legs, write the dashboard, print the comparison (or the JSON summary).
 
     `requests`: each leg's request file, read (llama-server legs): TTFT rows and panel."""
