@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.core.meta import TraceMeta
-from ckptrace.core.units import MIB
+from ckptrace.core.units import MIB, mib_said
 
 from .metrics import METRICS
 from .spans import Ids
@@ -73,7 +73,7 @@ def _meta_field(meta: TraceMeta, name: str):
 
 def gpu_hazard(checkpoints: int, fresh_bytes: int, of: int) -> str:
     """The warning where copies landed in pages they faulted in: what a CPU trace can say of CUDA."""
-    return (f"{checkpoints} of {of} checkpoints copied into pages not yet resident ({fresh_bytes / MIB:.1f} MiB "
+    return (f"{checkpoints} of {of} checkpoints copied into pages not yet resident ({mib_said(fresh_bytes)} "
             "faulted in by the copy): on a CUDA context that copy is the slow pageable path (llama.cpp PR #201 "
             "measured about 140x slower than into resident memory); its cost there is measured only on a GPU")
 
