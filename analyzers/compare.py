@@ -44,6 +44,9 @@ Rules:
 - The legs' own guard rails (leg_checks.py): the same recording twice is refused; arms the labels
   or the order contradict, an unbracketed candidate and legs of different programs or builds are
   warned, first.
+
+The words (the verdicts' names, the explanation, the warnings) are compare_text.py's; the defaults
+(seed, resamples, the floor, the statistic, the warm-up) compare_config.py's CompareConfig.
 """
 from __future__ import annotations
 
