@@ -44,10 +44,12 @@ Rules:
 - The legs' own guard rails (leg_checks.py): the same recording twice is refused; arms the labels
   or the order contradict, an unbracketed candidate and legs of different programs or builds are
   warned, first.
+
+The words (the verdicts' names, the explanation, the warnings) are compare_text.py's; the defaults
+(seed, resamples, the floor, the statistic, the warm-up) compare_config.py's CompareConfig.
 """
 from __future__ import annotations
 
-import collections
 import math
 from dataclasses import dataclass
 
@@ -63,11 +65,15 @@ from ckptrace.core.units import MIB
 from . import Analysis, analyze_processes, analyze_trace
 from .metrics import COUNT, METRICS as REGISTRY, POOL, compared
 from . import machine_state
-from .leg_checks import check_distinct, leg_warnings
+from .compare_config import DEFAULTS, MIN_SAMPLES, CompareConfig
+from .compare_text import (JUDGED, MEMORY_VERDICT, NO_BASELINE, NOT_JUDGED, SAMPLES_NOTE, TOO_FEW,
+                           auto_off_warning, explain, guard_warnings, guard_why, leg_warnings,
+                           memory_sentence, request_warnings, short_warnings, ttft_said)
+from .headline import headline
+from .leg_checks import check_distinct, leg_warnings as leg_check_warnings
 from .processes import process_label
 from .summary import WAIT_WARN_SHARE
 from .warmup import AUTO, Warmup, described, split
-from .memory_limit import limit_warnings
 
 # The compared metrics, from the metric table (metrics.py): metric -> (sample unit, column or
 # columns summed, unit).
@@ -85,11 +91,6 @@ WALL_METRICS = frozenset(m.name for m in compared() if m.wall)
 # What the machine's state moves (machine_state.py): wall times, and on-CPU time of memory-bound
 # work and the fault time taken from it; exact counts (checkpoint_faults) are not moved.
 STATE_MOVED = frozenset(m.name for m in compared() if m.kind != COUNT)
-JUDGED = ("faster", "slower", "no change", "within drift")
-NOT_JUDGED = "not judged"
-MIN_SAMPLES = 5
-SAMPLES_NOTE = ("each arm's samples are the per-checkpoint values (per prefill iteration for "
-                "prefill_iteration_ns) of all its legs, pooled")
 
 LEG_COLUMNS = {"leg": "int64", "label": "str", "arm": pd.CategoricalDtype(["baseline", "candidate"]),
                "path": "str", "checkpoints": "int64", "prefill_iterations": "int64", "build_ids": "str",
@@ -124,14 +125,14 @@ class Comparison:
     warnings: list[str]
     explanation: str
     samples: str = SAMPLES_NOTE
-    seed: int = 0
-    n_boot: int = 2000
-    min_effect_pct: float = 0.0
-    statistic: str = "median"
+    seed: int = DEFAULTS.seed
+    n_boot: int = DEFAULTS.n_boot
+    min_effect_pct: float = DEFAULTS.min_effect_pct
+    statistic: str = DEFAULTS.statistic
     pool: pd.DataFrame | None = None  # hits and misses against the baseline (when a leg had pool hits)
     memory: pd.DataFrame | None = None  # what the candidate costs in memory (_memory_rows)
     warmup: pd.DataFrame | None = None  # each arm's warm-up, reported apart (_warmup_rows)
-    warmup_setting: int | str = AUTO
+    warmup_setting: int | str = DEFAULTS.warmup
     machine: dict | None = None  # the machine-state guard (_machine_doc)
     headline: dict | None = None  # the answer in one sentence and its figures (headline.py)
     ttft: pd.DataFrame | None = None  # each TTFT percentile's change split by the traced path (ttft.py)
@@ -266,61 +267,176 @@ def _change(base_legs: list[np.ndarray], cand_legs: list[np.ndarray], seed, n_bo
     return {**row, "change_pct": change, "ci_low_pct": lo, "ci_high_pct": hi, "drift_pct": drift,
             "verdict": verdict, "diff": diff, "diff_ci_low": d_lo, "diff_ci_high": d_hi, "drift_abs": drift_abs}
 
-
 def _build_ids(meta: TraceMeta) -> list[str]:
     return sorted({o.build_id for o in meta.objects if o.build_id})
 
 
-def _probe_points(meta: TraceMeta) -> frozenset:
-    return frozenset(p.point for p in meta.probes)
+def _gaps(a: Analysis) -> tuple[str, ...]:
+    """The metrics a leg did not record every value of."""
+    return tuple(m for m in METRICS if _not_recorded(a, m))
 
 
-def _leg_name(i: int, a: Analysis) -> str:
-    return f"leg {i + 1} ({shown_label(a.trace.label)})"
+def compare(traces: list, seed: int = DEFAULTS.seed, n_boot: int = DEFAULTS.n_boot,
+            min_effect_pct: float = DEFAULTS.min_effect_pct, statistic: str = DEFAULTS.statistic,
+            requests: list | None = None, warmup: int | str = DEFAULTS.warmup) -> Comparison:
+    """Compare the legs (Trace or Analysis objects, in run order); see the module docstring.
+
+    `warmup`: each thread's warm-up (analyzers/warmup.py: N prefill iterations, or "auto"), left
+    out of the metrics and reported apart; a leg with nothing after it is left out, said in one line.
+
+    `requests`: per leg, its request file's frame (ckptrace.core.requests_file.read_requests) or None;
+    with any, the REQUEST_METRICS rows are added. A file none of whose requests ran while its
+    leg was recorded is an AnalysisError (analyzers/requests.py)."""
+    analyses, baseline, candidate = _labelled(traces)
+    arms = ["baseline" if a.trace.label == baseline else "candidate" for a in analyses]
+    warmup, warm, auto_off = _warm_parts(analyses, arms, warmup, baseline, candidate)
+    cfg = CompareConfig(seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, statistic=statistic, warmup=warmup)
+    legs = _leg_table(analyses, arms, warm, requests)
+    if requests is not None:
+        if len(requests) != len(analyses):
+            raise AnalysisError(f"{len(requests)} request files for {len(analyses)} traces: give one per trace")
+        requests, outside = _requests_inside(analyses, requests)
+
+    rows, leg_values = _trace_rows(analyses, arms, warm, cfg)
+    has_requests = requests is not None and any(r is not None for r in requests)
+    ttft_rows = None
+    if has_requests:
+        request_rows, ttft_rows = _request_rows(analyses, arms, requests, seed, n_boot, min_effect_pct)
+        rows += request_rows
+    metrics = pd.DataFrame(rows, columns=list(METRIC_COLUMNS)).astype(METRIC_COLUMNS)
+    pooled = legs["pool_hits"].sum() > 0
+    pool = (_pool_rows(analyses, arms, warm, seed, n_boot, min_effect_pct) if pooled
+            else pd.DataFrame(columns=list(POOL_COLUMNS)).astype(POOL_COLUMNS))
+    g = machine_state.guard(analyses)
+    if not g.recorded:
+        if _busy(analyses):
+            _withhold_wall(metrics)
+            _withhold_wall(pool)
+    else:
+        _guard_rows(metrics, g, arms, leg_values)
+        _guard_rows(pool, g, arms, None)
+    memory = _memory_rows(analyses, arms)
+    phases = lambda busy: _phase_split(analyses, arms, warm, busy)  # noqa: E731
+    explanation = " ".join(x for x in (explain(metrics, baseline, candidate, phases),
+                                       memory_sentence(memory, metrics)) if x)
+    warnings = (leg_check_warnings([a.trace.meta for a in analyses], arms, baseline, candidate)
+                + leg_warnings(analyses, arms, g.recorded, [_gaps(a) for a in analyses])
+                + auto_off + short_warnings(analyses, warm, warmup) + guard_warnings(g, metrics, arms))
+    c = Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
+                   warnings=warnings + (request_warnings(analyses, requests, outside) if has_requests else []),
+                   explanation=explanation + ttft_said(metrics, ttft_rows),
+                   seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, statistic=statistic,
+                   pool=pool, memory=memory, warmup=_warmup_rows(analyses, arms, warm), warmup_setting=warmup,
+                   machine=_machine_doc(g), ttft=ttft_rows)
+    c.headline = headline(c, analyses, arms, warm)
+    return c
 
 
-def _warnings(analyses: list[Analysis], arms: list[str], g) -> list[str]:
-    out = []
-    base = [(i, a) for i, (a, arm) in enumerate(zip(analyses, arms)) if arm == "baseline"]
-    if len(base) < 2:
-        out.append("only one baseline leg: drift can't be measured, so any change may be drift; "
-                   "record A/B/A (baseline, candidate, baseline)")
-    derived = [str(i + 1) for i, a in enumerate(analyses) if (a.checkpoints["fill_source"] == "derived").any()]
-    if derived:
-        out.append(f"leg{'s' if len(derived) > 1 else ''} {', '.join(derived)}: fill derived, not measured (the "
-                   "growth is inlined in that build: checkpoint total - copy), so fill compares totals less copies")
-    ref_i, ref = base[0]
-    ref_points = _probe_points(ref.trace.meta)
-    for i, a in enumerate(analyses):
-        if i != ref_i and _probe_points(a.trace.meta) != ref_points:
-            out.append(f"{_leg_name(i, a)} was recorded with a different probe set from "
-                       f"{_leg_name(ref_i, ref)}: its phases may not be comparable")
-    missing = collections.defaultdict(list)  # metrics not recorded -> legs
-    for i, a in enumerate(analyses):
-        gaps = tuple(m for m in METRICS if _not_recorded(a, m))
-        if gaps:
-            missing[gaps].append(str(i + 1))
-    for gaps, legs in missing.items():
-        out.append(f"leg{'s' if len(legs) > 1 else ''} {', '.join(legs)} did not record every value of "
-                   f"{', '.join(gaps)}: left out of {'those metrics' if len(gaps) > 1 else 'it'} (not recorded is "
-                   "not zero)")
-    for i, a in enumerate(analyses):
-        s = a.summary
-        if s["checkpoints"] < MIN_SAMPLES:
-            out.append(f"{_leg_name(i, a)} has {s['checkpoints']} checkpoints: too few for a trustworthy "
-                       f"interval (want >= {MIN_SAMPLES} per leg)")
-        if s["prefill_iterations"] < MIN_SAMPLES:
-            out.append(f"{_leg_name(i, a)} has {s['prefill_iterations']} prefill iterations: too few for "
-                       f"a trustworthy prefill_iteration_ns interval (want >= {MIN_SAMPLES} per leg)")
-        if not s["reliable"]:
-            out.append(f"{_leg_name(i, a)}: {s['reliability']}")
-        out += [f"{_leg_name(i, a)}: {w}" for w in limit_warnings(a)]
-        shares = [x for x in (s.get("wait_share"), s.get("prefill_wait_share")) if x is not None]
-        if shares and max(shares) > WAIT_WARN_SHARE and not g.recorded:  # else the machine-state guard says it
-            out.append(f"{_leg_name(i, a)} spent {max(shares) * 100:.0f}% of its spans' time waiting for a CPU: "
-                       f"wall times measure the machine's load, so wall-time metrics read '{NOT_JUDGED}'; "
-                       "read the on-CPU metrics (*_cpu_ns)")
-    return out
+def _labelled(traces: list) -> tuple[list[Analysis], str, str]:
+    """The legs analysed, and their two labels (baseline, candidate); an AnalysisError for legs
+    compare can't take (fewer than two, the same recording twice, one or three labels, no checkpoints)."""
+    if len(traces) < 2:
+        raise AnalysisError(f"compare needs at least two traces, a baseline and a candidate label "
+                            f"(ideally A/B/A); got {len(traces)}")
+    check_distinct([(t.path, t.meta) for t in (x.trace if isinstance(x, Analysis) else x for x in traces)])
+    analyses = [t if isinstance(t, Analysis) else analyze_trace(t) for t in traces]
+    labels = list(dict.fromkeys(a.trace.label for a in analyses))
+    if len(labels) == 1:
+        raise AnalysisError(f"all {len(analyses)} traces have the label {shown_label(labels[0])!r}: compare needs two labels, "
+                            "baseline then candidate (set them with `ckptrace record --label`)")
+    if len(labels) > 2:
+        raise AnalysisError(f"the traces have {len(labels)} labels ({', '.join(repr(shown_label(x)) for x in labels)}): compare "
+                            "takes exactly two, the baseline's first; compare them two labels at a time")
+    for a in analyses:
+        if not len(a.checkpoints):
+            raise AnalysisError(f"{a.trace.path or a.trace.label}: no checkpoints in this trace, nothing to "
+                                "compare (was the target making checkpoints while it was recorded?)")
+    baseline, candidate = labels
+    return analyses, baseline, candidate
+
+
+def _warm_parts(analyses: list[Analysis], arms: list[str], warmup: int | str, baseline: str, candidate: str
+                ) -> tuple[int | str, list[Warmup], list[str]]:
+    """Each leg's warm-up split (the setting it ends with, the splits, the warning when auto found
+    none); an AnalysisError when an arm has nothing after its warm-up."""
+    warm = [split(a, warmup) for a in analyses]
+    auto_off = []
+    if warmup == AUTO and any(w.short for w in warm):
+        # auto finds no steady state in a leg: like for like, no leg leaves a warm-up out
+        auto_off = [auto_off_warning(analyses, warm)]
+        warmup, warm = 0, [split(a, 0) for a in analyses]
+    for arm, label in (("baseline", baseline), ("candidate", candidate)):
+        if all(w.short for w, x in zip(warm, arms) if x == arm):
+            raise AnalysisError(f"every {arm} leg ({label}) has no prefill iteration or checkpoint after its warm-up "
+                                f"({described(warmup)}): nothing to judge; give a smaller --warmup or record longer legs")
+    return warmup, warm, auto_off
+
+
+def _leg_table(analyses: list[Analysis], arms: list[str], warm: list[Warmup], requests: list | None) -> pd.DataFrame:
+    return pd.DataFrame({
+        "leg": range(1, len(analyses) + 1),
+        "label": [a.trace.label for a in analyses],
+        "arm": arms,
+        "path": [a.trace.path or "" for a in analyses],
+        "checkpoints": [a.summary["checkpoints"] for a in analyses],
+        "prefill_iterations": [a.summary["prefill_iterations"] for a in analyses],
+        "build_ids": [",".join(_build_ids(a.trace.meta)) for a in analyses],
+        "lost_events": [a.summary["lost_events"] for a in analyses],
+        "pool_hits": [a.summary["pool_hits"] for a in analyses],
+        "requests": [None if r is None else int(len(r)) for r in (requests or [None] * len(analyses))],
+        "warmup_iterations": [int(w.warmup_iterations.sum()) for w in warm],
+        "cold_checkpoints": [int(w.cold.sum()) for w in warm],
+        "judged": [not w.short for w in warm],
+    }).astype(LEG_COLUMNS)
+
+
+def _trace_rows(analyses: list[Analysis], arms: list[str], warm: list[Warmup], cfg: CompareConfig
+                ) -> tuple[list[dict], dict[str, list[float]]]:
+    """One row per metric of the traces (METRICS; the state path's only where a leg has its rows),
+    and each leg's statistic per metric (the machine-state guard's rank test)."""
+    rows = []
+    leg_values: dict[str, list[float]] = {}
+    restored = any(a.restores is not None and len(a.restores) for a in analyses)
+    saved = any(a.prompt_saves is not None and len(a.prompt_saves) for a in analyses)
+    stat = STATISTICS[cfg.statistic]
+    for i, name in enumerate(METRICS):  # a handful of metrics: the work is inside, vectorised
+        if (name in RESTORE_METRICS and not restored) or (name in PROMPT_SAVE_METRICS and not saved):
+            continue
+        source = METRICS[name][0]
+        per_leg = [np.empty(0) if w.short else _samples(a, name, _part(w, source)) for a, w in zip(analyses, warm)]
+        leg_values[name] = [float(stat(x)) if len(x) else math.nan for x in per_leg]
+        strata = None
+        if source == "checkpoint":  # pool hits and misses resampled apart (see _boot)
+            hits = [a.checkpoints["pool_hit"].to_numpy()[w.warm] if len(x) else np.empty(0, bool)
+                    for a, w, x in zip(analyses, warm, per_leg)]
+            strata = ([h for h, arm in zip(hits, arms) if arm == "baseline"],
+                      [h for h, arm in zip(hits, arms) if arm == "candidate"])
+        row = _metric_row(name, i, [x for x, arm in zip(per_leg, arms) if arm == "baseline"],
+                          [x for x, arm in zip(per_leg, arms) if arm == "candidate"], cfg.seed, cfg.n_boot,
+                          cfg.min_effect_pct, cfg.statistic, strata)
+        if row["verdict"] == "not measured" and any(_not_recorded(a, name) for a in analyses):
+            row["verdict"] = "not recorded"
+        rows.append({**row, "why": ""})
+    return rows, leg_values
+
+
+def _phase_split(analyses: list[Analysis], arms: list[str], warm: list[Warmup], busy: bool
+                 ) -> tuple[str, float, float, float]:
+    """Which phase a checkpoint's mean change comes from: (phase, its change, the total change, the
+    fault time's change), in ns per checkpoint over the warm checkpoints, on CPU when `busy`.
+    Means add up (total = fill + copy + other), so they split the change between phases."""
+    def mean_of(arm, col):  # over the warm checkpoints, as the metrics
+        return float(np.mean(np.concatenate([a.checkpoints[col].to_numpy(dtype="float64", na_value=np.nan)[w.warm]
+                                             for a, x, w in zip(analyses, arms, warm) if x == arm and not w.short])))
+
+    cols = ({"fill": "fill_cpu_ns", "copy": "copy_cpu_ns", "total": "cpu_ns"} if busy
+            else {"fill": "fill_ns", "copy": "copy_ns", "total": "total_ns"})
+    delta = {p: mean_of("candidate", cols[p]) - mean_of("baseline", cols[p]) for p in cols}
+    total = delta.pop("total")
+    delta["other"] = total - delta["fill"] - delta["copy"]
+    phase = max(delta, key=lambda p: abs(delta[p]) if np.sign(delta[p]) == np.sign(total) else -1)
+    fault = mean_of("candidate", "fault_ns") - mean_of("baseline", "fault_ns")
+    return phase, delta[phase], total, fault
 
 
 def _busy(analyses: list[Analysis]) -> bool:
@@ -335,57 +451,10 @@ def _withhold_wall(frame: pd.DataFrame) -> None:
     frame.loc[wall, "verdict"] = NOT_JUDGED
 
 
-def _signed_ms(ns: float) -> str:
-    return f"{ns / 1e6:+.2f} ms"
-
-
-def _explain(m: pd.DataFrame, analyses: list[Analysis], arms: list[str], warm: list[Warmup], baseline: str,
-             candidate: str) -> str:
-    r = m.set_index("metric")
-
-    def said(metric):
-        x = r.loc[metric]
-        if math.isfinite(x["change_pct"]):
-            return f"{x['change_pct']:+.1f}% ({x['verdict']})"
-        if math.isfinite(x["diff"]):
-            return f"{_signed_ms(x['diff'])} ({x['verdict']})"
-        return "not measured (no samples in an arm)"
-
-    head = (f"{shown_label(candidate)} against {shown_label(baseline)}: {r.loc['checkpoint_total_ns', 'statistic']} checkpoint time "
-            f"{said('checkpoint_total_ns')}, "
-            f"prefill iteration time {said('prefill_iteration_ns')}.")
-    # A busy comparison is explained on CPU, where the waiting is left out.
-    busy = r.loc["checkpoint_total_ns", "verdict"] == NOT_JUDGED
-    key = "checkpoint_total_cpu_ns" if busy else "checkpoint_total_ns"
-    if busy:
-        head += f" On CPU, checkpoint time {said(key)}."
-    if r.loc[key, "verdict"] not in ("faster", "slower"):
-        return head + " No checkpoint phase moved beyond its interval and the baseline drift."
-
-    # Means add up (total = fill + copy + other), so they split the change between phases.
-    def mean_of(arm, col):  # over the warm checkpoints, as the metrics
-        return float(np.mean(np.concatenate([a.checkpoints[col].to_numpy(dtype="float64", na_value=np.nan)[w.warm]
-                                             for a, x, w in zip(analyses, arms, warm) if x == arm and not w.short])))
-
-    cols = ({"fill": "fill_cpu_ns", "copy": "copy_cpu_ns", "total": "cpu_ns"} if busy
-            else {"fill": "fill_ns", "copy": "copy_ns", "total": "total_ns"})
-    delta = {p: mean_of("candidate", cols[p]) - mean_of("baseline", cols[p]) for p in cols}
-    total = delta.pop("total")
-    delta["other"] = total - delta["fill"] - delta["copy"]
-    phase = max(delta, key=lambda p: abs(delta[p]) if np.sign(delta[p]) == np.sign(total) else -1)
-    fault = mean_of("candidate", "fault_ns") - mean_of("baseline", "fault_ns")
-    words = {"fill": "the fill (the resize's zero fill of fresh memory)", "copy": "the state copy",
-             "other": "the rest of the checkpoint (neither fill nor copy)"}
-    tail = (f" Most of it comes from {words[phase]}: {_signed_ms(delta[phase])} of {_signed_ms(total)} per checkpoint "
-            f"on average{' on CPU' if busy else ''}, with fault time " + (_signed_ms(fault) if math.isfinite(fault) else "not recorded") + ".")
-    return head + tail
-
-
 MEMORY_METRICS = {"held_peak_mib": "peak_held_bytes", "rss_peak_mib": "peak_rss_bytes"}
 MEMORY_COLUMNS = {"metric": "str", "baseline_value": "float64", "candidate_value": "float64",
                   "change_mib": "float64", "change_pct": "float64", "drift_mib": "float64", "verdict": "str",
                   "legs_mib": "object"}
-MEMORY_VERDICT = "single figures"  # one peak per leg: no interval, said as such
 
 
 def _memory_rows(analyses: list[Analysis], arms: list[str]) -> pd.DataFrame:
@@ -407,45 +476,6 @@ def _memory_rows(analyses: list[Analysis], arms: list[str]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(MEMORY_COLUMNS)).astype(MEMORY_COLUMNS)
 
 
-def memory_sentence(memory: pd.DataFrame | None, metrics: pd.DataFrame) -> str:
-    """The time a candidate saves next to the memory it costs: 'Time against memory: fill -100.0%
-    (faster), held checkpoint memory +288.0 MiB at peak (96.0 -> 384.0 MiB), RSS ...'."""
-    if memory is None or not len(memory):
-        return ""
-    names = {"held_peak_mib": "held checkpoint memory", "rss_peak_mib": "RSS"}
-    parts = [f"{names[r['metric']]} {r['change_mib']:+.1f} MiB at peak ({r['baseline_value']:.1f} -> "
-             f"{r['candidate_value']:.1f} MiB)" for r in memory.to_dict("records") if r["verdict"] == MEMORY_VERDICT]
-    if not parts:
-        return ""
-    m = metrics.set_index("metric")
-    fill = "checkpoint_fill_cpu_ns" if m.loc["checkpoint_fill_ns", "verdict"] == NOT_JUDGED else "checkpoint_fill_ns"
-    x = m.loc[fill]
-    time = (f"fill{' on CPU' if fill.endswith('cpu_ns') else ''} {x['change_pct']:+.1f}% ({x['verdict']}), "
-            if math.isfinite(x["change_pct"]) else "")
-    return "Time against memory: " + time + ", ".join(parts) + "."
-
-
-def _ttft_said(m: pd.DataFrame, split: pd.DataFrame | None = None) -> str:
-    """A sentence on what requests felt (TTFT p90 and what the traced path explains of it,
-    throughput), when request files were given."""
-    from .ttft import explained_said
-
-    r = m.set_index("metric")
-    if "ttft_p90_ms" not in r.index:
-        return ""
-    parts = []
-    for name, what in (("ttft_p90_ms", "time to first token p90"), ("throughput_tok_s", "throughput")):
-        x = r.loc[name]
-        parts.append(f"{what} {x['change_pct']:+.1f}% ({x['verdict']})" if math.isfinite(x["change_pct"])
-                     else f"{what} {x['verdict']}")
-        s = split.set_index("metric") if split is not None and len(split) else None
-        if s is not None and name in s.index:
-            parts[-1] += ", " + explained_said(s.loc[name].to_dict())
-    return " Requests: " + "; ".join(parts) + "."
-
-
-MIN_EFFECT_PCT = 20.0
-DEFAULT_STATISTIC = "mean"
 POOL_METRICS = POOL
 POOL_COLUMNS = {"class": "str", "metric": "str", **{k: v for k, v in METRIC_COLUMNS.items()
                                                      if k not in ("metric", "unit", "sample")}}
@@ -454,8 +484,6 @@ POOL_COLUMNS = {"class": "str", "metric": "str", **{k: v for k, v in METRIC_COLU
 # Pool classes: (name, pool hit, cold). Warm hits and misses keep their names ("hits", "misses").
 POOL_CLASSES = (("hits", True, False), ("misses", False, False), ("cold hits", True, True),
                 ("cold misses", False, True))
-NO_BASELINE = "no baseline"  # a class the baseline lacks: shown, not judged
-TOO_FEW = "too few samples"  # an arm with fewer than MIN_SAMPLES of the class: shown, not judged
 
 
 def _pool_rows(analyses: list[Analysis], arms: list[str], warm: list[Warmup], seed: int, n_boot: int,
@@ -585,147 +613,6 @@ def _requests_inside(analyses: list[Analysis], requests: list) -> tuple[list, li
     return kept, outside
 
 
-def _request_warnings(analyses: list[Analysis], requests: list, outside: list[int]) -> list[str]:
-    lacking = [str(i + 1) for i, r in enumerate(requests) if r is None]
-    out = [f"{_leg_name(i, analyses[i])}: {n} completed requests ran (partly) outside its recording: left out of "
-           "the request metrics" for i, n in enumerate(outside) if n]
-    if lacking:
-        out.append(f"leg{'s' if len(lacking) > 1 else ''} {', '.join(lacking)} {'have' if len(lacking) > 1 else 'has'} "
-                   "no request file (NAME.requests.json beside the trace, or --requests): the request metrics "
-                   "compare the other legs")
-    for i, r in enumerate(requests):
-        if r is not None and (r["status"] != "ok").any():
-            out.append(f"{_leg_name(i, analyses[i])}: {int((r['status'] != 'ok').sum())} of {len(r)} requests did not "
-                       "complete: left out of the request metrics")
-        if r is not None and r["predicted_tokens"].isna().any():
-            out.append(f"{_leg_name(i, analyses[i])}: its request file does not say how many tokens were generated "
-                       "(written by an older drive): throughput not recorded for it")
-    return out
-
-
-def compare(traces: list, seed: int = 0, n_boot: int = 2000, min_effect_pct: float = MIN_EFFECT_PCT,
-            statistic: str = DEFAULT_STATISTIC, requests: list | None = None, warmup: int | str = AUTO) -> Comparison:
-    """Compare the legs (Trace or Analysis objects, in run order); see the module docstring.
-
-    `warmup`: each thread's warm-up (analyzers/warmup.py: N prefill iterations, or "auto"), left
-    out of the metrics and reported apart; a leg with nothing after it is left out, said in one line.
-
-    `requests`: per leg, its request file's frame (ckptrace.core.requests_file.read_requests) or None;
-    with any, the REQUEST_METRICS rows are added. A file none of whose requests ran while its
-    leg was recorded is an AnalysisError (analyzers/requests.py)."""
-    if len(traces) < 2:
-        raise AnalysisError(f"compare needs at least two traces, a baseline and a candidate label "
-                            f"(ideally A/B/A); got {len(traces)}")
-    check_distinct([(t.path, t.meta) for t in (x.trace if isinstance(x, Analysis) else x for x in traces)])
-    analyses = [t if isinstance(t, Analysis) else analyze_trace(t) for t in traces]
-    labels = list(dict.fromkeys(a.trace.label for a in analyses))
-    if len(labels) == 1:
-        raise AnalysisError(f"all {len(analyses)} traces have the label {shown_label(labels[0])!r}: compare needs two labels, "
-                            "baseline then candidate (set them with `ckptrace record --label`)")
-    if len(labels) > 2:
-        raise AnalysisError(f"the traces have {len(labels)} labels ({', '.join(repr(shown_label(x)) for x in labels)}): compare "
-                            "takes exactly two, the baseline's first; compare them two labels at a time")
-    for a in analyses:
-        if not len(a.checkpoints):
-            raise AnalysisError(f"{a.trace.path or a.trace.label}: no checkpoints in this trace, nothing to "
-                                "compare (was the target making checkpoints while it was recorded?)")
-    baseline, candidate = labels
-    arms = ["baseline" if a.trace.label == baseline else "candidate" for a in analyses]
-    warm = [split(a, warmup) for a in analyses]
-    auto_off = []
-    if warmup == AUTO and any(w.short for w in warm):
-        # auto finds no steady state in a leg: like for like, no leg leaves a warm-up out
-        auto_off = [f"--warmup auto left nothing out: {', '.join(_leg_name(i, analyses[i]) for i, w in enumerate(warm) if w.short)} "
-                    "made checkpoints in one prefill iteration only, so no leg has a warm-up set apart"]
-        warmup, warm = 0, [split(a, 0) for a in analyses]
-    for arm, label in (("baseline", baseline), ("candidate", candidate)):
-        if all(w.short for w, x in zip(warm, arms) if x == arm):
-            raise AnalysisError(f"every {arm} leg ({label}) has no prefill iteration or checkpoint after its warm-up "
-                                f"({described(warmup)}): nothing to judge; give a smaller --warmup or record longer legs")
-
-    legs = pd.DataFrame({
-        "leg": range(1, len(analyses) + 1),
-        "label": [a.trace.label for a in analyses],
-        "arm": arms,
-        "path": [a.trace.path or "" for a in analyses],
-        "checkpoints": [a.summary["checkpoints"] for a in analyses],
-        "prefill_iterations": [a.summary["prefill_iterations"] for a in analyses],
-        "build_ids": [",".join(_build_ids(a.trace.meta)) for a in analyses],
-        "lost_events": [a.summary["lost_events"] for a in analyses],
-        "pool_hits": [a.summary["pool_hits"] for a in analyses],
-        "requests": [None if r is None else int(len(r)) for r in (requests or [None] * len(analyses))],
-        "warmup_iterations": [int(w.warmup_iterations.sum()) for w in warm],
-        "cold_checkpoints": [int(w.cold.sum()) for w in warm],
-        "judged": [not w.short for w in warm],
-    }).astype(LEG_COLUMNS)
-    if requests is not None:
-        if len(requests) != len(analyses):
-            raise AnalysisError(f"{len(requests)} request files for {len(analyses)} traces: give one per trace")
-        requests, outside = _requests_inside(analyses, requests)
-
-    rows = []
-    leg_values: dict[str, list[float]] = {}  # metric -> each leg's statistic (the guard's rank test)
-    restored = any(a.restores is not None and len(a.restores) for a in analyses)
-    saved = any(a.prompt_saves is not None and len(a.prompt_saves) for a in analyses)
-    stat = STATISTICS[statistic]
-    for i, name in enumerate(METRICS):  # a handful of metrics: the work is inside, vectorised
-        if (name in RESTORE_METRICS and not restored) or (name in PROMPT_SAVE_METRICS and not saved):
-            continue
-        source = METRICS[name][0]
-        per_leg = [np.empty(0) if w.short else _samples(a, name, _part(w, source)) for a, w in zip(analyses, warm)]
-        leg_values[name] = [float(stat(x)) if len(x) else math.nan for x in per_leg]
-        strata = None
-        if source == "checkpoint":  # pool hits and misses resampled apart (see _boot)
-            hits = [a.checkpoints["pool_hit"].to_numpy()[w.warm] if len(x) else np.empty(0, bool)
-                    for a, w, x in zip(analyses, warm, per_leg)]
-            strata = ([h for h, arm in zip(hits, arms) if arm == "baseline"],
-                      [h for h, arm in zip(hits, arms) if arm == "candidate"])
-        row = _metric_row(name, i, [x for x, arm in zip(per_leg, arms) if arm == "baseline"],
-                          [x for x, arm in zip(per_leg, arms) if arm == "candidate"], seed, n_boot,
-                          min_effect_pct, statistic, strata)
-        if row["verdict"] == "not measured" and any(_not_recorded(a, name) for a in analyses):
-            row["verdict"] = "not recorded"
-        rows.append({**row, "why": ""})
-    has_requests = requests is not None and any(r is not None for r in requests)
-    ttft_rows = None
-    if has_requests:
-        request_rows, ttft_rows = _request_rows(analyses, arms, requests, seed, n_boot, min_effect_pct)
-        rows += request_rows
-    metrics = pd.DataFrame(rows, columns=list(METRIC_COLUMNS)).astype(METRIC_COLUMNS)
-    pooled = legs["pool_hits"].sum() > 0
-    pool = (_pool_rows(analyses, arms, warm, seed, n_boot, min_effect_pct) if pooled
-            else pd.DataFrame(columns=list(POOL_COLUMNS)).astype(POOL_COLUMNS))
-    g = machine_state.guard(analyses)
-    if not g.recorded:
-        if _busy(analyses):
-            _withhold_wall(metrics)
-            _withhold_wall(pool)
-    else:
-        _guard_rows(metrics, g, arms, leg_values)
-        _guard_rows(pool, g, arms, None)
-    memory = _memory_rows(analyses, arms)
-    explanation = " ".join(x for x in (_explain(metrics, analyses, arms, warm, baseline, candidate),
-                                       memory_sentence(memory, metrics)) if x)
-    warnings = (leg_warnings([a.trace.meta for a in analyses], arms, baseline, candidate)
-                + _warnings(analyses, arms, g) + auto_off + _short_warnings(analyses, warm, warmup)
-                + _guard_warnings(g, metrics, pool, arms))
-    c = Comparison(baseline=baseline, candidate=candidate, legs=legs, metrics=metrics,
-                   warnings=warnings + (_request_warnings(analyses, requests, outside) if has_requests else []),
-                   explanation=explanation + _ttft_said(metrics, ttft_rows),
-                   seed=seed, n_boot=n_boot, min_effect_pct=min_effect_pct, statistic=statistic,
-                   pool=pool, memory=memory, warmup=_warmup_rows(analyses, arms, warm), warmup_setting=warmup,
-                   machine=_machine_doc(g), ttft=ttft_rows)
-    from .headline import headline
-    c.headline = headline(c, analyses, arms, warm)
-    return c
-
-
-def _short_warnings(analyses: list[Analysis], warm: list[Warmup], warmup) -> list[str]:
-    return [f"{_leg_name(i, a)} has {a.summary['prefill_iterations']} prefill iterations and "
-            f"{a.summary['checkpoints']} checkpoints, none after its warm-up ({described(warmup)}): nothing "
-            "judged on it" for i, (a, w) in enumerate(zip(analyses, warm)) if w.short]
-
-
 def _guard_rows(frame: pd.DataFrame, g, arms: list[str], leg_values: dict | None) -> None:
     """The machine-state guard on judged rows of metrics the state moves (machine_state.py)."""
     if g.one_state or not len(frame):
@@ -749,22 +636,7 @@ def _guard_rows(frame: pd.DataFrame, g, arms: list[str], leg_values: dict | None
             if machine_state.mann_whitney_p(b, c) < machine_state.ALPHA or r["verdict"] in ("no change", "within drift"):
                 continue  # the interleaved legs say it, whatever each one's state
         frame.loc[i, "verdict"] = NOT_JUDGED
-        frame.loc[i, "why"] = ("the legs did not run in one state of the machine, and the change is within what "
-                               + ("that explains" if math.isfinite(f) else "it can move without bound")
-                               + (f" (x{f:.2f} either way)" if math.isfinite(f) else ""))
-
-
-def _guard_warnings(g, metrics: pd.DataFrame, pool: pd.DataFrame, arms: list[str]) -> list[str]:
-    out = []
-    if g.recorded and not g.one_state:
-        held = [m for m in metrics.loc[metrics["why"] != "", "metric"]]
-        n = arms.count("baseline"), arms.count("candidate")
-        out.append("wall times and on-CPU times of memory-bound spans are judged only where their change is larger "
-                   f"than the states explain (on CPU x{machine_state.CPU_FACTOR:.2f} either way, wall times that times "
-                   "the legs' spread of waiting for a CPU); exact counts are judged as usual"
-                   + (f"; not judged: {', '.join(held)}" if held else "")
-                   + "; " + machine_state.legs_needed(*n))
-    return out
+        frame.loc[i, "why"] = guard_why(f)
 
 
 def _machine_doc(g) -> dict:
@@ -774,14 +646,6 @@ def _machine_doc(g) -> dict:
 
 # The CI gate (`compare --fail-on`): which judged rows trip it.
 FAIL_ON = {"slower": ("slower",), "faster": ("faster",), "any-change": ("faster", "slower")}
-
-
-# Why a metric the gate looks at was not judged, by its verdict.
-UNJUDGED_WHY = {
-    NOT_JUDGED: f"a leg waited over {WAIT_WARN_SHARE:.0%} of its wall time for a CPU, so wall times measure the load",
-    "not measured": "an arm has no samples of it",
-    "not recorded": "a leg's recording lacks the figure",
-}
 
 
 def gate(c: Comparison, fail_on: str, metrics: list[str] | None = None

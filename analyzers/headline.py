@@ -23,6 +23,7 @@ import math
 import numpy as np
 
 from ckptrace.core.terminal import shown_label
+from ckptrace.core.units import ms_change
 
 # Each headline figure: (key, the comparison's metric, its wall-time stand-in, what it is on CPU,
 # per what). One table, so the names move together.
@@ -173,7 +174,7 @@ def _ttft(rows, split) -> dict | None:
 def _ttft_said(t: dict) -> str:
     """'; time to first token p90 +2976 ms (+36%, 8367 -> 11343 ms; too few samples: ...), of which
     the checkpoint path explains -34 ms; the rest (+3010 ms) lies outside the traced path (...)'."""
-    from .ttft import explained_said, ms
+    from .ttft import explained_said
 
     if t["change_pct"] is None:
         return "; time to first token p90 " + t["verdict"]
@@ -181,7 +182,7 @@ def _ttft_said(t: dict) -> str:
     if t.get("change_ms") is None:
         return (f"; time to first token p90 {t['change_pct']:+.0f}% ({t['baseline_ms']:.0f} -> "
                 f"{t['candidate_ms']:.0f} ms, {verdict})")
-    return (f"; time to first token p90 {ms(t['change_ms'])} ({t['change_pct']:+.0f}%, {t['baseline_ms']:.0f} -> "
+    return (f"; time to first token p90 {ms_change(t['change_ms'])} ({t['change_pct']:+.0f}%, {t['baseline_ms']:.0f} -> "
             f"{t['candidate_ms']:.0f} ms, {verdict}), " + explained_said(t))
 
 

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 
 from ckptrace.core.meta import TraceMeta
-from ckptrace.core.units import MIB
+from ckptrace.core.units import MIB, mib_said
 
 from .metrics import METRICS
 from .spans import Ids
@@ -73,9 +73,75 @@ def _meta_field(meta: TraceMeta, name: str):
 
 def gpu_hazard(checkpoints: int, fresh_bytes: int, of: int) -> str:
     """The warning where copies landed in pages they faulted in: what a CPU trace can say of CUDA."""
-    return (f"{checkpoints} of {of} checkpoints copied into pages not yet resident ({fresh_bytes / MIB:.1f} MiB "
+    return (f"{checkpoints} of {of} checkpoints copied into pages not yet resident ({mib_said(fresh_bytes)} "
             "faulted in by the copy): on a CUDA context that copy is the slow pageable path (llama.cpp PR #201 "
             "measured about 140x slower than into resident memory); its cost there is measured only on a GPU")
+
+
+def _problems(meta: TraceMeta) -> list[str]:
+    """What makes a trace's figures miss events (`reliable` false): each said once."""
+    lost, partial, open_ = meta.lost_events, meta.partial_spans, meta.open_at_stop.total
+    problems = []
+    if lost:
+        problems.append(f"{lost} events were lost (ring buffer full): counts and times may be low "
+                        "and some checkpoints or iterations may be missing")
+    cut = 0 if meta.mode == "launch" else partial  # held before exec: nothing was entered before the probes
+    if partial - cut:
+        problems.append(f"{partial} partial spans (a return seen without its entry) were dropped")
+    if cut or open_:
+        problems.append(f"{cut + open_} spans were cut off at attach or stop and dropped "
+                        f"({cut} partial, {open_} open at stop): the first or last iteration "
+                        "may be incomplete")
+    if getattr(meta, "map_full", 0):
+        problems.append(f"{meta.map_full} thread events were not seen (the recorder's per-thread map was "
+                        "full): some threads' checkpoints or iterations may be missing")
+    if getattr(meta, "complete", True) is False:
+        problems.append(f"cut short: {meta.cut_short or 'the recorder did not finish this trace'}")
+    return problems
+
+
+def _fault_notes(checkpoints: pd.DataFrame, fault_sources: dict[str, int]) -> list[str]:
+    """How each checkpoint's fault time was had: not recorded, estimated (and past its span's time)."""
+    notes = []
+    if fault_sources["not recorded"]:
+        notes.append(f"fault time not recorded for {fault_sources['not recorded']} checkpoints (no measured "
+                     "span of their kind in this trace, e.g. trace format 1): their fault_ns is NA; fill "
+                     "and copy times still include their faults")
+    if fault_sources["estimated"]:
+        notes.append(f"fault time estimated for {fault_sources['estimated']} checkpoints (faults x the median "
+                     "ns per fault of measured spans of the same kind in this trace)")
+        over = checkpoints["fault_source"].eq("estimated") & (
+            checkpoints["fault_ns"] > checkpoints["cpu_ns"].fillna(checkpoints["total_ns"]))
+        if over.any():
+            notes.append(f"{int(over.sum())} estimated fault times exceed their checkpoint's time: the "
+                         "estimate is not clamped; those spans faulted more cheaply than the median")
+    return notes
+
+
+def _time_notes(sched, cpu_recorded: bool, any_spans: bool, shares: dict[str, float | None]) -> list[str]:
+    """On-CPU time not recorded, or spans that mostly waited for a CPU."""
+    notes = []
+    if not cpu_recorded and any_spans:
+        why = sched.get("note") if isinstance(sched, dict) and sched.get("note") else \
+            "trace format 1, or a recorder without scheduler counters"
+        notes.append(f"on-CPU time and run-queue wait not recorded ({why}): wall times include waiting for a CPU")
+    for what, share in shares.items():
+        if share is not None and share > WAIT_WARN_SHARE:
+            notes.append(f"{what} spent {share * 100:.0f}% of their wall time waiting for a CPU: the machine "
+                         "was busy; read the on-CPU figures (*_cpu_ns)")
+    return notes
+
+
+def _placement_notes(checkpoints: pd.DataFrame, fresh: np.ndarray, unassigned: int) -> list[str]:
+    """Copies into pages not yet resident (the CUDA hazard), checkpoints in no iteration."""
+    notes = []
+    if fresh.any():
+        notes.append(gpu_hazard(int(fresh.sum()), checked_sum(checkpoints.loc[fresh, "fresh_bytes"],
+                                                              "the checkpoints' fresh_bytes"), len(checkpoints)))
+    if unassigned:
+        notes.append(f"{unassigned} checkpoints fall in no iteration (no update_slots or llama_decode "
+                     "boundary on their thread, or cut off)")
+    return notes
 
 
 def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMeta) -> dict:
@@ -101,55 +167,16 @@ def summarize(checkpoints: pd.DataFrame, iterations: pd.DataFrame, meta: TraceMe
     fault_sources = {str(k): int(v) for k, v in sources.items()}
 
     lost, partial, open_ = meta.lost_events, meta.partial_spans, meta.open_at_stop.total
-    problems = []
-    if lost:
-        problems.append(f"{lost} events were lost (ring buffer full): counts and times may be low "
-                        "and some checkpoints or iterations may be missing")
-    cut = 0 if meta.mode == "launch" else partial  # held before exec: nothing was entered before the probes
-    if partial - cut:
-        problems.append(f"{partial} partial spans (a return seen without its entry) were dropped")
-    if cut or open_:
-        problems.append(f"{cut + open_} spans were cut off at attach or stop and dropped "
-                        f"({cut} partial, {open_} open at stop): the first or last iteration "
-                        "may be incomplete")
-    if getattr(meta, "map_full", 0):
-        problems.append(f"{meta.map_full} thread events were not seen (the recorder's per-thread map was "
-                        "full): some threads' checkpoints or iterations may be missing")
-    if getattr(meta, "complete", True) is False:
-        problems.append(f"cut short: {meta.cut_short or 'the recorder did not finish this trace'}")
+    problems = _problems(meta)
     reliability = "; ".join(problems) if problems else "no events lost and no spans cut off"
-    notes = []
-    if fault_sources["not recorded"]:
-        notes.append(f"fault time not recorded for {fault_sources['not recorded']} checkpoints (no measured "
-                     "span of their kind in this trace, e.g. trace format 1): their fault_ns is NA; fill "
-                     "and copy times still include their faults")
-    if fault_sources["estimated"]:
-        notes.append(f"fault time estimated for {fault_sources['estimated']} checkpoints (faults x the median "
-                     "ns per fault of measured spans of the same kind in this trace)")
-        over = checkpoints["fault_source"].eq("estimated") & (
-            checkpoints["fault_ns"] > checkpoints["cpu_ns"].fillna(checkpoints["total_ns"]))
-        if over.any():
-            notes.append(f"{int(over.sum())} estimated fault times exceed their checkpoint's time: the "
-                         "estimate is not clamped; those spans faulted more cheaply than the median")
     sched = _meta_field(meta, "sched_counters")
     cpu_recorded = bool(checkpoints["cpu_ns"].notna().any() or prefill["cpu_ns"].notna().any())
-    if not cpu_recorded and (n or len(prefill)):
-        why = sched.get("note") if isinstance(sched, dict) and sched.get("note") else \
-            "trace format 1, or a recorder without scheduler counters"
-        notes.append(f"on-CPU time and run-queue wait not recorded ({why}): wall times include waiting for a CPU")
     shares = {"checkpoints": wait_share(checkpoints, "total_ns", "checkpoints"),
               "prefill iterations": wait_share(prefill, "span_ns", "prefill iterations")}
-    for what, share in shares.items():
-        if share is not None and share > WAIT_WARN_SHARE:
-            notes.append(f"{what} spent {share * 100:.0f}% of their wall time waiting for a CPU: the machine "
-                         "was busy; read the on-CPU figures (*_cpu_ns)")
     unassigned = int((checkpoints["iter"] == 0).sum())
-    if fresh.any():
-        notes.append(gpu_hazard(int(fresh.sum()), checked_sum(checkpoints.loc[fresh, "fresh_bytes"],
-                                                              "the checkpoints' fresh_bytes"), n))
-    if unassigned:
-        notes.append(f"{unassigned} checkpoints fall in no iteration (no update_slots or llama_decode "
-                     "boundary on their thread, or cut off)")
+    notes = (_fault_notes(checkpoints, fault_sources)
+             + _time_notes(sched, cpu_recorded, bool(n or len(prefill)), shares)
+             + _placement_notes(checkpoints, fresh, unassigned))
 
     return {
         "checkpoints": n,

@@ -24,6 +24,8 @@ import math
 import numpy as np
 import pandas as pd
 
+from ckptrace.core.units import ms_change
+
 MIN_TAIL = 5  # requests beyond a percentile, on its far side, that judging it needs
 TTFT_COLUMNS = {"metric": "str", "percentile": "int64", "min_requests": "int64", "requests_baseline": "int64",
                 "requests_candidate": "int64", "baseline_ms": "float64", "candidate_ms": "float64",
@@ -58,11 +60,6 @@ def table(rows: list[dict]) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=list(TTFT_COLUMNS)).astype(TTFT_COLUMNS)
 
 
-def ms(v: float) -> str:
-    """A signed figure in ms: one decimal under 10 ms."""
-    return f"{v:+.1f} ms" if abs(v) < 10 else f"{v:+.0f} ms"
-
-
 def too_few(s: dict) -> str | None:
     """Why the percentile can't be judged on these requests, or None."""
     n = min(s["requests_baseline"], s["requests_candidate"])
@@ -76,9 +73,9 @@ def too_few(s: dict) -> str | None:
 def explained_said(s: dict) -> str:
     """'TTFT change +2976 ms, of which the checkpoint path explains -34 ms; the rest (+3010 ms) lies
     outside the traced path (queueing, decode, the machine)'."""
-    said = f"of which the checkpoint path explains {ms(s['explained_ms'])}"
+    said = f"of which the checkpoint path explains {ms_change(s['explained_ms'])}"
     if abs(s["outside_ms"]) > abs(s["explained_ms"]):
-        said += f"; the rest ({ms(s['outside_ms'])}) lies outside the traced path ({OUTSIDE})"
+        said += f"; the rest ({ms_change(s['outside_ms'])}) lies outside the traced path ({OUTSIDE})"
     return said
 
 
@@ -89,4 +86,4 @@ def unsupported(s: dict) -> str | None:
         return None
     if np.sign(explained) == np.sign(change) and abs(explained) >= abs(change) / 2:
         return None
-    return f"TTFT p{s['percentile']} {ms(change)}, {explained_said(s)}"
+    return f"TTFT p{s['percentile']} {ms_change(change)}, {explained_said(s)}"

@@ -21,7 +21,7 @@ import argparse
 
 import numpy as np
 
-from ckptrace.analyzers.compare import MIN_EFFECT_PCT
+from ckptrace.analyzers.compare_config import DEFAULTS
 
 
 def false_verdicts(pattern: str, sigma: float, runs: int, rng: np.random.Generator) -> tuple[float, float]:
@@ -30,7 +30,7 @@ def false_verdicts(pattern: str, sigma: float, runs: int, rng: np.random.Generat
     b = legs[:, [i for i, c in enumerate(pattern) if c == "B"]]
     base = a.mean(axis=1)
     change = 100.0 * (b.mean(axis=1) - base) / base
-    bar = np.maximum(100.0 * (a.max(axis=1) - a.min(axis=1)) / base, MIN_EFFECT_PCT)
+    bar = np.maximum(100.0 * (a.max(axis=1) - a.min(axis=1)) / base, DEFAULTS.min_effect_pct)
     return float((change > bar).mean()), float((change < -bar).mean())
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 
 from ckptrace.analyzers import Analysis, analyze_file
 from ckptrace.analyzers.compare import Comparison as Result, compare as compare_analyses, compare_per_process, gate
+from ckptrace.analyzers.compare_config import DEFAULTS
 from ckptrace.analyzers.gpu import GPU_COPY_COLUMNS, gpu_summary
 from ckptrace.analyzers.leg_checks import check_distinct
 from ckptrace.analyzers.metrics import METRICS as REGISTRY
@@ -317,8 +318,9 @@ def legs_with_requests(traces: Sequence, requests=None, requests_pid: Iterable[s
     return legs, frames, pids, alone
 
 
-def compare(traces: Sequence, *, requests=None, requests_pid: Iterable[str] = (), seed: int = 0,
-            n_boot: int = 2000, min_effect_pct: float = 20.0, warmup: int | str = "auto") -> Comparison:
+def compare(traces: Sequence, *, requests=None, requests_pid: Iterable[str] = (), seed: int = DEFAULTS.seed,
+            n_boot: int = DEFAULTS.n_boot, min_effect_pct: float = DEFAULTS.min_effect_pct,
+            warmup: int | str = DEFAULTS.warmup) -> Comparison:
     """Compare legs given in run order (paths or open Traces; A/B/A): the first label is the
     baseline, the second the candidate. `requests`: a request file per leg (None or "-" for a leg
     without; default: NAME.requests.json beside each trace where there is one) adds TTFT and
@@ -337,8 +339,9 @@ def compare(traces: Sequence, *, requests=None, requests_pid: Iterable[str] = ()
     return Comparison(result)
 
 
-def compare_processes(traces: Sequence, *, seed: int = 0, n_boot: int = 2000,
-                      min_effect_pct: float = 20.0, warmup: int | str = "auto") -> dict[str, Comparison]:
+def compare_processes(traces: Sequence, *, seed: int = DEFAULTS.seed, n_boot: int = DEFAULTS.n_boot,
+                      min_effect_pct: float = DEFAULTS.min_effect_pct,
+                      warmup: int | str = DEFAULTS.warmup) -> dict[str, Comparison]:
     """`compare --per-process`: process label -> its comparison across the legs that hold it."""
     files = [t.file if isinstance(t, Trace) else t for t in traces]
     return {label: Comparison(c) for label, c in

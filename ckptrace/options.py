@@ -12,6 +12,8 @@ import math
 
 import click
 
+from ckptrace.analyzers.compare_config import DEFAULTS
+
 
 def _warmup_value(ctx, param, value):
     """--warmup N|auto, checked (analyzers/warmup.py)."""
@@ -25,7 +27,7 @@ def _warmup_value(ctx, param, value):
 
 # compare, dashboard and demo: each thread's warm-up, left out of compare's metrics.
 warmup_option = click.option(
-    "--warmup", default="auto", show_default=True, callback=_warmup_value, metavar="N|auto",
+    "--warmup", default=DEFAULTS.warmup, show_default=True, callback=_warmup_value, metavar="N|auto",
     help="Each thread's warm-up, left out of the metrics and reported apart: its first N prefill "
          "iterations, or auto (through the first that made a checkpoint). 0: none.")
 
@@ -50,3 +52,13 @@ class Finite(click.FloatRange):
 def seconds(**kw) -> Finite:
     """A positive number of seconds, at most SECONDS_MAX."""
     return Finite(min=0.0, max=SECONDS_MAX, min_open=True, **kw)
+
+
+def requests_options(requests_help: str, pid_help: str, *, multiple: bool = True, dest: str = "request_files"):
+    """--requests FILE (a leg's request file, `ckptrace drive --json -o FILE`) and --requests-pid
+    PID|LABEL (the process its requests went to), in that order; each command says in its own
+    help what the requests add. `multiple`: once per trace (compare, dashboard, export, whatif)."""
+    def decorate(f):
+        f = click.option("--requests-pid", "requests_pid", multiple=multiple, metavar="PID|LABEL", help=pid_help)(f)
+        return click.option("--requests", dest, multiple=multiple, metavar="FILE", help=requests_help)(f)
+    return decorate

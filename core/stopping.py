@@ -11,6 +11,8 @@ import signal
 
 STOPS = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated", signal.SIGHUP: "hangup",
          signal.SIGQUIT: "quit"}
+# What stops the live views (top, serve: live/lifecycle.py); SIGQUIT keeps Python's default there.
+LIVE_STOPS = tuple(s for s in STOPS if s != signal.SIGQUIT)
 _pending: list[int] = []
 _held: dict[int, object] = {}  # signal -> the handler before hold()
 

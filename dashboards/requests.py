@@ -12,6 +12,8 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ckptrace.core.units import ms
+
 from .legs import PHASE_COLOURS, Leg, plain, to_ms
 from .panels import ROW_PX, Panel, layout
 
@@ -26,7 +28,7 @@ def _pcts(values: pd.Series) -> list[str]:
     v = values.dropna().to_numpy("float64")
     if not len(v):
         return ["-"] * 3
-    return [f"{x / 1e6:.1f}" for x in np.percentile(v, [50, 90, 99])]
+    return [ms(x, 1) for x in np.percentile(v, [50, 90, 99])]
 
 
 def requests_panel(legs: list[Leg], tables: list[pd.DataFrame | None]) -> Panel:

@@ -9,20 +9,19 @@ from __future__ import annotations
 
 import errno
 import ipaddress
-import signal
 import sys
 import time
 from dataclasses import dataclass
 
-from ckptrace.core.errors import CkptraceError, TargetError
-from ckptrace.probes.target import process_of, processes_named, start_time
+from ckptrace.core.errors import CkptraceError
+from ckptrace.probes.target import processes_named, start_time
 from ckptrace.core.terminal import printable
+from ckptrace.live.lifecycle import LiveSession, check_targets
 
 DEFAULT_LISTEN = "127.0.0.1:9464"  # 9464: the port OpenTelemetry's Prometheus exporters use
 POLL_S = 0.5
 RESCAN_S = 1.0  # --comm: how often new processes are looked for
 LINGER_S = 60.0  # an exited process's series wait this long for a last scrape
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 class ListenError(CkptraceError):
@@ -85,16 +84,7 @@ def bind(host: str, port: int, registry) -> tuple[object, int]:
 def serve(opts: ServeOptions) -> None:
     """Run until a stop signal, --duration, or (with --pid) every process has exited."""
     host, port = parse_listen(opts.listen)
-    if bool(opts.pids) == bool(opts.comm):
-        raise TargetError("give --pid PID (one or more) or --comm NAME")
-    if opts.comm and ("/" in opts.comm or len(opts.comm.encode()) > 255):
-        raise TargetError(f"--comm takes a process name (as in /proc/PID/comm), got {printable(opts.comm)!r}")
-    from ckptrace.probes.recorder import MAX_TARGETS
-
-    if len(opts.pids) > MAX_TARGETS:
-        raise TargetError(f"{len(opts.pids)} processes: serve follows at most {MAX_TARGETS} at once")
-    for pid in opts.pids:
-        process_of(pid)  # a missing pid, a kernel thread, a zombie: said now, not after the BPF compile
+    check_targets(opts.pids, opts.comm, "serve")
     # Imported here: a bad --listen is said without loading pandas, bcc or the client library.
     from prometheus_client import CollectorRegistry, ProcessCollector
 
@@ -105,27 +95,18 @@ def serve(opts: ServeOptions) -> None:
     registry.register(metrics)
     ProcessCollector(registry=registry)  # the exporter's own process_cpu_seconds_total, memory, fds
     server, port = bind(host, port, registry)  # a port in use is said before the machine checks
-    stop: list[str] = []
-    old = {s: signal.signal(s, lambda signum, frame: stop.append(signal.Signals(signum).name))
-           for s in STOP_SIGNALS}
-    probes = None
-    try:
-        from ckptrace.live.session import LiveProbes, attach_given
+    with LiveSession() as live:
+        live.on_exit(server.close)
+        from ckptrace.live.session import attach_given
 
-        probes = LiveProbes(opts.ringbuf_pages, preload=opts.comm is not None)  # --pid: verified as attached
+        probes = live.start(opts.ringbuf_pages, preload=opts.comm is not None)  # --pid: verified as attached
         session = _Serving(opts, probes, metrics)
         attach_given(opts.pids, session.attach, lambda text: _say(f"ckptrace: note: {text}"), "serving", "serve")
         url = f"http://{'[' + host + ']' if ':' in host else host}:{port}/metrics"
         what = (", ".join(f"PID {t.pid} ({t.comm}, {t.probes} uprobes)" for t in session.targets.values())
                 if opts.pids else f"every process named {printable(opts.comm)!r} (looked for every {RESCAN_S:g} s)")
         _say(f"ckptrace: serving {url} for {what}. Ctrl-C to stop.")
-        session.run(stop)
-    finally:
-        server.close()
-        if probes is not None:
-            probes.close()
-        for s, h in old.items():
-            signal.signal(s, h)
+        session.run(live.stop)
 
 
 class _Serving:

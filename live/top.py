@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import select
-import signal
 import sys
 import time
 from collections import deque
@@ -19,13 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ckptrace.core.errors import CkptraceError, TargetError
+from ckptrace.core.errors import CkptraceError
 from ckptrace.probes.fold import ProcessFold
-from ckptrace.probes.target import process_of, processes_named, start_time
+from ckptrace.probes.target import processes_named, start_time
 from ckptrace.core.terminal import printable
+from ckptrace.live.lifecycle import LiveSession, check_targets
 
 DRAIN_S = 0.25  # the ring buffer is drained this often (and `q` read), whatever the interval
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 WINDOW_COLUMNS = ("fill_cpu_ns", "copy_cpu_ns", "fault_ns", "wait_ns")
 MAX_WINDOW_CHECKPOINTS = 100_000  # per process: the window's memory stays bounded at any rate
 NOTES_SHOWN = 3
@@ -135,28 +134,16 @@ class _Terminal:
 def top(opts: TopOptions, out=None) -> int:
     """Run until `q`, a stop signal, --once's interval, or (with --pid) every process has exited."""
     out = out or sys.stdout
-    if bool(opts.pids) == bool(opts.comm):
-        raise TargetError("give --pid PID (one or more) or --comm NAME")
-    if opts.comm and ("/" in opts.comm or len(opts.comm.encode()) > 255):
-        raise TargetError(f"--comm takes a process name (as in /proc/PID/comm), got {printable(opts.comm)!r}")
-    from ckptrace.probes.recorder import MAX_TARGETS
-
-    if len(opts.pids) > MAX_TARGETS:  # said before anything loads, as serve (not after attaching 64)
-        raise TargetError(f"{len(opts.pids)} processes: top follows at most {MAX_TARGETS} at once")
-    for pid in opts.pids:
-        process_of(pid)  # a missing pid, a kernel thread: said now, before anything loads
+    check_targets(opts.pids, opts.comm, "top")
     interactive = not opts.once and not opts.as_json and out.isatty()
-    from ckptrace.live.session import LiveProbes, attach_given
+    from ckptrace.live.session import attach_given
 
-    stop: list[str] = []
-    old = {s: signal.signal(s, lambda signum, frame: stop.append(signal.Signals(signum).name)) for s in STOP_SIGNALS}
-    probes = screen = None
+    screen = None
     view = _View(opts, out, interactive)
-    try:
+    with LiveSession() as live:
         # A compile (a cold cache: seconds) is said, on a terminal or not, and counts in no window.
-        probes = LiveProbes(opts.ringbuf_pages, status=sys.stderr.isatty(), preload=opts.comm is not None,
-                            compile_line=True)
-        view.probes = probes
+        view.probes = live.start(opts.ringbuf_pages, status=sys.stderr.isatty(), preload=opts.comm is not None,
+                                 compile_line=True)
         attach_given(opts.pids, view.attach, view.note, "showing", "show")
         view.t0 = time.monotonic()  # the first interval (--once's window) from the probes being in
         if not interactive:
@@ -168,14 +155,8 @@ def top(opts: TopOptions, out=None) -> int:
             view.scan()
         if interactive:
             screen = _Terminal(out)
-        return view.run(stop, screen)
-    finally:
-        if screen is not None:
-            screen.close()
-        if probes is not None:
-            probes.close()
-        for s, h in old.items():
-            signal.signal(s, h)
+            live.on_exit(screen.close)
+        return view.run(live.stop, screen)
 
 
 class _View:

@@ -15,8 +15,9 @@ import textwrap
 import pandas as pd
 
 from ckptrace.core.terminal import printable, shown_label
+from ckptrace.core.units import ms, pct_change
 
-from .text import NAMES, POOL_NAMES, fmt_ms, pct, value_text, unjudged_said
+from .text import NAMES, POOL_NAMES, value_text, unjudged_said
 
 def _fence(text: str, least: int) -> str:
     return "`" * max(least, max((len(r) for r in re.findall("`+", text)), default=0) + 1)
@@ -41,7 +42,7 @@ def _interval(m: dict) -> str:
     lo, hi = m["ci_low_pct"], m["ci_high_pct"]
     if math.isnan(lo):
         return "-"
-    return f"[{pct(lo)}, {pct(hi)}]"
+    return f"[{pct_change(lo)}, {pct_change(hi)}]"
 
 
 def _table(rows: list[dict], name_of, flagged: set) -> list[str]:
@@ -54,8 +55,8 @@ def _table(rows: list[dict], name_of, flagged: set) -> list[str]:
         if name_of(m) in flagged:
             verdict += " :x:"
         lines.append(f"| {name_of(m)} | {value_text(m['baseline_value'], m['unit'])} | "
-                     f"{value_text(m['candidate_value'], m['unit'])} | {pct(m['change_pct'])} | {_interval(m)} | "
-                     f"{pct(m['drift_pct']).lstrip('+')} | {verdict} |")
+                     f"{value_text(m['candidate_value'], m['unit'])} | {pct_change(m['change_pct'])} | {_interval(m)} | "
+                     f"{pct_change(m['drift_pct']).lstrip('+')} | {verdict} |")
     return lines
 
 
@@ -111,9 +112,9 @@ def comparison_markdown(c, fail_on: str | None = None, tripped: pd.DataFrame | N
         out += ["", f"Warm-up ({described(c.warmup_setting)}), left out of the metrics above (means, ms):", "",
                 "| arm | iterations | wall | on CPU | cold checkpoints | hits | wall | on CPU |",
                 "|---|---:|---:|---:|---:|---:|---:|---:|"]
-        out += [f"| {r['arm']} | {r['warmup_iterations']} | {fmt_ms(r['warmup_iteration_ns'])} | "
-                f"{fmt_ms(r['warmup_iteration_cpu_ns'])} | {r['cold_checkpoints']} | {r['cold_hits']} | "
-                f"{fmt_ms(r['cold_total_ns'])} | {fmt_ms(r['cold_total_cpu_ns'])} |" for r in warm.to_dict("records")]
+        out += [f"| {r['arm']} | {r['warmup_iterations']} | {ms(r['warmup_iteration_ns'])} | "
+                f"{ms(r['warmup_iteration_cpu_ns'])} | {r['cold_checkpoints']} | {r['cold_hits']} | "
+                f"{ms(r['cold_total_ns'])} | {ms(r['cold_total_cpu_ns'])} |" for r in warm.to_dict("records")]
     out += ["", f"Each arm summarised by its {c.statistic}, after each thread's warm-up; 95% bootstrap intervals "
                 f"of the change ({c.n_boot} resamples, seed {c.seed}); times in ms.", ""]
     for leg in legs:

@@ -11,15 +11,10 @@ from ckptrace.analyzers.summary import WAIT_WARN_SHARE
 from ckptrace.core.meta import TraceMeta
 from ckptrace.core.terminal import printable, shown_label
 from ckptrace.core.trace import time_origin
-from ckptrace.core.units import MIB
+from ckptrace.core.units import MIB, mib, mib_said, ms, ms_na, pct_change
 
 WIDTH = 80
 FAULT_MARK = {"measured": "", "estimated": "*", "none": "", "not recorded": ""}
-
-
-def fmt_ms(ns) -> str:
-    """ns as milliseconds, 2 decimals; "-" for none."""
-    return "-" if ns is None or (isinstance(ns, float) and math.isnan(ns)) else f"{ns / 1e6:.2f}"
 
 
 def ms_column(ns: pd.Series) -> pd.Series:
@@ -118,17 +113,17 @@ def state_path_lines(analysis) -> list[str]:
         from_ckpt = int((rs["source"] == "checkpoint").sum())
         lines.append(wrap(
             f"restores: {len(rs)} ({from_ckpt} of a checkpoint, {len(rs) - from_ckpt} other: prompt cache or "
-            f"slot), {rs['bytes'].sum() / MIB:.1f} MiB put back; mean {fmt_ms(rs['total_ns'].mean())} ms, "
-            f"of which copy {fmt_ms(rs['copy_ns'].mean())} ms, {rs['copy_faults'].sum()} copy faults", "  "))
+            f"slot), {mib_said(rs['bytes'].sum())} put back; mean {ms(rs['total_ns'].mean())} ms, "
+            f"of which copy {ms(rs['copy_ns'].mean())} ms, {rs['copy_faults'].sum()} copy faults", "  "))
     if ps is not None and len(ps):
         lines.append(wrap(
-            f"prompt saves: {len(ps)}, {ps['bytes'].sum() / MIB:.1f} MiB copied to the prompt cache; mean "
-            f"{fmt_ms(ps['total_ns'].mean())} ms, of which copy {fmt_ms(ps['copy_ns'].mean())} ms, "
+            f"prompt saves: {len(ps)}, {mib_said(ps['bytes'].sum())} copied to the prompt cache; mean "
+            f"{ms(ps['total_ns'].mean())} ms, of which copy {ms(ps['copy_ns'].mean())} ms, "
             f"{ps['copy_faults'].sum()} copy faults", "  "))
     if ev is not None and len(ev):
         room = int((ev["why"] == "room").sum())
         lines.append(wrap(f"evictions: {len(ev)} buffers unmapped ({room} in create_checkpoint before its "
-                          f"checkpoint, {len(ev) - room} invalidated in a restore), {ev['bytes'].sum() / MIB:.1f} MiB",
+                          f"checkpoint, {len(ev) - room} invalidated in a restore), {mib_said(ev['bytes'].sum())}",
                           "  "))
     if sf is not None and len(sf):
         parts = []
@@ -136,8 +131,8 @@ def state_path_lines(analysis) -> list[str]:
             rows = sf[sf["action"] == action]
             if len(rows):
                 failed = int((~rows["ok"]).sum())
-                parts.append(f"{len(rows)} {action} calls, {rows['bytes'].sum() / MIB:.1f} MiB {verb}, mean "
-                             f"{fmt_ms(rows['total_ns'].mean())} ms" + (f", {failed} failed" if failed else ""))
+                parts.append(f"{len(rows)} {action} calls, {mib_said(rows['bytes'].sum())} {verb}, mean "
+                             f"{ms(rows['total_ns'].mean())} ms" + (f", {failed} failed" if failed else ""))
         lines.append(wrap("slot files: " + "; ".join(parts), "  "))
     return lines
 
@@ -159,8 +154,8 @@ def gpu_lines(analysis) -> list[str]:
              f"{'faults':>7} {'driver':>7}"]
     for d in s["by_dst"]:
         lines.append(f"{d['dst']:17} {d['copies']:>6} {d['bytes'] / d['copies'] / MIB:>7.1f} "
-                     f"{fmt_ms(d['median_copy_ns']):>8} {fmt_ms(d['median_enqueue_ns']):>8} "
-                     f"{fmt_ms(d['median_sync_ns']):>8} {fmt_ms(d['median_host_ns']):>7} "
+                     f"{ms(d['median_copy_ns']):>8} {ms(d['median_enqueue_ns']):>8} "
+                     f"{ms(d['median_sync_ns']):>8} {ms(d['median_host_ns']):>7} "
                      f"{d['dst_faults']:>7} {d['driver_faults']:>7}")
     if s["fresh_over_resident"] is not None:
         lines.append(f"pageable fresh / resident copy time: {s['fresh_over_resident']:.1f}x (medians)")
@@ -185,14 +180,14 @@ def iteration_lines(analysis) -> list[str]:
     lines = [f"Iterations (ms; boundary: {bounds})",
              f"{'kind':8} {'count':>6} {'median':>9} {'total':>10} {'fill':>9} {'copy':>9} {'other':>10} {'ckpts':>6}"]
     for kind, r in g.iterrows():  # two rows at most: prefill, decode
-        lines.append(f"{kind:8} {int(r['n']):>6} {fmt_ms(r['med'] if r['n'] else None):>9} {fmt_ms(r['total']):>10} "
-                     f"{fmt_ms(r['fill']):>9} {fmt_ms(r['copy']):>9} {fmt_ms(r['other']):>10} {int(r['ck']):>6}")
+        lines.append(f"{kind:8} {int(r['n']):>6} {ms(r['med'] if r['n'] else None):>9} {ms(r['total']):>10} "
+                     f"{ms(r['fill']):>9} {ms(r['copy']):>9} {ms(r['other']):>10} {int(r['ck']):>6}")
     for kind, rows in it.groupby("kind", observed=True):
         ok = rows["cpu_ns"].notna() & rows["wait_ns"].notna()
         if ok.any():
             wall = int(rows.loc[ok, "span_ns"].sum())
-            lines.append(wrap(f"{kind}: on CPU {fmt_ms(int(rows.loc[ok, 'cpu_ns'].sum()))}, waiting for a CPU "
-                              f"{fmt_ms(int(rows.loc[ok, 'wait_ns'].sum()))} of {fmt_ms(wall)} wall"
+            lines.append(wrap(f"{kind}: on CPU {ms(int(rows.loc[ok, 'cpu_ns'].sum()))}, waiting for a CPU "
+                              f"{ms(int(rows.loc[ok, 'wait_ns'].sum()))} of {ms(wall)} wall"
                               + (f" ({int(ok.sum())} of {len(rows)} recorded)" if not ok.all() else "")))
     return lines
 
@@ -205,8 +200,8 @@ def summary_lines(s: dict) -> list[str]:
         d = s["stats"][key]
         if (METRICS[key].kind == CPU or key == "checkpoint_wait_ns") and not d["count"]:
             continue  # on-CPU time and wait not recorded: one note below says so
-        lines.append(f"{name:18} {d['count']:>6} {fmt_ms(d['mean']):>9} {fmt_ms(d['median']):>9} "
-                     f"{fmt_ms(d['p90']):>9} {fmt_ms(d['p99']):>9}")
+        lines.append(f"{name:18} {d['count']:>6} {ms(d['mean']):>9} {ms(d['median']):>9} "
+                     f"{ms(d['p90']):>9} {ms(d['p99']):>9}")
     share = s["checkpoint_share_of_prefill"]
     rate = s["pool_hit_rate"]
     figures = [
@@ -215,7 +210,7 @@ def summary_lines(s: dict) -> list[str]:
         f"pool hit rate: {rate * 100:.0f}% ({s['pool_hits']} of {s['checkpoints']})" if rate is not None
         else "pool hit rate: -",
         "buffers: " + (", ".join(f"{k} {v}" for k, v in s["buffers"].items() if v) or "-"),
-        f"state copied: {s['checkpoint_bytes'] / MIB:.1f} MiB",
+        f"state copied: {mib_said(s['checkpoint_bytes'])}",
     ]
     if s["faults_per_mib"] is not None:
         figures.append(f"per MiB of state: {s['faults_per_mib']:.1f} faults, {s['ns_per_mib'] / 1e6:.3f} ms "
@@ -237,18 +232,17 @@ def memory_lines(m: dict, t0: int, limit: int | None = 20) -> list[str]:
     """Checkpoint buffers held (mmap'ed during a checkpoint until munmap'ed) and RSS."""
     if not m["buffers_mapped"] and m["peak_rss_bytes"] is None:
         return [wrap("Memory: no checkpoint buffer was mapped while recording; RSS not recorded.")]
-    mib = lambda b: f"{b / MIB:.1f} MiB"  # noqa: E731
     lines = ["Memory (checkpoint buffers: mapped during a checkpoint, held until unmapped)"]
     peak_at = f" at {(m['peak_held_ns'] - t0) / 1e9:.3f} s" if m["peak_held_ns"] is not None else ""
-    lines.append(wrap(f"held at peak {mib(m['peak_held_bytes'])}{peak_at}; at the end {mib(m['end_held_bytes'])}; "
-                      f"{m['buffers_mapped']} buffers mapped ({mib(m['buffer_bytes_mapped'])}), "
-                      f"{mib(m['released_bytes'])} returned in {len(m['releases'])} releases"))
-    lines.append(wrap("RSS at peak: " + (mib(m["peak_rss_bytes"]) + f" ({m['rss_samples']} changes recorded)"
+    lines.append(wrap(f"held at peak {mib_said(m['peak_held_bytes'])}{peak_at}; at the end {mib_said(m['end_held_bytes'])}; "
+                      f"{m['buffers_mapped']} buffers mapped ({mib_said(m['buffer_bytes_mapped'])}), "
+                      f"{mib_said(m['released_bytes'])} returned in {len(m['releases'])} releases"))
+    lines.append(wrap("RSS at peak: " + (mib_said(m["peak_rss_bytes"]) + f" ({m['rss_samples']} changes recorded)"
                                          if m["peak_rss_bytes"] is not None else "- (not recorded)")))
     lim = m.get("limit")
     if lim:
-        lines.append(wrap(f"cgroup memory limit {mib(lim['limit_bytes'])} ({printable(lim['limit_from'])}): with a "
-                          f"PR #201 pool, pooled bytes plus RSS would reach {mib(lim['predicted_peak_bytes'])} "
+        lines.append(wrap(f"cgroup memory limit {mib_said(lim['limit_bytes'])} ({printable(lim['limit_from'])}): with a "
+                          f"PR #201 pool, pooled bytes plus RSS would reach {mib_said(lim['predicted_peak_bytes'])} "
                           f"({lim['share'] * 100:.0f}% of it; `ckptrace whatif` says more)"))
         if lim["warning"]:
             lines.append(wrap("WARNING: " + lim["warning"]))
@@ -256,8 +250,8 @@ def memory_lines(m: dict, t0: int, limit: int | None = 20) -> list[str]:
     if len(rel):
         lines.append(f"{'released at s':>13} {'pid':>7} {'tid':>7} {'MiB':>8} {'held after':>10}  phase")
         for r in rel.to_dict("records"):
-            lines.append(f"{(r['t_ns'] - t0) / 1e9:>13.3f} {r['pid']:>7} {r['tid']:>7} {r['bytes'] / MIB:>8.1f} "
-                         f"{r['held_after_bytes'] / MIB:>10.1f}  {printable(r['phase'])}")
+            lines.append(f"{(r['t_ns'] - t0) / 1e9:>13.3f} {r['pid']:>7} {r['tid']:>7} {mib(r['bytes']):>8} "
+                         f"{mib(r['held_after_bytes']):>10}  {printable(r['phase'])}")
         if len(rel) < len(m["releases"]):
             lines.append(f"... {len(m['releases']) - len(rel)} more releases (--all shows every row)")
     return lines
@@ -288,16 +282,15 @@ def request_lines(table: pd.DataFrame, s: dict, limit: int | None) -> list[str]:
               f"{'(ms)':20} {'count':>6} {'p50':>9} {'p90':>9} {'p99':>9} {'mean':>9}"]
     for key, name in names.items():
         d = s["stats"][key]
-        lines.append(f"{name:20} {d['count']:>6} {fmt_ms(d['median']):>9} {fmt_ms(d['p90']):>9} "
-                     f"{fmt_ms(d['p99']):>9} {fmt_ms(d['mean']):>9}")
+        lines.append(f"{name:20} {d['count']:>6} {ms(d['median']):>9} {ms(d['p90']):>9} "
+                     f"{ms(d['p99']):>9} {ms(d['mean']):>9}")
     lines += [wrap("note: " + n) for n in s["notes"]]
     return lines
 
 
 def process_lines(processes: list[dict]) -> list[str]:
     """One row per process of a several-process recording: its own checkpoints, times, memory."""
-    mean = lambda s, k: fmt_ms(s["stats"][k]["mean"])  # noqa: E731
-    mib = lambda b: "-" if b is None else f"{b / MIB:.1f}"  # noqa: E731
+    mean = lambda s, k: ms(s["stats"][k]["mean"])  # noqa: E731
     lines = [wrap("Processes (each its own breakdown: analyze --json 'processes'; ms are means; "
                   "MiB at peak; * exited before the recording stopped)"),
              f"{'pid':>7} {'label':16} {'ckpts':>5} {'hits':>5} {'fill':>8} {'copy':>8} {'total':>8} "
@@ -337,19 +330,11 @@ def analysis_report(analysis, limit: int | None = 20, requests: pd.DataFrame | N
 NAMES = {n: m.heading for n, m in METRICS.items()}
 
 
-def pct(x: float) -> str:
-    if not math.isfinite(x):
-        return "-" if math.isnan(x) else ("+inf%" if x > 0 else "-inf%")
-    if abs(x) >= 10_000:
-        return f"{x / 1000:+.0f}k%"
-    return f"{x:+.1f}%" if abs(x) < 1000 else f"{x:+.0f}%"
-
-
 def value_text(x: float, unit: str) -> str:
     if math.isnan(x):
         return "-"
     if unit == "ns":
-        return f"{x / 1e6:.2f}"
+        return ms(x)
     if unit in ("ms", "tok/s"):  # TTFT runs to minutes on a loaded machine; tokens/s to fractions
         return f"{x:.2f}" if abs(x) < 1000 else (f"{x:.1f}" if abs(x) < 100_000 else f"{x:.0f}")
     return f"{x:.0f}"
@@ -373,12 +358,12 @@ def _metric_lines(rows: list[dict], first: str, name_of, width: int = 17) -> tup
     lines = [f"{first:{w}} {'baseline':>8} {'candidate':>9} {'change':>7} {'95% interval':>16} {'drift':>6} verdict"]
     notes = []
     for m in rows:
-        interval = (f"[{pct(m['ci_low_pct'])[:-1]}, {pct(m['ci_high_pct'])[:-1]}]"
+        interval = (f"[{pct_change(m['ci_low_pct'])[:-1]}, {pct_change(m['ci_high_pct'])[:-1]}]"
                     if math.isfinite(m["ci_low_pct"]) or math.isinf(m["ci_low_pct"]) else "-")
         name = name_of(m)
         lines.append(f"{name:{w}} {value_text(m['baseline_value'], m['unit']):>8} "
-                     f"{value_text(m['candidate_value'], m['unit']):>9} {pct(m['change_pct']):>7} {interval:>16} "
-                     f"{pct(m['drift_pct']).lstrip('+'):>6} {SHORT_VERDICTS.get(m['verdict'], m['verdict'])}")
+                     f"{value_text(m['candidate_value'], m['unit']):>9} {pct_change(m['change_pct']):>7} {interval:>16} "
+                     f"{pct_change(m['drift_pct']).lstrip('+'):>6} {SHORT_VERDICTS.get(m['verdict'], m['verdict'])}")
         if math.isnan(m["change_pct"]) and not math.isnan(m["diff"]):
             u = "ms" if m["unit"] == "ns" else m["unit"]
             notes.append(f"{name.strip()}: the baseline {m['statistic']} is 0, so no percentage; the candidate's "
@@ -439,9 +424,9 @@ def _warmup_lines(c) -> list[str]:
              f"{'arm':10} {'iterations':>10} {'wall':>9} {'on CPU':>9} {'cold ckpts':>10} {'hits':>5} "
              f"{'wall':>9} {'on CPU':>9}"]
     for r in w.to_dict("records"):
-        lines.append(f"{r['arm']:10} {r['warmup_iterations']:>10} {fmt_ms(r['warmup_iteration_ns']):>9} "
-                     f"{fmt_ms(r['warmup_iteration_cpu_ns']):>9} {r['cold_checkpoints']:>10} {r['cold_hits']:>5} "
-                     f"{fmt_ms(r['cold_total_ns']):>9} {fmt_ms(r['cold_total_cpu_ns']):>9}")
+        lines.append(f"{r['arm']:10} {r['warmup_iterations']:>10} {ms(r['warmup_iteration_ns']):>9} "
+                     f"{ms(r['warmup_iteration_cpu_ns']):>9} {r['cold_checkpoints']:>10} {r['cold_hits']:>5} "
+                     f"{ms(r['cold_total_ns']):>9} {ms(r['cold_total_cpu_ns']):>9}")
     return lines
 
 
@@ -465,7 +450,7 @@ def gate_said(rows: pd.DataFrame) -> str:
     out = []
     for m in rows.to_dict("records"):
         if math.isfinite(m["change_pct"]):
-            how = (f"{pct(m['change_pct'])}, 95% interval [{pct(m['ci_low_pct'])}, {pct(m['ci_high_pct'])}]")
+            how = (f"{pct_change(m['change_pct'])}, 95% interval [{pct_change(m['ci_low_pct'])}, {pct_change(m['ci_high_pct'])}]")
         else:
             how = f"{value_text(m['diff'], m['unit'])} {'ms' if m['unit'] == 'ns' else m['unit']} more than a baseline of 0"
         out.append(f"{m['metric']} {m['verdict']} ({how})")
@@ -474,7 +459,7 @@ def gate_said(rows: pd.DataFrame) -> str:
 
 def unjudged_said(rows: pd.DataFrame, name=str) -> str:
     """The metrics the gate looked at and could not judge, each with its verdict and why."""
-    from ckptrace.analyzers.compare import UNJUDGED_WHY
+    from ckptrace.analyzers.compare_text import UNJUDGED_WHY
 
     return "; ".join(f"{name(m['metric'])} ({m['verdict']}: "
                      f"{m.get('why') or UNJUDGED_WHY.get(m['verdict'], 'no verdict')})"
@@ -515,12 +500,11 @@ def load_report(df: pd.DataFrame, requested: int, ttft_ms: dict[str, float]) -> 
     """`ckptrace drive`: one row per request sent, then the TTFT percentiles (ms) of those that
     succeeded. Statuses quote the server: made printable."""
     t0 = int(df["start_ns"].min()) if len(df) else 0
-    ms = lambda v: "-" if pd.isna(v) else f"{v / 1e6:.1f}"  # noqa: E731
     lines = [f"{'req':>4} {'client':>6} {'prompt_tok':>10} {'start_ms':>9} {'ttft_ms':>9} "
              f"{'total_ms':>9}  status"]
     for r in df.itertuples(index=False):
         lines.append(f"{r.request:>4} {r.client:>6} {r.prompt_tokens:>10} {(r.start_ns - t0) / 1e6:>9.1f} "
-                     f"{ms(r.ttft_ns):>9} {ms(r.total_ns):>9}  {printable(r.status)}")
+                     f"{ms_na(r.ttft_ns, 1):>9} {ms_na(r.total_ns, 1):>9}  {printable(r.status)}")
     n_ok = int((df["status"] == "ok").sum())
     lines.append(f"{n_ok} of {requested} requests ok, {len(df)} sent; TTFT ms: "
                  f"p50 {ttft_ms['p50']:.1f}  p90 {ttft_ms['p90']:.1f}  p99 {ttft_ms['p99']:.1f}")

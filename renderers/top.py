@@ -9,24 +9,11 @@ from __future__ import annotations
 import datetime as dt
 
 from ckptrace.core.terminal import printable
+from ckptrace.core.units import ms_short
 
 WIDTH = 79  # a line never reaches the 80th column (some terminals wrap there)
 COLUMNS = ("{:>7} {:<10} {:>6} {:>4} {:<11} {:<11} {:<11} {:>5} {:>6}")
 HEADER = ("PID", "COMM", "CKPT/S", "HIT%", "FILL", "COPY", "FAULT", "WAIT", "HELD")
-
-
-def ms(ns: float | None) -> str:
-    """Nanoseconds as milliseconds in at most 5 characters (3 significant digits), "-" for none."""
-    if ns is None:
-        return "-"
-    v = ns / 1e6
-    if v < 9.995:
-        return f"{v:.2f}"
-    if v < 99.95:
-        return f"{v:.1f}"
-    if v < 99999.5:
-        return f"{v:.0f}"
-    return f"{v / 1000:.0f}s"
 
 
 def size(nbytes: int) -> str:
@@ -39,7 +26,7 @@ def size(nbytes: int) -> str:
 
 
 def pair(stat: dict) -> str:
-    return f"{ms(stat['p50'])}/{ms(stat['p99'])}"
+    return f"{ms_short(stat['p50'])}/{ms_short(stat['p99'])}"
 
 
 def frame_lines(doc: dict, notes: list[str] = ()) -> list[str]:
@@ -59,7 +46,7 @@ def frame_lines(doc: dict, notes: list[str] = ()) -> list[str]:
         lines.append(COLUMNS.format(
             p["pid"], name, "exited" if p["exited"] else f"{p['checkpoints_per_s']:.1f}",
             f"{100 * p['pool_hits'] / p['checkpoints']:.0f}%" if p["checkpoints"] else "-",
-            pair(w["fill_cpu_ns"]), pair(w["copy_cpu_ns"]), pair(w["fault_ns"]), ms(w["wait_ns"]["p50"]),
+            pair(w["fill_cpu_ns"]), pair(w["copy_cpu_ns"]), pair(w["fault_ns"]), ms_short(w["wait_ns"]["p50"]),
             size(p["held_bytes"])))
     for p in procs:
         if p["fresh_copies"]:  # the GPU hazard a CPU trace sees (analyze's note)

@@ -7,9 +7,10 @@ import pandas as pd
 
 from ckptrace.analyzers.whatif import Replay, SWEEP_COLUMNS, mib_text, ttft_summary
 from ckptrace.core.terminal import printable
+from ckptrace.core.units import mib, ms, pct_of
 
 from .json import records
-from .text import fmt_ms, wrap
+from .text import wrap
 
 
 @dataclass
@@ -26,7 +27,7 @@ class ProcessResult:
 
 
 def _pct(part, whole) -> str:
-    return f" ({part / whole * 100:.1f}%)" if whole else ""
+    return f" ({pct_of(part, whole)})" if whole else ""
 
 
 def process_lines(p: ProcessResult, rows: int | None) -> list[str]:
@@ -57,13 +58,13 @@ def process_lines(p: ProcessResult, rows: int | None) -> list[str]:
     if s["held_hwm_bytes"] is not None:
         lines.append(wrap(f"checkpoint memory held at peak: {mib_text(s['recorded_held_hwm_bytes'])} recorded, "
                           f"{mib_text(s['held_hwm_bytes'])} with the pool", "  "))
-    cpu = (f"fill on CPU {fmt_ms(s['fill_cpu_saved_ns'])} of {fmt_ms(s['fill_cpu_recorded_ns'])} ms"
+    cpu = (f"fill on CPU {ms(s['fill_cpu_saved_ns'])} of {ms(s['fill_cpu_recorded_ns'])} ms"
            f"{_pct(s['fill_cpu_saved_ns'], s['fill_cpu_recorded_ns'])}" if s["fill_cpu_saved_ns"] is not None
            else "fill on CPU - (not recorded)")
     lines.append(wrap(f"saved: {s['faults_avoided']} of {s['fill_faults_recorded']} fill page faults; {cpu}; "
-                      f"fill wall {fmt_ms(s['fill_saved_ns'])} of {fmt_ms(s['fill_recorded_ns'])} ms", "  "))
+                      f"fill wall {ms(s['fill_saved_ns'])} of {ms(s['fill_recorded_ns'])} ms", "  "))
     cost = s["hit_cost"]
-    lines.append(wrap(f"a hit costs {fmt_ms(cost['cpu_ns'])} ms on CPU, {cost['faults']} faults: "
+    lines.append(wrap(f"a hit costs {ms(cost['cpu_ns'])} ms on CPU, {cost['faults']} faults: "
                       f"{s['hit_cost_source']}", "  "))
     lim = r.limit
     if lim is not None:
@@ -76,10 +77,10 @@ def process_lines(p: ProcessResult, rows: int | None) -> list[str]:
         t = ttft_summary(r.requests)
         if t["with_breakdown"]:
             lines.append(wrap(f"requests ({t['with_breakdown']} of {t['requests']} wholly recorded; an ESTIMATE "
-                              f"that assumes nothing else moves): TTFT p50 {fmt_ms(t['ttft_p50_ns'])} -> "
-                              f"{fmt_ms(t['predicted_ttft_p50_ns'])} ms, p90 {fmt_ms(t['ttft_p90_ns'])} -> "
-                              f"{fmt_ms(t['predicted_ttft_p90_ns'])} ms, p99 {fmt_ms(t['ttft_p99_ns'])} -> "
-                              f"{fmt_ms(t['predicted_ttft_p99_ns'])} ms; {fmt_ms(t['mean_saved_ns'])} ms saved "
+                              f"that assumes nothing else moves): TTFT p50 {ms(t['ttft_p50_ns'])} -> "
+                              f"{ms(t['predicted_ttft_p50_ns'])} ms, p90 {ms(t['ttft_p90_ns'])} -> "
+                              f"{ms(t['predicted_ttft_p90_ns'])} ms, p99 {ms(t['ttft_p99_ns'])} -> "
+                              f"{ms(t['predicted_ttft_p99_ns'])} ms; {ms(t['mean_saved_ns'])} ms saved "
                               "per request on average", "  "))
         else:
             lines.append("  requests: none wholly inside the recording")
@@ -110,13 +111,9 @@ def sweep_lines(p: ProcessResult) -> list[str]:
     for row in p.sweep.to_dict("records"):
         lines.append(f"  {_value(p.sweep_param, row['value']):>12} {row['hits']:>6} {row['evictions']:>9} "
                      f"{row['trims']:>5} {row['pooled_hwm_bytes'] / (1 << 20):>10.1f} "
-                     f"{_mib_or_dash(row['held_hwm_bytes']):>9} {row['faults_avoided']:>12} "
-                     f"{fmt_ms(row['fill_cpu_saved_ns']):>11}")
+                     f"{mib(row['held_hwm_bytes']):>9} {row['faults_avoided']:>12} "
+                     f"{ms(row['fill_cpu_saved_ns']):>11}")
     return lines
-
-
-def _mib_or_dash(b) -> str:
-    return "-" if b is None or pd.isna(b) else f"{b / (1 << 20):.1f}"
 
 
 def _value(param: str, v) -> str:

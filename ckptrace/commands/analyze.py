@@ -4,6 +4,7 @@ from __future__ import annotations
 import click
 
 from ckptrace.core.terminal import echo, printable
+from ckptrace.options import requests_options
 
 
 @click.command("analyze", epilog="""\b
@@ -23,13 +24,13 @@ Examples:
               help="Also write every derived table as Parquet into DIR (checkpoints, iterations, restores, "
                    "evictions, prompt_saves, releases, summary, processes, gpu_copies; requests with --requests): for "
                    "DuckDB or pandas (docs/api.md, 'SQL over a trace').")
-@click.option("--requests", "requests_file", metavar="FILE",
-              help="Request file of the load that ran while TRACE was recorded (`ckptrace drive --json -o "
-                   "FILE`): split each request's time to first token into checkpoint, restore and the rest.")
-@click.option("--requests-pid", "requests_pid", metavar="PID|LABEL",
-              help="The process the requests went to, by pid or process label (pid:N or label:NAME "
-                   "where one could be read as the other), in a trace of several processes (a request "
-                   "file carries no pid): only its spans count. Required there.")
+@requests_options(
+    "Request file of the load that ran while TRACE was recorded (`ckptrace drive --json -o "
+    "FILE`): split each request's time to first token into checkpoint, restore and the rest.",
+    "The process the requests went to, by pid or process label (pid:N or label:NAME "
+    "where one could be read as the other), in a trace of several processes (a request "
+    "file carries no pid): only its spans count. Required there.",
+    dest="requests_file", multiple=False)
 @click.option("--all", "show_all", is_flag=True, help="List every checkpoint, not only the first --rows.")
 @click.option("--rows", type=click.IntRange(min=0), default=20, show_default=True,
               help="Checkpoints listed before '... N more'.")

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import click
 
-from ckptrace.options import Finite, warmup_option
+from ckptrace.analyzers.compare_config import DEFAULTS
+from ckptrace.options import Finite, requests_options, warmup_option
 from ckptrace.core.terminal import echo, printable, shown_label
 
 # Exit statuses: 0 compared (gate passed), 1 an error (one line), 2 a usage error, GATE_EXIT the
@@ -63,14 +64,13 @@ times on a busy machine) and none tripped.
                                                       "(the same as --format json).")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default=None,
               help="text (default), json, or markdown: a table ready for a pull-request comment.")
-@click.option("--requests", "request_files", multiple=True, metavar="FILE",
-              help="A leg's request file (`ckptrace drive --json -o FILE`), once per trace in the same "
-                   "order; - for a leg without one. Default: NAME.requests.json beside each NAME.parquet, where there is one. Adds "
-                   "ttft_p50_ms, ttft_p90_ms, ttft_p99_ms and throughput_tok_s.")
-@click.option("--requests-pid", "requests_pid", multiple=True, metavar="PID|LABEL",
-              help="In legs of several processes, the one the requests went to (a request file carries no "
-                   "pid): that process alone is compared. Once (a process label is the same in every leg) "
-                   "or once per trace. Required for such legs with a request file.")
+@requests_options(
+    "A leg's request file (`ckptrace drive --json -o FILE`), once per trace in the same "
+    "order; - for a leg without one. Default: NAME.requests.json beside each NAME.parquet, where there is one. Adds "
+    "ttft_p50_ms, ttft_p90_ms, ttft_p99_ms and throughput_tok_s.",
+    "In legs of several processes, the one the requests went to (a request file carries no "
+    "pid): that process alone is compared. Once (a process label is the same in every leg) "
+    "or once per trace. Required for such legs with a request file.")
 @click.option("--fail-on", "fail_on", type=click.Choice(["slower", "faster", "any-change"]), default=None,
               help="Exit 3 when a metric's verdict is slower / faster / either (for CI).")
 @click.option("--metrics", "gate_metrics", callback=split_metrics, metavar="A,B",
@@ -79,10 +79,10 @@ times on a busy machine) and none tripped.
 @click.option("--require-judged", is_flag=True,
               help="Exit 4 when a metric --fail-on looks at could not be judged (not judged, not measured, "
                    "not recorded) and none tripped: a gate that saw nothing does not pass.")
-@click.option("--seed", type=int, default=0, show_default=True, help="Bootstrap seed (same seed, same output).")
-@click.option("--resamples", "n_boot", type=click.IntRange(min=100), default=2000, show_default=True,
+@click.option("--seed", type=int, default=DEFAULTS.seed, show_default=True, help="Bootstrap seed (same seed, same output).")
+@click.option("--resamples", "n_boot", type=click.IntRange(min=100), default=DEFAULTS.n_boot, show_default=True,
               help="Bootstrap resamples per arm and metric.")
-@click.option("--min-effect", "min_effect", type=Finite(min=0, max=1e6), default=20.0, show_default=True,
+@click.option("--min-effect", "min_effect", type=Finite(min=0, max=1e6), default=DEFAULTS.min_effect_pct, show_default=True,
               help="Changes up to this many percent read 'within drift' even when the baseline legs agree "
                    "more closely (two legs give one drift estimate).")
 @warmup_option

@@ -6,7 +6,7 @@ from pathlib import Path
 import click
 
 from ckptrace.core.errors import AnalysisError, CkptraceError
-from ckptrace.options import warmup_option
+from ckptrace.options import requests_options, warmup_option
 from ckptrace.core.output import check_output, not_an_input
 from ckptrace.core.terminal import printable
 
@@ -28,16 +28,15 @@ nothing from the network and opens from disk in any browser.
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
               help="HTML file to write (replaced if it exists).")
 @click.option("--title", default="ckptrace report", show_default=True, help="Heading shown in the report.")
-@click.option("--requests", "request_files", multiple=True, metavar="FILE",
-              help="A leg's request file (`ckptrace drive --json -o FILE`), once per trace in the same order, "
-                   "- for a leg without one (default: NAME.requests.json beside each NAME.parquet, where there is one): adds a panel "
-                   "of each request's checkpoint time inside its time to first token, and TTFT rows to the "
-                   "comparison.")
-@click.option("--requests-pid", "requests_pid", multiple=True, metavar="PID|LABEL",
-              help="In traces of several processes, the one the requests went to (a request file carries no "
-                   "pid): only its spans count in the requests panel, and the comparison compares it alone. "
-                   "Once (a process label is the same in every leg) or once per trace. Required for such "
-                   "traces with a request file.")
+@requests_options(
+    "A leg's request file (`ckptrace drive --json -o FILE`), once per trace in the same order, "
+    "- for a leg without one (default: NAME.requests.json beside each NAME.parquet, where there is one): adds a panel "
+    "of each request's checkpoint time inside its time to first token, and TTFT rows to the "
+    "comparison.",
+    "In traces of several processes, the one the requests went to (a request file carries no "
+    "pid): only its spans count in the requests panel, and the comparison compares it alone. "
+    "Once (a process label is the same in every leg) or once per trace. Required for such "
+    "traces with a request file.")
 @warmup_option
 def command(traces: tuple[Path, ...], output: Path, title: str, request_files: tuple[str, ...],
             requests_pid: tuple[str, ...], warmup) -> None:

@@ -10,9 +10,11 @@ from pathlib import Path
 import click
 import pandas as pd
 
+from ckptrace.analyzers.compare_config import DEFAULTS
 from ckptrace.options import warmup_option
 from ckptrace.core.output import output_folder
 from ckptrace.core.terminal import echo
+from ckptrace.core.units import ms
 
 LEGS = [("pool-off", "off"), ("pool-on", "on"), ("pool-off", "off")]
 
@@ -81,7 +83,7 @@ def request_line(table, summary: dict) -> str:
     st = summary["stats"]
 
     def pcts(key):
-        return "/".join("-" if st[key][q] is None else f"{st[key][q] / 1e6:.0f}" for q in ("median", "p90", "p99"))
+        return "/".join(ms(st[key][q], 0) for q in ("median", "p90", "p99"))
 
     return (f"requests {summary['completed']} of {summary['requests']} ok; TTFT p50/p90/p99 {pcts('ttft_ns')} ms, "
             f"checkpoint stall inside it {pcts('stall_ns')} ms, of which fill {pcts('ckpt_fill_ns')} ms")
@@ -209,7 +211,7 @@ def command(ctx, out_dir: Path | None, llama: bool, llama_version: str, model: s
 
 
 def finish(analyses: list, checks: list[str], out_dir: Path, as_json: bool, title: str,
-           requests: list | None = None, warmup="auto") -> None:
+           requests: list | None = None, warmup=DEFAULTS.warmup) -> None:
     """Compare the legs, write the dashboard, print the comparison (or the JSON summary).
 
     `requests`: each leg's request file, read (llama-server legs): TTFT rows and panel."""

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import click
 
+from ckptrace.options import requests_options
+
 from ckptrace.core.errors import CkptraceError
 from ckptrace.core.output import check_output, not_an_input, write_output
 from ckptrace.core.terminal import printable
@@ -36,15 +38,14 @@ with a system trace taken at the same time.
 @click.argument("traces", nargs=-1, required=True, metavar="TRACE...")
 @click.option("-o", "--output", required=True, type=click.Path(path_type=Path),
               help="File to write (replaced if it exists; /dev/stdout and FIFOs are written into).")
-@click.option("--requests", "request_files", multiple=True, metavar="FILE",
-              help="Request file (`ckptrace drive -o`) of each TRACE, repeated in TRACE order (- for a TRACE "
-                   "without one). Default: "
-                   "NAME.requests.json beside each NAME.parquet, where there is one. Draws each request's "
-                   "time to first token with its checkpoint/restore breakdown.")
-@click.option("--requests-pid", "requests_pid", multiple=True, metavar="PID|LABEL",
-              help="In traces of several processes, the one the requests went to (a request file carries no "
-                   "pid): their lanes go under it and only its spans count. Once (a process label is the same "
-                   "in every leg) or once per trace. Required for such traces with a request file.")
+@requests_options(
+    "Request file (`ckptrace drive -o`) of each TRACE, repeated in TRACE order (- for a TRACE "
+    "without one). Default: "
+    "NAME.requests.json beside each NAME.parquet, where there is one. Draws each request's "
+    "time to first token with its checkpoint/restore breakdown.",
+    "In traces of several processes, the one the requests went to (a request file carries no "
+    "pid): their lanes go under it and only its spans count. Once (a process label is the same "
+    "in every leg) or once per trace. Required for such traces with a request file.")
 @click.option("--format", "fmt", type=click.Choice(FORMATS), default=None,
               help="perfetto: protobuf TrackEvents; chrome: Trace Event JSON (microseconds). "
                    "Default: chrome when -o ends in .json, else perfetto.")

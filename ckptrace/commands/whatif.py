@@ -7,6 +7,7 @@ import click
 
 from ckptrace.core.terminal import echo, printable
 from ckptrace.core.units import parse_bytes, parse_bytes_or_fraction
+from ckptrace.options import requests_options
 
 
 class _Size(click.ParamType):
@@ -86,11 +87,10 @@ Examples:
 @click.option("--sweep", "sweep_text", metavar="PARAM=V1,V2,...",
               help="Replay once per value of one rule (cap-bytes, count, floor, trim-idle): the cap-against-"
                    "saving curve. `ckptrace dashboard` draws the cap's.")
-@click.option("--requests", "request_files", multiple=True, metavar="FILE",
-              help="Request file of each trace (`ckptrace drive --json -o FILE`), in order; - for none. Default: "
-                   "NAME.requests.json beside each NAME.parquet. Adds each request's predicted TTFT.")
-@click.option("--requests-pid", "requests_pid", multiple=True, metavar="PID|LABEL",
-              help="In traces of several processes, the one the requests went to.")
+@requests_options(
+    "Request file of each trace (`ckptrace drive --json -o FILE`), in order; - for none. Default: "
+    "NAME.requests.json beside each NAME.parquet. Adds each request's predicted TTFT.",
+    "In traces of several processes, the one the requests went to.")
 @click.option("--json", "as_json", is_flag=True, help="Print every process's replay as JSON.")
 @click.option("--all", "show_all", is_flag=True, help="List every change of the pool, not only the first --rows.")
 @click.option("--rows", type=click.IntRange(min=0), default=20, show_default=True,
