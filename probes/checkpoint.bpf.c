@@ -225,8 +225,9 @@ static __always_inline int sched_try(u64 task, u64 *sum, u64 *e2, u64 *now, u64 
 /* The running thread's scheduler counters. `cpu` is on-CPU time up to this instant, in a frame
  * where only differences mean anything (below 0, wrapped, while the thread's on-CPU time is under
  * sched_clock's lead on ktime: 2.9 s in an arm64 guest booted under load; see emit_call): the
- * kernel accounts se.sum_exec_runtime lazily (at ticks and switches) and keeps se.sum_exec_runtime - se.exec_start constant while the thread runs, so
- * the exact figure is that constant plus the rq's clock_task now. clock_task is sched_clock minus
+ * kernel accounts se.sum_exec_runtime lazily (at ticks and switches) and keeps
+ * se.sum_exec_runtime - se.exec_start constant while the thread runs, so the exact figure is that
+ * constant plus the rq's clock_task now. clock_task is sched_clock minus
  * the steal time the rq has accounted (rq->clock - rq->clock_task), and bpf_ktime_get_ns() runs at
  * sched_clock's rate; so ktime - (clock - clock_task) is clock_task now up to a constant, whatever
  * CPU the thread is on. What it leaves out is steal not yet accounted (at most one tick's). */
