@@ -147,7 +147,7 @@ class LiveProbes:
             self._calibrate(ev["bytes"][rows])
             cpu = ev["cpu_ns"][rows].astype("float64")
             resident = fault_time.resident_ns(self.calibration[name], ev["bytes"][rows])
-            ok = resident <= fault_time.RESIDENT_MAX_SHARE * cpu
+            ok = (resident <= fault_time.RESIDENT_MAX_SHARE * cpu) & (ev["cpu_ns"][rows] != recorder.CPU_UNKNOWN)
             out[rows[ok]] = np.round(cpu[ok] - resident[ok]).astype(np.int64)
         return out
 

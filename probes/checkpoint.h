@@ -81,7 +81,7 @@ struct ckpt_event {
     u64 faults;
     u64 fault_timed;
     u64 fault_timed_ns;
-    u64 cpu_ns;   /* the thread's on-CPU time over the span (0 when not recorded) */
+    u64 cpu_ns;   /* the thread's on-CPU time over the span (0 when not recorded; CPU_UNKNOWN: read wrong) */
     u64 wait_ns;  /* its run-queue wait over the span */
     u64 nvcsw;    /* voluntary / involuntary context switches over the span */
     u64 nivcsw;

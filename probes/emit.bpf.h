@@ -63,8 +63,13 @@ static __always_inline void emit_call(u32 kind, u32 tid, struct tstate *s, struc
     struct sched_now sc = {};
     sched_read(&sc);
     /* Steal time accounted between the two reads can put the end a few us below the start
-     * (sched_read's one-tick bound): a span that short had no measurable CPU, so 0, never < 0. */
-    e->cpu_ns = sc.cpu > sp->sc0.cpu ? sc.cpu - sp->sc0.cpu : 0;
+     * (sched_read's one-tick bound): a span that short had no measurable CPU, so 0. An end
+     * further below, or a torn read, is a wrong reading: unknown (CPU_UNKNOWN), never 0. */
+    s64 d = sc.cpu - sp->sc0.cpu; /* signed: a start below 0 and an end above it differ right */
+    if (sc.torn || sp->sc0.torn || d < -(s64)SCHED_SLACK_NS)
+        e->cpu_ns = CPU_UNKNOWN;
+    else
+        e->cpu_ns = d > 0 ? d : 0;
     e->wait_ns = sc.wait - sp->sc0.wait;
     e->nvcsw = sc.nvcsw - sp->sc0.nvcsw;
     e->nivcsw = sc.nivcsw - sp->sc0.nivcsw;

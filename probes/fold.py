@@ -93,14 +93,15 @@ def checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool, fill_probed: boo
     at = Ids(ck["ckpt"].astype(np.int64, copy=False)).find(ids)
     waiting = part & (at < 0)
     dur = ev["end_ns"].astype(np.int64) - ev["start_ns"].astype(np.int64)
-    cpu = ev["cpu_ns"].astype(np.int64)
+    cpu = ev["cpu_ns"].astype(np.int64)  # CPU_UNKNOWN (2**64 - 1) becomes -1: not recorded
     n = len(ck)
 
     def summed(kind_code: int) -> dict[str, np.ndarray]:
         """Per checkpoint: rows of this kind, their wall and on-CPU time, faults, fault time, unmeasured parts."""
         rows = np.flatnonzero(part & (kind == kind_code) & ~waiting)
         g, f = Groups(at[rows], n), fault[rows]
-        return {"n": g.count, "ns": g.sum(dur[rows]), "cpu_ns": g.sum(cpu[rows]),
+        return {"n": g.count, "ns": g.sum(dur[rows]),
+                "cpu_ns": np.where(g.any(cpu[rows] < 0), -1, g.sum(cpu[rows])),
                 "faults": g.sum(ev["faults"][rows].astype(np.int64)),
                 "fault_ns": g.sum(np.maximum(f, 0)), "missing": g.any(f < 0), "rows": rows}
 
@@ -113,7 +114,8 @@ def checkpoints(ev: np.ndarray, fault: np.ndarray, sched: bool, fill_probed: boo
     rules = checkpoint_rules(total, faults, copy["ns"], copy["faults"], fill["n"], fill["ns"], fill["faults"], mmaps,
                              ck["bytes"].astype(np.int64), mapped, fill_probed)
     fault_ns = np.where(fill["missing"] | copy["missing"] | (not fill_probed), -1, fill["fault_ns"] + copy["fault_ns"])
-    fill_cpu = fill["cpu_ns"] if fill_probed else ck_cpu - copy["cpu_ns"]
+    fill_cpu = fill["cpu_ns"] if fill_probed else np.where((ck_cpu < 0) | (copy["cpu_ns"] < 0), -1,
+                                                           ck_cpu - copy["cpu_ns"])
     clock = (lambda v: v.astype("float64")) if sched else (lambda v: np.full(n, -1.0))
     cols = {"total_ns": total, "fill_ns": rules["fill_ns"], "copy_ns": copy["ns"], "fault_ns": fault_ns,
             "cpu_ns": clock(ck_cpu), "wait_ns": clock(ck["wait_ns"]), "fill_cpu_ns": clock(fill_cpu),

@@ -120,6 +120,7 @@ def untrace_process(bpf, pid: int) -> None:
         except KeyError:
             pass
 SCHED_COLUMNS = ("cpu_ns", "wait_ns", "nvcsw", "nivcsw")
+CPU_UNKNOWN = 2**64 - 1  # checkpoint.bpf.c: a span's cpu_ns read wrong, written as null (unknown)
 # Indices of the kernel's `counters` array (checkpoint.h enum ckpt_counter; C_NEXT_ID is the
 # kernel's id allocator, never read here). tests/test_enums.py holds these to the header.
 C_LOST, C_PARTIAL, C_ABANDONED, C_MAP_FULL, C_THREADS_SEEN, C_THREADS_PRUNED, C_THREADS_PEAK = 0, 1, 3, 4, 5, 6, 7
@@ -1201,6 +1202,8 @@ class _Session:
             if pa.types.is_dictionary(t):
                 cols.append(category_array(kind if name == "kind" else arr[name].astype("int8"),
                                            KINDS if name == "kind" else PHASES))
+            elif name == "cpu_ns":
+                cols.append(arrow_array(arr[name], t, mask=not_span | (arr[name] == CPU_UNKNOWN)))
             elif name in SCHED_COLUMNS:
                 cols.append(arrow_array(arr[name], t, mask=not_span))
             elif name in GPU_COLUMNS:  # the event's field of the same name; NA but on state copy rows

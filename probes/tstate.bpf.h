@@ -6,8 +6,15 @@
 #include "checkpoint.h"
 
 /* The thread's scheduler counters at one instant (see sched_read). */
+/* cpu_ns of a span whose readings were wrong (see emit_call); the recorder writes it as null. */
+#define CPU_UNKNOWN 0xffffffffffffffffULL
+/* How far an end reading may sit below its start for the span to read 0: one tick's steal at
+ * 100 Hz (sched_read's bound), never a span's real CPU time. */
+#define SCHED_SLACK_NS 10000000ULL
+
 struct sched_now {
-    u64 cpu;
+    u64 cpu;   /* wraps: only a difference of two means anything */
+    u64 torn;  /* 1: every try of sched_read was torn, cpu is no reading */
     u64 wait;
     u64 nvcsw;
     u64 nivcsw;
@@ -122,9 +129,11 @@ static __always_inline int sched_try(u64 task, u64 *sum, u64 *e2, u64 *now, u64 
 #endif
 
 /* The running thread's scheduler counters. `cpu` is on-CPU time up to this instant, in a frame
- * where only differences mean anything: the kernel accounts se.sum_exec_runtime lazily (at ticks
- * and switches) and keeps se.sum_exec_runtime - se.exec_start constant while the thread runs, so
- * the exact figure is that constant plus the rq's clock_task now. clock_task is sched_clock minus
+ * where only differences mean anything (below 0, wrapped, while the thread's on-CPU time is under
+ * sched_clock's lead on ktime: 2.9 s in an arm64 guest booted under load; see emit_call): the
+ * kernel accounts se.sum_exec_runtime lazily (at ticks and switches) and keeps
+ * se.sum_exec_runtime - se.exec_start constant while the thread runs, so the exact figure is that
+ * constant plus the rq's clock_task now. clock_task is sched_clock minus
  * the steal time the rq has accounted (rq->clock - rq->clock_task), and bpf_ktime_get_ns() runs at
  * sched_clock's rate; so ktime - (clock - clock_task) is clock_task now up to a constant, whatever
  * CPU the thread is on. What it leaves out is steal not yet accounted (at most one tick's). */
@@ -136,8 +145,8 @@ static __always_inline void sched_read(struct sched_now *n)
     /* A tick or a switch between the reads moves exec_start: read again, at most 3 tries. Written
      * out, not a loop: clang lays a loop with two exits out with its back-edge as a fall-through,
      * which Linux 6.1's verifier rejects ("back-edge from insn N to N+1"; Debian 12's kernel). */
-    if (!sched_try(task, &sum, &e2, &now, &steal) && !sched_try(task, &sum, &e2, &now, &steal))
-        sched_try(task, &sum, &e2, &now, &steal);
+    n->torn = !sched_try(task, &sum, &e2, &now, &steal) && !sched_try(task, &sum, &e2, &now, &steal)
+              && !sched_try(task, &sum, &e2, &now, &steal); /* every try torn: no reading */
     n->cpu = sum - e2 + now - steal;
     n->wait = kread(task + RUN_DELAY_OFF); /* waits are added at switch-in: exact while running */
     n->nvcsw = kread(task + NVCSW_OFF);

@@ -20,9 +20,11 @@ from typing import Iterator
 import pytest
 
 import aarch64_vm
+import pandas as pd
+
 from ckptrace.core.trace import read_trace
-from helpers import load_truth
-from test_record import assert_matches_truth, checkpoints_vs_truth
+from helpers import clock_tolerance, load_truth
+from test_record import spans
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.aarch64_vm]
 
@@ -114,6 +116,62 @@ def test_the_guest_is_an_arm64_kernel(guest, capsys):
               f"{guest.text('thp')}\n{guest.text('job.log')}")
 
 
+def vs_truth(trace, truth) -> pd.DataFrame:
+    """One row per checkpoint: ours beside the workload's own, as test_record.checkpoints_vs_truth,
+    with an unknown on-CPU figure kept unknown (<NA>) and, per span, `*_edge_ns`: the wall time
+    between our span's edges and the workload's (both the guest's CLOCK_MONOTONIC)."""
+    ev = trace.events
+    ck = ev[(ev["kind"] == "checkpoint") & ~ev["draft"]].reset_index(drop=True)
+    t = truth["checkpoint"]
+    t = t[~t["draft"].astype(bool)].sort_values("start_ns").reset_index(drop=True)
+    assert len(ck) == len(t), f"recorded {len(ck)} checkpoints, workload made {len(t)}"
+    m = pd.DataFrame({"tid": ck["tid"], "truth_tid": t["tid"], "bytes": ck["bytes"], "truth_bytes": t["bytes"],
+                      "truth_pool_hit": t["pool_hit"].astype(bool)})
+    m["has_fill"] = ck["ckpt"].isin(spans(ev, "fill").index)
+    edges = {"": (ck, t["start_ns"], t["end_ns"] - t["start_ns"])}
+    for name in ("fill", "copy"):
+        s = spans(ev, name)
+        edges[f"{name}_"] = (s.reindex(ck["ckpt"]).reset_index(drop=True), t[f"{name}_start_ns"], t[f"{name}_ns"])
+    for p, (s, t0, dur) in edges.items():
+        m[f"{p}cpu_ns"] = s["cpu_ns"].astype("Int64")
+        m[f"truth_{p}cpu_ns"] = t[f"{p}cpu_ns"]
+        m[f"{p}edge_ns"] = (s["start_ns"] - t0).abs() + (s["end_ns"] - (t0 + dur)).abs()
+        if p:
+            m[f"{p}faults"] = s["faults"].fillna(0)
+            m[f"truth_{p}faults"] = t[f"{p}faults"]
+    hit = m["truth_pool_hit"]  # a pool hit has no fill: nothing to compare
+    m.loc[hit, ["fill_cpu_ns", "fill_edge_ns"]] = pd.NA
+    m.loc[hit, "fill_faults"] = 0
+    return m
+
+
+def assert_matches_truth_in_tcg(m: pd.DataFrame) -> None:
+    """test_record.assert_matches_truth, with the on-CPU tolerance widened by the span's edges.
+
+    Under TCG the guest has no steal time (no pvtime; Debian's arm64 kernel has no
+    CONFIG_PARAVIRT_TIME_ACCOUNTING): a host preemption of the vCPU is on-CPU time, in the guest,
+    of whatever ran then. Where it falls between the workload's clock read and our probe's (the
+    uprobe's trap and return, ~0.2 ms emulated) one figure has tens of ms the other has not, and
+    the guest's wall clock shows the same gap (measured: docs/tests.md). An unknown (<NA>: a
+    reading the probe found wrong) is no miss, but at most one span in a mode."""
+    assert (m["tid"] == m["truth_tid"]).all()
+    assert (m["bytes"] == m["truth_bytes"]).all()
+    assert (m["has_fill"] == ~m["truth_pool_hit"]).all()
+    unknown = 0
+    for p in ("", "fill_", "copy_"):
+        ours, truth = m[f"{p}cpu_ns"], m[f"truth_{p}cpu_ns"]
+        rows = ~(m["truth_pool_hit"] & (p == "fill_"))
+        unknown += int((ours.isna() & rows).sum())
+        known = rows & ours.notna()
+        err = (ours[known].astype("int64") - truth[known]).abs()
+        bad = err > clock_tolerance(truth[known]) + m.loc[known, f"{p}edge_ns"]
+        assert not bad.any(), f"{p}cpu_ns off the workload's clock:\n{m.loc[bad[bad].index].to_string()}"
+    assert unknown <= 1, f"{unknown} on-CPU figures unknown:\n{m.to_string()}"
+    for p in ("fill_", "copy_"):
+        err = (m[f"{p}faults"] - m[f"truth_{p}faults"]).abs()
+        assert (err <= 0.01 * m[f"truth_{p}faults"]).all(), m[[f"{p}faults", f"truth_{p}faults"]]
+
+
 def recorded(guest: GuestRun, mode: str, capsys):
     err = guest.text(f"{mode}.err")
     assert guest.text(f"{mode}.rc") == "0", f"ckptrace record ({mode}) failed in the guest:\n{err}\n{guest.explain()}"
@@ -121,13 +179,14 @@ def recorded(guest: GuestRun, mode: str, capsys):
     trace = read_trace(guest.out / f"{mode}.parquet")
     truth = load_truth(guest.out / f"{mode}.truth.jsonl")
     assert trace.meta.kernel == guest.text("kernel")
-    m = checkpoints_vs_truth(trace, truth)
+    m = vs_truth(trace, truth)
     with capsys.disabled():  # the figures against the workload's own, in the CI log
-        cols = ["bytes", "fill_cpu_ns", "truth_fill_cpu_ns", "copy_cpu_ns", "truth_copy_cpu_ns",
-                "fill_faults", "truth_fill_faults", "copy_faults", "truth_copy_faults", "truth_pool_hit"]
+        cols = ["bytes", "cpu_ns", "truth_cpu_ns", "edge_ns", "fill_cpu_ns", "truth_fill_cpu_ns", "fill_edge_ns",
+                "copy_cpu_ns", "truth_copy_cpu_ns", "copy_edge_ns", "fill_faults", "truth_fill_faults",
+                "copy_faults", "truth_copy_faults", "truth_pool_hit"]
         print(f"\naarch64 VM, {mode} ({guest.text('kernel')}): ckptrace against the workload's own account\n"
               f"{m[cols].to_string()}")
-    assert_matches_truth(m)
+    assert_matches_truth_in_tcg(m)
     return trace, truth, m
 
 

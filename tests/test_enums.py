@@ -51,3 +51,10 @@ def test_recorder_target_flags_match_the_header():
     flags = c_enum("ckpt_target_flag")
     python = {k: v for k, v in vars(recorder).items() if re.fullmatch(r"TARGET_[A-Z_]+", k)}
     assert python == flags
+
+
+def test_cpu_unknown_is_the_recorders():
+    """A span's cpu_ns the probe found wrong (checkpoint.bpf.c) is the value the recorder nulls."""
+    text = "".join(p.read_text() for p in sorted(HEADER.parent.glob("*.[ch]")))
+    m = re.search(r"#define\s+CPU_UNKNOWN\s+(0x[0-9a-fA-F]+)ULL", text)
+    assert m and int(m.group(1), 16) == recorder.CPU_UNKNOWN
