@@ -865,9 +865,6 @@ def _plan(target: str, pid: int | None, objects: list[_Object], notes: _Notes | 
     order = list(cuda.POINTS)  # the CUDA copy path, whatever the generation (probes/cuda.py)
     plan.points += [pp for o in objects for pp in sorted((pp for name, pp in o.found if name in cuda.POINTS),
                                                          key=lambda pp: order.index(pp.point))]
-    order = list(cuda.POINTS)
-    plan.points += [pp for o in objects for pp in sorted((pp for name, pp in o.found if name in cuda.POINTS),
-                                                         key=lambda pp: order.index(pp.point))]
     no_disassembler = False
     if not (profile.growth and plan.fill_probed):  # no growth function, or not the fill: its memset calls
         plan.points = [pp for pp in plan.points if pp.point not in GROWTH_POINTS]
