@@ -223,7 +223,8 @@ case "$version" in
 esac
 # The official images' layout: the CPU backend is libggml-cpu.so beside llama-server in bin/
 # (as /app has it), dlopen'ed at start from the executable's folder, not a DT_NEEDED library.
-# One CPU variant (GGML_NATIVE=OFF, no GGML_CPU_ALL_VARIANTS: the images build one per CPU family).
+# One CPU variant here (GGML_NATIVE=OFF, no GGML_CPU_ALL_VARIANTS): the images build every variant
+# (libggml-cpu-<level>.so) and ggml loads the best one; one keeps CI time, found by the same search.
 [ "$backend_dl" = 1 ] && cmake_args+=(-DGGML_BACKEND_DL=ON)
 # xllamacpp's script builds llama.cpp static and position-independent into the module; these
 # replace what it would fetch (LLGuidance is Rust from the network, BoringSSL a download)
