@@ -765,6 +765,23 @@ def _locate(path: str) -> str:
     return os.path.abspath(path)
 
 
+# ggml's backends as a GGML_BACKEND_DL build (llama.cpp's official images) has them: shared
+# libraries libggml-NAME[-VARIANT].so that ggml_backend_load_all() dlopens at start from the
+# executable's folder (then the working folder), not DT_NEEDED. The CUDA one needs libcudart and
+# libcuda: a CUDA target's copy points (probes/cuda.py) are mapped only then.
+BACKEND_LIBRARY = re.compile(r"libggml-[A-Za-z0-9_.-]+\.so")
+
+
+def backend_libraries(folder: str) -> list[str]:
+    """The ggml backend libraries in `folder`, sorted (none where it can't be listed)."""
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    return [os.path.join(folder, n) for n in sorted(names)
+            if BACKEND_LIBRARY.fullmatch(n) and os.path.isfile(os.path.join(folder, n))]
+
+
 def _objects_of_binary(path: str, notes: _Notes) -> list[_Object]:
     try:
         exe = _read_object(path, deadline=notes.deadline)
@@ -775,28 +792,40 @@ def _objects_of_binary(path: str, notes: _Notes) -> list[_Object]:
     seen = {os.path.realpath(path)}
     missing: dict[str, list[str]] = {}  # loader -> the libraries it needs that were not found
     queue = deque([(exe, True)])
-    while queue:  # breadth-first, the order ld.so loads them in
-        loader, is_exe = queue.popleft()
-        for name in loader.needed:
-            lib = _find_library(name, loader, exe, is_exe, code)
-            if lib is None:
-                if name not in (n for names in missing.values() for n in names):
-                    missing.setdefault(loader.path, []).append(name)
-                continue
-            real = os.path.realpath(lib)
-            if real in seen:
-                continue
-            seen.add(real)
-            if notes.late():
-                notes.add(real, f"its program's objects were not all read in {RESOLVE_S:g} s")
-                continue
-            try:
-                obj = _read_object(real, follow=False, deadline=notes.deadline)  # realpath: no link left
-            except (TargetError, NotPermitted) as e:  # unreadable, no code, or gone since: that one only
-                notes.add(real, e)
-                continue
-            objects.append(obj)
-            queue.append((obj, False))
+
+    def add(lib: str) -> None:
+        real = os.path.realpath(lib)
+        if real in seen:
+            return
+        seen.add(real)
+        if notes.late():
+            notes.add(real, f"its program's objects were not all read in {RESOLVE_S:g} s")
+            return
+        try:
+            obj = _read_object(real, follow=False, deadline=notes.deadline)  # realpath: no link left
+        except (TargetError, NotPermitted) as e:  # unreadable, no code, or gone since: that one only
+            notes.add(real, e)
+            return
+        objects.append(obj)
+        queue.append((obj, False))
+
+    def needed() -> None:
+        while queue:  # breadth-first, the order ld.so loads them in
+            loader, is_exe = queue.popleft()
+            for name in loader.needed:
+                lib = _find_library(name, loader, exe, is_exe, code)
+                if lib is None:
+                    if name not in (n for names in missing.values() for n in names):
+                        missing.setdefault(loader.path, []).append(name)
+                    continue
+                add(lib)
+
+    needed()
+    # Then what it will dlopen at start (a GGML_BACKEND_DL build's backends) and what they need:
+    # a uprobe is placed on the file, so it is in before the library is mapped.
+    for lib in backend_libraries(os.path.dirname(os.path.realpath(path))):
+        add(lib)
+    needed()
     for loader_path, names in missing.items():
         notes.add_all(names, _not_found(loader_path, exe, len(names)))
     return objects
@@ -834,9 +863,6 @@ def _plan(target: str, pid: int | None, objects: list[_Object], notes: _Notes | 
             elif not p.probed:
                 plan.markers += found_here
     order = list(cuda.POINTS)  # the CUDA copy path, whatever the generation (probes/cuda.py)
-    plan.points += [pp for o in objects for pp in sorted((pp for name, pp in o.found if name in cuda.POINTS),
-                                                         key=lambda pp: order.index(pp.point))]
-    order = list(cuda.POINTS)
     plan.points += [pp for o in objects for pp in sorted((pp for name, pp in o.found if name in cuda.POINTS),
                                                          key=lambda pp: order.index(pp.point))]
     no_disassembler = False

@@ -50,7 +50,9 @@ def build_dir() -> pathlib.Path:
     return _cache_root() / f"workload-{_source_hash()}"
 
 
-VARIANTS = ("static", "upstream", "inlined", "inlined-memset", "libcxx", "cuda")  # see the Makefile
+VARIANTS = ("static", "upstream", "inlined", "inlined-memset", "libcxx", "cuda", "cuda-dl")  # see the Makefile
+# A variant in a folder of its own: cuda-dl's backend library lies beside it, as in llama.cpp's images
+SUBDIRS = {"cuda-dl": "backend-dl"}
 
 
 def workload_binary(static: bool = False, variant: str | None = None) -> pathlib.Path:
@@ -62,6 +64,8 @@ def workload_binary(static: bool = False, variant: str | None = None) -> pathlib
         _build(out)
     if variant == "libcxx" and not (out / name).is_file():
         _build_one(out, name)  # clang++ and libc++ installed after the rest was built
+    if variant in SUBDIRS:
+        out = out / SUBDIRS[variant]
     if not (out / name).is_file():
         why = " (it needs clang++ and libc++: apt-get install clang libc++-dev libc++abi-dev)" \
             if variant == "libcxx" else ""

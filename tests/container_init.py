@@ -8,8 +8,9 @@ system (upper and work folders in WORK; Docker's overlay2 storage), /proc of the
 in it, WORK/out bound at /out (the only folder the host reads back), the loopback interface up,
 then pivot_root into it with the old root detached, and exec: PROGRAM is PID 1 of its namespace
 and the host reaches its files only through /proc/PID/root. chroot: chroot(ROOT) and exec, a jail
-with the host's mount namespace, so the host sees its files at their host paths. Everything
-mounted here lives in the namespace and goes with its last process.
+with the host's mount namespace, so the host sees its files at their host paths. Either runs in
+/app where ROOT has one (the official images' WORKDIR). Everything mounted here lives in the
+namespace and goes with its last process.
 """
 from __future__ import annotations
 
@@ -58,7 +59,6 @@ def docker(root: str, work: str) -> None:
     # pivot_root(".", "."): the old root is stacked on the new one, then detached (runc's way)
     check(libc.syscall(SYS_PIVOT_ROOT[platform.machine()], b".", b"."), "pivot_root")
     check(libc.umount2(b".", MNT_DETACH), "umount the old root")
-    os.chdir("/")
 
 
 def main(argv: list[str]) -> None:
@@ -68,9 +68,11 @@ def main(argv: list[str]) -> None:
         docker(*args)
     elif mode == "chroot":
         os.chroot(args[0])
-        os.chdir("/")
     else:
         raise SystemExit(f"container_init: unknown mode {mode}")
+    # The official images' WORKDIR: where ggml looks for its backends after the executable's
+    # folder, which a jail without /proc can't name (ggml reads it from /proc/self/exe)
+    os.chdir("/app" if os.path.isdir("/app") else "/")
     sys.stderr.flush()
     os.execv(program[0], program)
 

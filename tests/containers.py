@@ -1,8 +1,9 @@
 """Container roots and containers for the tests, with no container daemon: a root laid out as
 llama.cpp's official images lay theirs out (the program at /app/NAME, its own libraries beside it in
-/app, the system's at their own paths), built from a program and what `ldd` says it loads, and
-started by tests/container_init.py as a Docker-style container (unshare + overlay + pivot_root) or a
-chroot jail."""
+/app, the system's at their own paths; WORKDIR /app), built from a program and what `ldd` says it
+loads, plus the ggml backends a GGML_BACKEND_DL build dlopens from its folder (libggml-*.so: not in
+ldd's list) and what they load, and started by tests/container_init.py as a Docker-style container
+(unshare + overlay + pivot_root) or a chroot jail."""
 from __future__ import annotations
 
 import contextlib
@@ -33,6 +34,11 @@ def _put(src: Path, dst: Path) -> None:
         shutil.copy2(src, dst)
 
 
+def backends(program: Path) -> list[Path]:
+    """The ggml backends beside `program` that a GGML_BACKEND_DL build dlopens at start."""
+    return sorted(Path(program).resolve().parent.glob("libggml-*.so"))
+
+
 def app_root(root: Path, program: Path, name: str | None = None, files: dict[str, Path] | None = None) -> Path:
     """`root` made a container root: /app/NAME (`program`), the libraries beside it in /app, every
     other library and the loader at its own path, empty /proc, /out, /tmp; `files`: more files,
@@ -41,15 +47,18 @@ def app_root(root: Path, program: Path, name: str | None = None, files: dict[str
     for d in ("app", "proc", "out", "tmp"):
         (root / d).mkdir(parents=True, exist_ok=True)
     _put(program, root / "app" / (name or program.name))
-    listed = subprocess.run(["ldd", str(program)], capture_output=True, text=True, check=True).stdout
-    for line in listed.splitlines():
-        m = _LDD.match(line)
-        if not m:
-            continue
-        lib = Path(m.group(1))
-        inside = Path("app", lib.name) if lib.resolve().parent == program.parent else lib.relative_to("/")
-        (root / inside).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(lib.resolve(), root / inside)  # a copy: the name ldd gives may be a link
+    for obj in (program, *backends(program)):
+        if obj != program:  # the images copy every built .so into /app
+            shutil.copy2(obj, root / "app" / obj.name)
+        listed = subprocess.run(["ldd", str(obj)], capture_output=True, text=True, check=True).stdout
+        for line in listed.splitlines():
+            m = _LDD.match(line)
+            if not m:
+                continue
+            lib = Path(m.group(1))
+            inside = Path("app", lib.name) if lib.resolve().parent == program.parent else lib.relative_to("/")
+            (root / inside).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(lib.resolve(), root / inside)  # a copy: the name ldd gives may be a link
     for inside, src in (files or {}).items():
         _put(src, root / inside.lstrip("/"))
     return root

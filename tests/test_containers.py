@@ -146,7 +146,7 @@ def test_a_tracer_in_a_child_pid_namespace_is_refused_in_one_line(workload):
 
 # --- a real llama-server in each container shape ---------------------------------------------
 
-LLAMA_BUILDS = builds("0.3.36")  # GCC + libstdc++, shared libraries: the official images' kind of build
+LLAMA_BUILDS = builds("0.3.36")  # GCC + libstdc++, shared, GGML_BACKEND_DL: the official images' kind of build
 MODEL_SHAPE = {"d_model": 448, "layers": 9, "d_state": 1381}  # test_llama_server's model (cached once)
 CLIENTS, REQUESTS, PORT = 3, 12, 8080
 
@@ -163,6 +163,7 @@ def llama_leg(shape: str, root: Path, work: Path, label: str, trace: Path) -> di
     with open(log, "w") as out, container(shape, root, work, argv, stdout=out, stderr=subprocess.STDOUT, env=env) as c:
         wait_until(lambda: "listening on http" in log.read_text(errors="replace"), f"llama-server in {log}",
                    timeout_s=300, watch=[c.proc])
+        mapped = Path(f"/proc/{c.pid}/maps").read_text()
         netns = ["nsenter", f"--net=/proc/{c.pid}/ns/net"] if shape == "docker" else []
         with llama_recorder(c.pid, trace, label):
             p = subprocess.run([*netns, str(CKPTRACE), "drive", f"http://127.0.0.1:{port}", "--clients", str(CLIENTS),
@@ -171,7 +172,20 @@ def llama_leg(shape: str, root: Path, work: Path, label: str, trace: Path) -> di
                                capture_output=True, text=True, timeout=700)
             assert p.returncode == 0, p.stderr
             # the driver has every answer: each request's checkpoints were made before its first token
-    return {"trace": read_trace(trace), "path": trace, "logged": logged_checkpoints(log), "log": log}
+    return {"trace": read_trace(trace), "path": trace, "logged": logged_checkpoints(log), "log": log, "maps": mapped}
+
+
+def assert_backend_dlopened(root: Path, leg: dict) -> None:
+    """The CPU backend of a GGML_BACKEND_DL build: not a library the loader maps at exec (not in
+    ldd's list of /app/llama-server), ggml's own line says it loaded it from /app (or, in a jail
+    without /proc, from the working folder /app: "./"), and the server maps it since."""
+    listed = subprocess.run(["ldd", str(root / "app" / "llama-server")], capture_output=True, text=True,
+                            env={**os.environ, "LD_LIBRARY_PATH": str(root / "app")}, check=True).stdout
+    assert "libggml-cpu" not in listed and "libggml-base" in listed, listed
+    line = re.search(r"load_backend: loaded CPU backend from (\S+)", leg["log"].read_text(errors="replace"))
+    assert line and line.group(1) in ("/app/libggml-cpu.so", "./libggml-cpu.so"), f"no such line in {leg['log']}"
+    assert re.search(r"/app/libggml-cpu\.so$", leg["maps"], re.M), leg["maps"]
+    assert "libggml-cpu.so" in {Path(o.path).name for o in leg["trace"].meta.objects}
 
 
 @pytest.mark.parametrize("shape", SHAPES)
@@ -182,6 +196,7 @@ def test_a_real_llama_server_in_a_container_a_b_a(tmp_path, shape):
     for pool in (False, True):
         binary = build_server(pool, version="0.3.36")
         roots[pool] = app_root(tmp_path / f"root-{pool}", binary, files={"/models/model.gguf": model})
+        assert (roots[pool] / "app" / "libggml-cpu.so").is_file()  # the images' layout: the backend in /app
     legs = []
     for i, (label, pool) in enumerate((("pool-off", False), ("pool-on", True), ("pool-off", False)), 1):
         leg = llama_leg(shape, roots[pool], tmp_path / f"work{i}", label, tmp_path / f"{i}-{label}.parquet")
@@ -191,6 +206,7 @@ def test_a_real_llama_server_in_a_container_a_b_a(tmp_path, shape):
         assert len(ck) == len(logged), f"{len(ck)} recorded, {len(logged)} in {leg['log']}"
         assert sorted(f"{b / 1024 / 1024:.3f}" for b in ck["bytes"]) == sorted(logged["size_text"])
         assert (ck["fill_source"] == "measured").all()
+        assert_backend_dlopened(roots[pool], leg)
         legs.append(leg)
     assert_pool_mechanism(legs)
     compared = subprocess.run([CKPTRACE, "compare", "--json", *(str(leg["path"]) for leg in legs)],

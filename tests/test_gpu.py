@@ -163,6 +163,31 @@ def test_driver_api_copies_and_noise_threads(tmp_path, cuda_workload):
 
 @pytest.mark.ebpf
 @pytest.mark.usefixtures("require_root_ebpf")
+def test_cuda_libraries_a_backend_dlopens_after_attach_are_probed(tmp_path):
+    """A GGML_BACKEND_DL build (llama.cpp's official images): ggml's CUDA backend is dlopen'ed at
+    start from the executable's folder, and the libcudart and libcuda it needs are mapped only
+    then, after `record -- CMD` attached (the command is held before its exec). The sample's
+    cuda-dl build is laid out so: it links no CUDA library, its backend-dl/libggml-cuda.so needs
+    the stub's. record resolves the backends in the executable's folder and what they need; a
+    uprobe is placed on the file, so it fires once the library is mapped."""
+    from ckptrace.samples import workload_binary
+
+    exe = workload_binary(variant="cuda-dl")
+    listed = subprocess.run(["ldd", str(exe)], capture_output=True, text=True, check=True).stdout
+    assert "libcudart" not in listed and "libcuda.so" not in listed and "libggml" not in listed, listed
+    trace, truth, calls, err = record_cuda(
+        tmp_path, [exe, "--iterations", "9", "--cuda-dst", "cycle", "--cuda-tensors", "3"], worker=True)
+    assert "CUDA copies" in err and trace.meta.gpu is not None
+    g = assert_copies_match_the_stub(trace, truth, calls)
+    assert set(g["dst"].astype(str)) == {"pinned", "pageable_resident", "pageable_fresh"}
+    objects = {Path(o.path).name for o in trace.meta.objects}
+    assert {"libggml-cuda.so", "libcudart.so.12", "libcuda.so.1"} <= objects, objects
+    assert {Path(p.object).name for p in trace.meta.probes if p.point.startswith("cu")} == \
+        {"libcudart.so.12", "libcuda.so.1"}
+
+
+@pytest.mark.ebpf
+@pytest.mark.usefixtures("require_root_ebpf")
 def test_cpu_only_target_has_no_cuda(tmp_path, workload, cuda_workload):
     # symbols: no CUDA point, no gpu key; the CUDA build has them.
     cpu = json.loads(ckptrace("symbols", "--json", workload).stdout)

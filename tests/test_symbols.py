@@ -69,6 +69,25 @@ def nm_address(path: str, mangled: str) -> int:
 # --- the sample workload ---------------------------------------------------------------------
 
 
+def test_backends_in_the_executables_folder_are_resolved_before_they_are_mapped(tmp_path):
+    """A GGML_BACKEND_DL build dlopens libggml-*.so from its folder at start: resolve_binary takes
+    them and what they need (the cuda-dl build's backend brings the CUDA libraries, and with them
+    the copy points), once each; a copy of the program without the backend beside it has none."""
+    from ckptrace.samples import workload_binary
+
+    exe = workload_binary(variant="cuda-dl")
+    plan = resolve_binary(str(exe))
+    names = [os.path.basename(o.path) for o in plan.objects]
+    assert {"libggml-cuda.so", "libcudart.so.12", "libcuda.so.1"} <= set(names) and len(names) == len(set(names))
+    cuda = [(p.point, os.path.basename(p.object)) for p in plan.points if p.point.startswith("cu")]
+    assert ("cudaMemcpyAsync", "libcudart.so.12") in cuda and len(cuda) == len(set(cuda))
+    alone = tmp_path / exe.name
+    shutil.copy2(exe, alone)
+    plan = resolve_binary(str(alone))
+    assert not any(os.path.basename(o.path).startswith(("libcud", "libggml")) for o in plan.objects)
+    assert not plan.gpu_points
+
+
 def test_pie_sample_all_points_and_both_copies_of_the_growth(pie):
     plan = resolve_binary(pie)
     names = {os.path.basename(o.path) for o in plan.objects}

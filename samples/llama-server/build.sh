@@ -22,7 +22,9 @@
 #                static inside the module; 15 to 25 minutes on 2 cores), for a platform
 #                without a wheel
 #
-# Cache: ${CKPTRACE_CACHE:-/var/cache/ckptrace}/llama-server/<version>-<off|pool-<sha12>|wheel>[-libcxx][-static]/
+# Cache: ${CKPTRACE_CACHE:-/var/cache/ckptrace}/llama-server/<version>-<off|pool-<sha12>|wheel>[-dl][-libcxx][-static]/
+# (-dl: 0.3.36 shared builds with GGML_BACKEND_DL=ON, as the official images: one CPU variant,
+# libggml-cpu.so beside llama-server in build/bin, dlopen'ed at start)
 # A finished build (stamp file .built, written last) is reused at once; a partial one is
 # resumed (the cmake build is incremental). Progress goes to stderr; the last line on stdout
 # is the absolute path of the llama-server binary (11549: the venv's python). Only the
@@ -136,6 +138,10 @@ elif [ "$WHEEL" = 1 ]; then
 else
     key="$version-off"
 fi
+# backend_dl: 0.3.36 (shared) builds as llama.cpp's official images do (GGML_BACKEND_DL=ON)
+backend_dl=0
+[ "$version" = 0.3.36 ] && [ "$static" = 0 ] && backend_dl=1
+[ "$backend_dl" = 1 ] && key="$key-dl"
 [ "$libcxx" = 1 ] && key="$key-libcxx"
 [ "$static" = 1 ] && key="$key-static"
 DIR="$ROOT/$key"
@@ -215,6 +221,11 @@ case "$version" in
     # 679 s of CPU without them, 992 with), linked thanks to ik-no-iqk-fa.patch's two definitions
     ik-0.1.5) cmake_args+=(-DLLAMA_BUILD_EXAMPLES=ON -DGGML_IQK_FLASH_ATTENTION=OFF) ;;
 esac
+# The official images' layout: the CPU backend is libggml-cpu.so beside llama-server in bin/
+# (as /app has it), dlopen'ed at start from the executable's folder, not a DT_NEEDED library.
+# One CPU variant here (GGML_NATIVE=OFF, no GGML_CPU_ALL_VARIANTS): the images build every variant
+# (libggml-cpu-<level>.so) and ggml loads the best one; one keeps CI time, found by the same search.
+[ "$backend_dl" = 1 ] && cmake_args+=(-DGGML_BACKEND_DL=ON)
 # xllamacpp's script builds llama.cpp static and position-independent into the module; these
 # replace what it would fetch (LLGuidance is Rust from the network, BoringSSL a download)
 [ "$KIND" = python ] && cmake_args+=(-DLLAMA_LLGUIDANCE=OFF -DLLAMA_BUILD_BORINGSSL=OFF)

@@ -11,6 +11,9 @@
 
 #include <errno.h>
 #include <getopt.h>
+#ifdef SAMPLE_BACKEND_DL
+#include <dlfcn.h>
+#endif
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -478,6 +481,34 @@ static double median(std::vector<int64_t> v) {
     return v.size() % 2 ? (double) v[m] : (v[m - 1] + v[m]) / 2.0;
 }
 
+#ifdef SAMPLE_BACKEND_DL
+#define SAMPLE_CUDA_DL_DEFINE(f) decltype(sample_dl_##f) sample_dl_##f;
+SAMPLE_CUDA_DL_FUNCTIONS(SAMPLE_CUDA_DL_DEFINE)
+#undef SAMPLE_CUDA_DL_DEFINE
+
+// As ggml_backend_load_all() in a GGML_BACKEND_DL build (llama.cpp's official images): the backend
+// is a library in the executable's folder, dlopen'ed at start; the CUDA libraries it needs are
+// mapped only then, and the CUDA calls (cuda/cuda_dl.h) reach them through it.
+static void load_backend() {
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    std::string dir = n > 0 ? std::string(exe, (size_t) n) : std::string("./x");
+    std::string path = dir.substr(0, dir.rfind('/')) + "/libggml-cuda.so";
+    void * h = dlopen(path.c_str(), RTLD_NOW | RTLD_GLOBAL);
+    if (h == nullptr) {
+        fprintf(stderr, "%s: error: cannot load the backend %s: %s\n", prog, path.c_str(), dlerror());
+        exit(2);
+    }
+#define SAMPLE_CUDA_DL_BIND(f) \
+    if ((*(void **) &sample_dl_##f = dlsym(h, #f)) == nullptr) { \
+        fprintf(stderr, "%s: error: the backend %s has no %s\n", prog, path.c_str(), #f); \
+        exit(2); \
+    }
+    SAMPLE_CUDA_DL_FUNCTIONS(SAMPLE_CUDA_DL_BIND)
+#undef SAMPLE_CUDA_DL_BIND
+}
+#endif
+
 int main(int argc, char ** argv) {
     const options o = parse_options(argc, argv);
 
@@ -505,6 +536,9 @@ int main(int argc, char ** argv) {
     pool.set_caps(o.pool_cap_mib >= 0 ? (size_t) o.pool_cap_mib << 20 : pool.byte_cap(), (size_t) o.pool_count);
 
     const size_t max_bytes = server_context_impl::max_state_bytes(o.sp, o.iterations);
+#ifdef SAMPLE_BACKEND_DL
+    load_backend();
+#endif
     llama_context * ctx = sample_llama_init(o.sp.n_slots, max_bytes, o.decode_us);
 #ifdef SAMPLE_CUDA
     common_checkpoint_cuda_dst(o.cuda_dst >= 0 ? o.cuda_dst : SAMPLE_CUDA_PAGEABLE);
