@@ -89,7 +89,7 @@ def serve(opts: ServeOptions) -> None:
         raise TargetError("give --pid PID (one or more) or --comm NAME")
     if opts.comm and ("/" in opts.comm or len(opts.comm.encode()) > 255):
         raise TargetError(f"--comm takes a process name (as in /proc/PID/comm), got {printable(opts.comm)!r}")
-    from ckptrace.probes.recorder import MAX_TARGETS
+    from ckptrace.probes.loader import MAX_TARGETS
 
     if len(opts.pids) > MAX_TARGETS:
         raise TargetError(f"{len(opts.pids)} processes: serve follows at most {MAX_TARGETS} at once")

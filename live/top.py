@@ -139,7 +139,7 @@ def top(opts: TopOptions, out=None) -> int:
         raise TargetError("give --pid PID (one or more) or --comm NAME")
     if opts.comm and ("/" in opts.comm or len(opts.comm.encode()) > 255):
         raise TargetError(f"--comm takes a process name (as in /proc/PID/comm), got {printable(opts.comm)!r}")
-    from ckptrace.probes.recorder import MAX_TARGETS
+    from ckptrace.probes.loader import MAX_TARGETS
 
     if len(opts.pids) > MAX_TARGETS:  # said before anything loads, as serve (not after attaching 64)
         raise TargetError(f"{len(opts.pids)} processes: top follows at most {MAX_TARGETS} at once")
