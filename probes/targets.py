@@ -115,9 +115,9 @@ def resolve_targets(pid, command: list[str] | None, comm: str | None, opts: Reco
     chosen: dict[int, str | None] = {}
     for item in wanted:
         p, label = item if isinstance(item, tuple) else (item, None)
-        p, note = process_of(p)  # a thread id names its process
-        if note:
-            say(f"ckptrace: note: {note}")
+        p, said = process_of(p)  # a thread id names its process
+        if said:
+            say(f"ckptrace: note: {said}")
         if p not in chosen or label:
             chosen[p] = label
     if len(chosen) > MAX_TARGETS:
