@@ -13,7 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from .legs import PHASE_COLOURS, Leg, plain, to_ms
-from .panels import ROW_PX, Panel, layout
+from .figure import ROW_PX, Panel, layout
 
 PARTS = {"ckpt_fill_ns": ("checkpoint fill", PHASE_COLOURS["fill"]),
          "ckpt_copy_ns": ("checkpoint copy", PHASE_COLOURS["copy"]),
