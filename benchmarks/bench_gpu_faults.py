@@ -20,7 +20,9 @@ import statistics
 import time
 from pathlib import Path
 
-from ckptrace.probes import arch, cuda, recorder
+from ckptrace.probes import arch, cuda, loader
+from ckptrace.probes.record_session import RecordOptions
+from ckptrace.probes.targets import Targets
 
 _libc = ctypes.CDLL(None)
 _libc.memset.argtypes = (ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t)
@@ -53,9 +55,9 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    recorder.machine_checks()
-    opts = recorder.RecordOptions(output=Path("/dev/null"), rss_step_mib=0)
-    bpf = recorder.load_program(recorder.Targets([]), opts, preload=False)  # the fault programs load as attached
+    loader.machine_checks()
+    opts = RecordOptions(output=Path("/dev/null"), rss_step_mib=0)
+    bpf = loader.load_program(Targets([]), opts, preload=False)  # the fault programs load as attached
     bpf[b"dst_ranges"][ctypes.c_uint32(1)] = bpf[b"dst_ranges"].Leaf()  # another process (pid 1) with a table
     conditions = ("detached", "attached, none open", "attached, one open elsewhere")
     per = {c: [] for c in conditions}
@@ -67,11 +69,11 @@ def main() -> None:
             for c in conditions:
                 attached = c != "detached"
                 if attached and not on:
-                    recorder.attach_gpu_faults(bpf)
+                    loader.attach_gpu_faults(bpf)
                 if not attached and on:
-                    if recorder.gpu_fault_source() == "perf":  # arm64: the page-faults perf event
+                    if loader.gpu_fault_source() == "perf":  # arm64: the page-faults perf event
                         bpf.detach_perf_event(arch.PERF_TYPE_SOFTWARE, arch.PERF_COUNT_SW_PAGE_FAULTS)
-                    for tp in cuda.FAULT_TRACEPOINTS if recorder.gpu_fault_source() == "tracepoints" else ():
+                    for tp in cuda.FAULT_TRACEPOINTS if loader.gpu_fault_source() == "tracepoints" else ():
                         bpf.detach_tracepoint(tp.encode())
                 on = attached
                 bpf[b"gpu_open"][ctypes.c_int(0)] = ctypes.c_uint64(1 if c.endswith("elsewhere") else 0)

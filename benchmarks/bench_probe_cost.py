@@ -32,7 +32,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from ckptrace.probes import bpf_compile, bpf_runtime, kernel, recorder
+from ckptrace.probes import bpf_compile, bpf_runtime, kernel, loader
+from ckptrace.probes.record_session import RecordOptions
+from ckptrace.probes.targets import Targets
 from ckptrace.samples import workload_binary
 
 # bench_sidecar.py beside this script: its folder is on sys.path when run
@@ -191,8 +193,8 @@ def detach(prog, done: list) -> None:
 def recorder_program(per_fault: bool):
     """The recorder's program as record builds it (defaults, or --rss-per-fault), with no
     tracepoint attached yet; its ring buffer read (and dropped) between loops."""
-    opts = recorder.RecordOptions(output=Path("/dev/null"), rss_per_fault=per_fault)
-    prog = recorder.load_program(recorder.Targets([]), opts, preload=False)
+    opts = RecordOptions(output=Path("/dev/null"), rss_per_fault=per_fault)
+    prog = loader.load_program(Targets([]), opts, preload=False)
     for tp in list(prog.tracepoints):
         prog.detach_tracepoint(tp)
     prog[b"events"].open_ring_buffer(lambda ctx, data, size: 0)
@@ -224,7 +226,7 @@ def measure(rounds: int, tmp: Path, others: dict[str, int]) -> list[dict]:
                 for config in order:
                     prog = progs["empty"] if config == "empty" else real
                     if config == "program" and target:
-                        real[b"targets"][ctypes.c_uint32(trig.pid)] = ctypes.c_uint32(recorder.TARGET_TRACED)
+                        real[b"targets"][ctypes.c_uint32(trig.pid)] = ctypes.c_uint32(loader.TARGET_TRACED)
                     done = [] if config == "none" else attach(prog, exe, trig.pid, probes, config == "empty")
                     try:
                         times[config].append(trig.loop(mode, n))

@@ -1,7 +1,7 @@
 """A trace's metadata: one typed record, stored as JSON beside the events (see trace.py).
 
 Adding a field is one line in TraceMeta, with a default that means "not recorded" so that
-older traces still read, plus the line in the recorder (probes/recorder.py) that fills it.
+older traces still read, plus the line in the recorder (probes/record_meta.py) that fills it.
 Reading checks every known field's JSON type, so a reader can use the fields directly;
 keys this version does not know (a newer writer's) are kept in `extra` and written back.
 """
@@ -18,7 +18,7 @@ from ckptrace.core.errors import TraceFormatError
 INT_LIMIT = 1 << 62  # any integer field: sums and differences of a few stay inside int64
 # Bounds on what a hostile trace's metadata can make a reader build (20,000 processes once took
 # 1 GB and 90 s to analyse): the JSON's length, checked before parsing (trace.py), and every list's
-# items. A recording follows at most 64 processes (probes/recorder.py MAX_TARGETS); each maps a
+# items. A recording follows at most 64 processes (probes/loader.py MAX_TARGETS); each maps a
 # few hundred objects, each with a handful of probe points. A `command` is bounded by JSON_MAX only.
 JSON_MAX = 8 << 20
 LIST_MAX = 1 << 16

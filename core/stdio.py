@@ -10,7 +10,7 @@
 - stderr carries progress, notes and errors. A write there that fails is dropped, and the exit
   status stays the command's own: 0 when it did its job, its error's code when not.
 So neither stream can make a command print a traceback, and `record` writes its trace before
-anything it prints on stdout: a recording is kept whatever happens to them (probes/recorder.py).
+anything it prints on stdout: a recording is kept whatever happens to them (probes/rescue.py).
 """
 from __future__ import annotations
 

@@ -5,7 +5,7 @@ carries the trace metadata with `complete: false`. The stream format needs no fo
 takes every batch up to the last complete one, so whatever stops the recorder (SIGKILL, the OOM
 killer, a crash) leaves a readable, cut-short trace. Each batch carries the kernel counters as of
 its flush in its custom metadata, so the cut-short trace knows its lost events too. A clean stop
-replaces the stream, batch by batch, with the finished Parquet trace (probes/recorder.py).
+replaces the stream, batch by batch, with the finished Parquet trace (probes/finish.py).
 
 Chosen by measurement (docs/design.md): appending a 50-row batch to a zstd IPC stream costs about
 40 us of CPU; a Parquet segment of the same rows about 740 us, and a Parquet file is unreadable

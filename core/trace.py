@@ -46,7 +46,7 @@ COLUMNS: dict[str, object] = {c: _DTYPES[t] if t in _DTYPES else np.dtype(t) for
 # Rows per batch iter_batches yields: ~20 MiB of decoded columns, whatever the row groups.
 BATCH_ROWS = 1 << 18
 # Rows per Parquet row group of a finished trace: readers skip or read a trace a group at a time.
-ROW_GROUP_ROWS = 1 << 17  # also the recorder's finished trace (probes/recorder.py)
+ROW_GROUP_ROWS = 1 << 17  # also the recorder's finished trace (probes/finish.py)
 # Integer columns written delta-encoded: times rise and ids and counters change little from row to
 # row, so a 10M-event trace is 3.2x smaller (45 against 153 MiB) and decodes in 30% less CPU than
 # with dictionary pages (benchmarks/bench_analyzer.py's trace). The thread and process ids repeat:

@@ -17,7 +17,8 @@ from ckptrace.analyzers.warmup import AUTO, prefill_rows, split
 from ckptrace.core.terminal import shown_label
 
 from .legs import PHASE_COLOURS, VERDICT_COLOURS, Leg, plain
-from .panels import PARTS, Panel, iteration_parts, layout
+from .figure import Panel, layout
+from .panels import PARTS, iteration_parts
 
 
 CARD = "#EEF2F7"  # the answer's background: a card, apart from the panels below

@@ -20,7 +20,7 @@ from ckptrace.core.units import MIB
 from .legs import Leg, plain
 from ckptrace.analyzers.metrics import METRICS
 
-from .panels import Panel, layout, table_figure
+from .figure import Panel, layout, table_figure
 
 MAX_STEPS = 5_000  # points per line; past it, the highest value of each time bin (peaks stay)
 

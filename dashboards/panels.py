@@ -1,50 +1,31 @@
-"""The dashboard's panels: each takes the legs (and the comparison) and returns one plotly figure.
+"""The dashboard's chart panels: each takes the legs (and the comparison) and returns one plotly figure.
 
 A panel returns `Panel(None, reason)` when the data cannot support it, and adds a note when it
 shows less than everything (sampled or binned). Panels only draw what the analyzers computed:
-no medians, intervals or verdicts of their own.
+no medians, intervals or verdicts of their own. The table panels (the recordings, the summary,
+the header) are tables.py's.
 """
 from __future__ import annotations
 
 import math
-import os
-import textwrap
-from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ckptrace.core.meta import TraceMeta
 from ckptrace.core.terminal import shown_label
 from ckptrace.core.trace import time_origin
 from ckptrace.core.units import MIB
 
 from ckptrace.analyzers.checkpoints import BUFFER_SAID
 from ckptrace.analyzers.headline import PARTS as TIME_PARTS, time_parts
-from ckptrace.analyzers.metrics import METRICS as REGISTRY, label
+from ckptrace.analyzers.metrics import label
 from ckptrace.analyzers.warmup import AUTO, split
 
+from .figure import ROW_PX, Panel, layout
 from .legs import (MAX_BARS, MAX_POINTS, PHASE_COLOURS, VERDICT_COLOURS, Leg, bin_rows,
                    order_statistics, plain, to_ms)
-
-TEMPLATE = "plotly_white"
-ROW_PX = 22  # table line height used to size table figures
-
-
-@dataclass
-class Panel:
-    figure: go.Figure | None
-    omitted: str = ""  # why there is no figure
-    notes: list[str] = field(default_factory=list)
-
-
-def layout(fig: go.Figure, title: str, height: int) -> go.Figure:
-    fig.update_layout(template=TEMPLATE, title=dict(text=title, x=0.01), height=height,
-                      margin=dict(l=70, r=30, t=70, b=50), legend=dict(orientation="h", y=-0.12))
-    return fig
-
 
 # -- per prefill iteration, stacked over time ---------------------------------------------------
 
@@ -107,25 +88,6 @@ def _nice_step(span: float, ticks: int = 8) -> float:
     return next(m * power for m in (1, 2, 5, 10) if m * power >= raw)
 
 
-def _fault_timing(meta: TraceMeta) -> str:
-    """How the leg's fault time was measured: the recorder's method, else the legacy interval."""
-    ft = meta.fault_time
-    if ft is not None and ft.method != "none":
-        return f"{ft.method}: {ft.definition}"
-    every = meta.fault_sample_every
-    if every:
-        return ("legacy service interval, every fault timed" if every == 1
-                else f"legacy service interval, faults timed in 1 of {every} 0.25 s slices")
-    return "not recorded (fault counts only)"
-
-
-def _sched(meta: TraceMeta) -> str:
-    sc = meta.sched_counters
-    if sc is None:
-        return "not recorded (trace format 1)"
-    return ("recorded: " if sc.recorded else "not recorded: ") + sc.note
-
-
 # -- one iteration as a timeline -----------------------------------------------------------------
 
 MAX_TIMELINE_ROWS = 120
@@ -181,14 +143,83 @@ def _state_count(leg: Leg, r: pd.Series) -> int:
     return int((leg.restores["iter"] == r["iter"]).sum() + (leg.prompt_saves["iter"] == r["iter"]).sum())
 
 
-def timeline_panel(legs: list[Leg], warmup=AUTO) -> Panel:
-    """Per arm, its median prefill iteration (first leg of the arm that has one)."""
+def _chosen_per_arm(legs: list[Leg], warmup=AUTO) -> dict[str, tuple[Leg, pd.Series]]:
+    """Per arm, its first leg's chosen iteration that holds a checkpoint (_chosen_iteration)."""
     chosen: dict[str, tuple[Leg, pd.Series]] = {}
     for leg in legs:
         if leg.label not in chosen:
             row = _chosen_iteration(leg, warmup)
             if row is not None and row["checkpoints"] > 0:
                 chosen[leg.label] = (leg, row)
+    return chosen
+
+
+def _timeline_row(fig: go.Figure, row: int, leg: Leg, r: pd.Series, notes: list[str]) -> None:
+    """One arm's iteration `r` drawn in subplot `row`: the iteration, its decode calls, each
+    checkpoint with its fill and copy, the restores and state saves with their copies."""
+    t0, t1, tid = int(r["start_ns"]), int(r["end_ns"]), int(r["tid"])
+    ck = leg.checkpoints.loc[(leg.checkpoints["iter"] == r["iter"]).to_numpy()]
+    if len(ck) > MAX_TIMELINE_ROWS:
+        notes.append(f"{leg.name}: timeline shows the first {MAX_TIMELINE_ROWS} of {len(ck)} checkpoints.")
+        ck = ck.iloc[:MAX_TIMELINE_ROWS]
+    ev = leg.analysis.events_between(t0, t1)
+    in_ck = ev["ckpt"].isin(ck["ckpt"]).to_numpy()
+    spans = ev.loc[ev["kind"].isin(["fill", "copy"]).to_numpy() & in_ck]
+    dec = ev.loc[(ev["kind"] == "decode").to_numpy() & (ev["tid"] == tid).to_numpy()
+                 & (ev["start_ns"] >= t0).to_numpy() & (ev["end_ns"] <= t1).to_numpy()]
+    ck_row = {int(c): f"ckpt {int(c)}" for c in ck["ckpt"]}
+    state, state_copies = _state_rows(ev, tid, t0, t1)
+    if len(ck) + len(state) > MAX_TIMELINE_ROWS:
+        notes.append(f"{leg.name}: timeline shows the first {max(0, MAX_TIMELINE_ROWS - len(ck))} of "
+                     f"{len(state)} restores and state saves.")
+        state = state.iloc[:max(0, MAX_TIMELINE_ROWS - len(ck))]
+        state_copies = state_copies.loc[state_copies["row"].isin(state["row"]).to_numpy()]
+    y_order = (["iteration"] + (["llama_decode"] if len(dec) else []) + list(ck_row.values())
+               + list(state["row"]))
+    show = row == 1
+
+    def bar(y, start, end, name, colour, width, hover):
+        fig.add_trace(go.Bar(
+            y=y, base=to_ms(np.asarray(start) - t0), x=to_ms(np.asarray(end) - np.asarray(start)), orientation="h",
+            name=name, legendgroup=name, showlegend=show, width=width, marker=dict(color=colour),
+            customdata=hover, hovertemplate="%{customdata}<extra>" + name + "</extra>"), row=row, col=1)
+
+    bar(["iteration"], [t0], [t1], "iteration", PHASE_COLOURS["other"], 0.8,
+        [f"{(t1 - t0) / 1e6:.2f} ms, thread {tid}"])
+    if len(dec):
+        bar(["llama_decode"] * len(dec), dec["start_ns"], dec["end_ns"], "llama_decode",
+            PHASE_COLOURS["decode"], 0.8, [f"{d / 1e6:.2f} ms" for d in (dec["end_ns"] - dec["start_ns"])])
+    bar([ck_row[int(c)] for c in ck["ckpt"]], ck["start_ns"], ck["end_ns"], "checkpoint",
+        PHASE_COLOURS["checkpoint"], 0.8,
+        [f"total {a / 1e6:.2f} ms, {b / MIB:.1f} MiB, faults {f}, {BUFFER_SAID[k]}"
+         + (f"; {fb / MIB:.1f} MiB copied into fresh pages (on CUDA: the slow pageable path)" if fb else "")
+         for a, b, f, k, fb in zip(ck["total_ns"], ck["bytes"], ck["faults"], ck["buffer"].astype(str),
+                                   ck["fresh_bytes"])])
+    for phase in ("fill", "copy"):
+        s = spans.loc[(spans["kind"].astype(object) == phase).to_numpy()]
+        if len(s):
+            bar([ck_row[int(c)] for c in s["ckpt"]], s["start_ns"], s["end_ns"], phase, PHASE_COLOURS[phase],
+                0.45, [f"{d / 1e6:.2f} ms, {n} faults, {b / MIB:.1f} MiB"
+                       for d, n, b in zip(s["end_ns"] - s["start_ns"], s["faults"], s["bytes"])])
+    for kind, (name, _) in STATE_SPANS.items():  # drawn like checkpoints: the span, its copies inside
+        s = state.loc[(state["kind"].astype(object) == kind).to_numpy()]
+        if len(s):
+            bar(list(s["row"]), s["start_ns"], s["end_ns"], name, PHASE_COLOURS[kind], 0.8,
+                [f"total {d / 1e6:.2f} ms, {b / MIB:.1f} MiB, faults {n}"
+                 for d, n, b in zip(s["end_ns"] - s["start_ns"], s["faults"], s["bytes"])])
+    for kind, name in COPY_NAMES.items():
+        s = state_copies.loc[(state_copies["kind"].astype(object) == kind).to_numpy()]
+        if len(s):
+            bar(list(s["row"]), s["start_ns"], s["end_ns"], name, PHASE_COLOURS["copy"], 0.45,
+                [f"{d / 1e6:.2f} ms, {n} faults, {b / MIB:.1f} MiB"
+                 for d, n, b in zip(s["end_ns"] - s["start_ns"], s["faults"], s["bytes"])])
+    fig.update_yaxes(categoryorder="array", categoryarray=y_order[::-1], row=row, col=1)
+    fig.update_xaxes(title_text="ms since iteration start", row=row, col=1)
+
+
+def timeline_panel(legs: list[Leg], warmup=AUTO) -> Panel:
+    """Per arm, its median prefill iteration (first leg of the arm that has one)."""
+    chosen = _chosen_per_arm(legs, warmup)
     if not chosen:
         return Panel(None, "no prefill iteration holds a checkpoint")
     notes = []
@@ -202,64 +233,7 @@ def timeline_panel(legs: list[Leg], warmup=AUTO) -> Panel:
     fig = make_subplots(rows=len(items), cols=1, subplot_titles=titles, vertical_spacing=gap_px / height,
                         row_heights=rows_px)
     for row, (leg, r) in enumerate(items, start=1):
-        t0, t1, tid = int(r["start_ns"]), int(r["end_ns"]), int(r["tid"])
-        ck = leg.checkpoints.loc[(leg.checkpoints["iter"] == r["iter"]).to_numpy()]
-        if len(ck) > MAX_TIMELINE_ROWS:
-            notes.append(f"{leg.name}: timeline shows the first {MAX_TIMELINE_ROWS} of {len(ck)} checkpoints.")
-            ck = ck.iloc[:MAX_TIMELINE_ROWS]
-        ev = leg.analysis.events_between(t0, t1)
-        in_ck = ev["ckpt"].isin(ck["ckpt"]).to_numpy()
-        spans = ev.loc[ev["kind"].isin(["fill", "copy"]).to_numpy() & in_ck]
-        dec = ev.loc[(ev["kind"] == "decode").to_numpy() & (ev["tid"] == tid).to_numpy()
-                     & (ev["start_ns"] >= t0).to_numpy() & (ev["end_ns"] <= t1).to_numpy()]
-        ck_row = {int(c): f"ckpt {int(c)}" for c in ck["ckpt"]}
-        state, state_copies = _state_rows(ev, tid, t0, t1)
-        if len(ck) + len(state) > MAX_TIMELINE_ROWS:
-            notes.append(f"{leg.name}: timeline shows the first {max(0, MAX_TIMELINE_ROWS - len(ck))} of "
-                         f"{len(state)} restores and state saves.")
-            state = state.iloc[:max(0, MAX_TIMELINE_ROWS - len(ck))]
-            state_copies = state_copies.loc[state_copies["row"].isin(state["row"]).to_numpy()]
-        y_order = (["iteration"] + (["llama_decode"] if len(dec) else []) + list(ck_row.values())
-                   + list(state["row"]))
-        show = row == 1
-
-        def bar(y, start, end, name, colour, width, hover):
-            fig.add_trace(go.Bar(
-                y=y, base=to_ms(np.asarray(start) - t0), x=to_ms(np.asarray(end) - np.asarray(start)), orientation="h",
-                name=name, legendgroup=name, showlegend=show, width=width, marker=dict(color=colour),
-                customdata=hover, hovertemplate="%{customdata}<extra>" + name + "</extra>"), row=row, col=1)
-
-        bar(["iteration"], [t0], [t1], "iteration", PHASE_COLOURS["other"], 0.8,
-            [f"{(t1 - t0) / 1e6:.2f} ms, thread {tid}"])
-        if len(dec):
-            bar(["llama_decode"] * len(dec), dec["start_ns"], dec["end_ns"], "llama_decode",
-                PHASE_COLOURS["decode"], 0.8, [f"{d / 1e6:.2f} ms" for d in (dec["end_ns"] - dec["start_ns"])])
-        bar([ck_row[int(c)] for c in ck["ckpt"]], ck["start_ns"], ck["end_ns"], "checkpoint",
-            PHASE_COLOURS["checkpoint"], 0.8,
-            [f"total {a / 1e6:.2f} ms, {b / MIB:.1f} MiB, faults {f}, {BUFFER_SAID[k]}"
-             + (f"; {fb / MIB:.1f} MiB copied into fresh pages (on CUDA: the slow pageable path)" if fb else "")
-             for a, b, f, k, fb in zip(ck["total_ns"], ck["bytes"], ck["faults"], ck["buffer"].astype(str),
-                                       ck["fresh_bytes"])])
-        for phase in ("fill", "copy"):
-            s = spans.loc[(spans["kind"].astype(object) == phase).to_numpy()]
-            if len(s):
-                bar([ck_row[int(c)] for c in s["ckpt"]], s["start_ns"], s["end_ns"], phase, PHASE_COLOURS[phase],
-                    0.45, [f"{d / 1e6:.2f} ms, {n} faults, {b / MIB:.1f} MiB"
-                           for d, n, b in zip(s["end_ns"] - s["start_ns"], s["faults"], s["bytes"])])
-        for kind, (name, _) in STATE_SPANS.items():  # drawn like checkpoints: the span, its copies inside
-            s = state.loc[(state["kind"].astype(object) == kind).to_numpy()]
-            if len(s):
-                bar(list(s["row"]), s["start_ns"], s["end_ns"], name, PHASE_COLOURS[kind], 0.8,
-                    [f"total {d / 1e6:.2f} ms, {b / MIB:.1f} MiB, faults {n}"
-                     for d, n, b in zip(s["end_ns"] - s["start_ns"], s["faults"], s["bytes"])])
-        for kind, name in COPY_NAMES.items():
-            s = state_copies.loc[(state_copies["kind"].astype(object) == kind).to_numpy()]
-            if len(s):
-                bar(list(s["row"]), s["start_ns"], s["end_ns"], name, PHASE_COLOURS["copy"], 0.45,
-                    [f"{d / 1e6:.2f} ms, {n} faults, {b / MIB:.1f} MiB"
-                     for d, n, b in zip(s["end_ns"] - s["start_ns"], s["faults"], s["bytes"])])
-        fig.update_yaxes(categoryorder="array", categoryarray=y_order[::-1], row=row, col=1)
-        fig.update_xaxes(title_text="ms since iteration start", row=row, col=1)
+        _timeline_row(fig, row, leg, r, notes)
     fig.update_layout(barmode="overlay")
     return Panel(layout(fig, "One prefill iteration per arm (the median after the warm-up): checkpoints, restores "
                               "and state saves, and their phases", height), notes=notes)
@@ -458,187 +432,3 @@ def churn_panel(legs: list[Leg], setting=AUTO) -> Panel:
     if any(v is None for v in hit):
         notes.append(f"A leg with no checkpoint after its warm-up has no {HIT_RATE}: its bar says so.")
     return Panel(fig, notes=notes)
-
-
-# -- metadata and summary tables -----------------------------------------------------------------
-
-def _lines(items, escape: bool = True) -> str:
-    """Items as lines of one table cell; escape=False for items that are plain() already."""
-    items = list(items)
-    return "<br>".join(plain(x) if escape else x for x in items) if items else "-"
-
-
-def _or_dash(value) -> str:
-    return "-" if value is None or value == "" else plain(value)
-
-
-def _recording_s(meta: TraceMeta) -> str:
-    stop, begin = meta.stop_ns, meta.first_event_ns or meta.attach_ns
-    if stop is not None and begin is not None and stop >= begin:
-        return f"{(stop - begin) / 1e9:.2f} s"
-    return "-"
-
-
-def table_figure(title: str, header: list[str], rows: list[tuple[str, list[str]]], first_width=1.2) -> go.Figure:
-    """A two-dimensional table: rows of (row name, one cell per column). Cells must be plain()."""
-    lines = [max(str(c).count("<br>") + 1 for c in cells) for _, cells in rows]
-    fig = go.Figure(go.Table(
-        columnwidth=[first_width] + [2] * (len(header) - 1),
-        header=dict(values=header, fill_color="#EEE", align="left"),
-        cells=dict(values=[[plain(r) for r, _ in rows]] + [[cells[i] for _, cells in rows]
-                                                           for i in range(len(header) - 1)],
-                   align="left", height=ROW_PX, fill_color=[["#FAFAFA"] * len(rows)] + [["white"] * len(rows)])))
-    # A cell line is about 16 px; a row is at least ROW_PX. Plotly tables scroll if this is short.
-    return layout(fig, title, 130 + sum(ROW_PX + 4 + 18 * (n - 1) for n in lines))
-
-
-def metadata_panel(legs: list[Leg]) -> Panel:
-    width = max(40, 140 // max(1, len(legs)))  # characters per cell line: plotly tables do not wrap
-    def row(name, fn):
-        return name, [fn(leg) for leg in legs]
-
-    def probes(leg):
-        return _lines(f"{p.point}: {p.symbol} in {os.path.basename(p.object)}" for p in leg.meta.probes)
-
-    def builds(leg):
-        return _lines(f"{os.path.basename(o.path)} {o.build_id or '(no build-id)'}" for o in leg.meta.objects)
-
-    def get(key):
-        return lambda leg: _or_dash(getattr(leg.meta, key))
-
-    def cmd(leg):
-        return plain(" ".join(leg.meta.command) if leg.meta.command else "-")
-
-    rows = [
-        row("label", lambda leg: leg.arm_name),
-        row("file", lambda leg: plain(leg.analysis.trace.path or "-")),
-        row("mode", get("mode")),
-        row("command", cmd),
-        row("pid / exit code", lambda leg: f"{_or_dash(leg.meta.pid)} / {_or_dash(leg.meta.exit_code)}"),
-        row("build-ids", builds),
-        row("kernel", get("kernel")),
-        row("host", get("host")),
-        row("started (UTC)", get("start_time")),
-        row("recording length", lambda leg: _recording_s(leg.meta)),
-        row("stop reason", get("stop_reason")),
-        row("lost events", get("lost_events")),
-        row("partial spans / open at stop",
-            lambda leg: plain(f"{leg.meta.partial_spans} / {leg.meta.open_at_stop.total}")),
-        row("fault time", lambda leg: _wrap(_fault_timing(leg.meta), width)),
-        row("on-CPU time and wait", lambda leg: _wrap(_sched(leg.meta), width)),
-        row("probe points", probes),
-        row("checkpoints / prefill iterations",
-            lambda leg: f"{len(leg.checkpoints):,} / {len(leg.prefill):,}"),
-        row("ckptrace", get("tool_version")),
-    ]
-    return Panel(table_figure("Recordings", ["", *[leg.name for leg in legs]], rows))
-
-
-def _flatten(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = v
-    return out
-
-
-def _fmt_summary(key: str, v) -> str:
-    """A summary figure with its unit: times in ms, bytes in MiB, shares and rates in %, counts
-    as whole numbers, yes/no, and "not recorded" for none."""
-    if isinstance(v, bool):
-        return "yes" if v else "no"
-    if v is None:
-        return "not recorded"
-    if isinstance(v, (int, float, np.integer, np.floating)):
-        whole = isinstance(v, (int, np.integer))
-        v = float(v)
-        if not math.isfinite(v):
-            return "-"
-        name = key.rsplit(".", 1)[-1]
-        if key.rsplit(".", 1)[0].endswith("_ns") and not key.endswith((".count", ".not_recorded")):
-            return f"{v / 1e6:,.3f} ms"
-        if name.endswith("_ns_per_mib") or name == "ns_per_mib":
-            return f"{v / 1e6:,.3f} ms per MiB"
-        if name.endswith("_bytes"):
-            return f"{v / MIB:,.1f} MiB"
-        if name.endswith(("_share", "_rate")) or name.startswith("checkpoint_share"):
-            return f"{100 * v:.1f}%"
-        if name.endswith("_per_mib"):
-            return f"{v:,.1f} per MiB"
-        if name.endswith("_s"):
-            return f"{v:,.2f} s"
-        return f"{int(v):,}" if whole or v.is_integer() else f"{v:,.3f}"
-    if isinstance(v, (list, tuple)):
-        return _lines(v) if v else "none"
-    return plain(v)
-
-
-# Summary keys whose words alone would mislead: the rate analyze counts over every checkpoint is
-# not the dashboard's (and the headline's) rate after the warm-up.
-SUMMARY_NAMES = {"pool_hit_rate": "pool hit rate, warm-up included", "ns_per_mib": "checkpoint time per MiB",
-                 "checkpoint_bytes": "checkpoint state copied",
-                 "checkpoint_share_of_prefill": "checkpoint share of prefill time",
-                 "wait_share": "checkpoints' share waiting for a CPU",
-                 "prefill_wait_share": "prefill iterations' share waiting for a CPU"}
-# Unit suffixes a summary key ends in: the cell shows the unit (_fmt_summary), the name says none.
-_UNIT_SUFFIXES = (("_ns_per_mib", " time per MiB"), ("_per_mib", " per MiB"), ("_bytes", ""), ("_ns", ""),
-                  ("_s", ""))
-
-
-def summary_name(key: str) -> str:
-    """A flattened summary key as a reader's name: a distribution by its metric's one label
-    (metrics.py) and its statistic, 'ckpt fill, p90'; other keys in words, without the unit
-    suffix their cell's unit replaces."""
-    parts = key.split(".")
-    if parts[0] == "stats" and len(parts) == 3 and parts[1] in REGISTRY:
-        return f"{label(parts[1])}, {parts[2].replace('_', ' ')}"
-    words = []
-    for p in parts:
-        if p in SUMMARY_NAMES:
-            words.append(SUMMARY_NAMES[p])
-            continue
-        for suffix, said in _UNIT_SUFFIXES:
-            if p.endswith(suffix) and len(p) > len(suffix):
-                p = p[:-len(suffix)] + said
-                break
-        words.append(p.replace("_", " "))
-    return ": ".join(words)
-
-
-def summary_panel(legs: list[Leg]) -> Panel:
-    flat = [_flatten(leg.summary) for leg in legs]
-    keys = list(dict.fromkeys(k for f in flat for k in f))
-    if not keys:
-        return Panel(None, "the analyses carry no summary")
-    rows = [(summary_name(k), [_fmt_summary(k, f[k]) if k in f else "-" for f in flat]) for k in keys]
-    return Panel(table_figure("Analyzer summary (as computed by ckptrace analyze; times in ms, sizes in MiB)",
-                               ["", *[leg.name for leg in legs]], rows, first_width=1.6))
-
-
-def header_panel(title: str, legs: list[Leg], comparison, notes: list[str]) -> Panel:
-    rows = [("traces", [_lines((f"{leg.name} ({len(leg.checkpoints):,} checkpoints)" for leg in legs), escape=False)])]
-    if comparison is not None:
-        rows.append(("comparison", [f"{plain(shown_label(comparison.candidate))} (candidate) against "
-                                    f"{plain(shown_label(comparison.baseline))} (baseline)"]))
-        if getattr(comparison, "explanation", ""):
-            rows.append(("result", [_wrap(comparison.explanation)]))
-        if getattr(comparison, "samples", ""):
-            rows.append(("samples", [_wrap(comparison.samples)]))
-        if getattr(comparison, "machine", None):
-            rows.append(("machine", [_wrap(comparison.machine["said"])]))
-        for w in getattr(comparison, "warnings", []) or []:
-            rows.append(("warning", [_wrap(w)]))
-    for note in notes:
-        rows.append(("note", [_wrap(note, escape=False)]))
-    fig = table_figure(plain(title), ["", ""], rows, first_width=0.25)
-    fig.update_traces(header=dict(height=0, values=["", ""], fill_color="white", line_color="white"))
-    return Panel(fig)
-
-
-def _wrap(text: str, width: int = 150, escape: bool = True) -> str:
-    """Break long text into lines for a table cell (plotly tables do not wrap)."""
-    lines = textwrap.wrap(str(text), width, break_long_words=False, break_on_hyphens=False) or [""]
-    return "<br>".join(plain(x) if escape else x for x in lines)

@@ -18,7 +18,8 @@ from ckptrace.core.errors import CkptraceError
 from ckptrace.core.output import write_output
 from ckptrace.core.terminal import printable
 
-from . import answer, memory, panels
+from . import answer, memory, panels, tables
+from .figure import Panel
 from .legs import make_legs, plain
 from .requests import requests_panel
 from .whatif import whatif_panel
@@ -43,7 +44,7 @@ _CONFIG = {"displaylogo": False, "responsive": True, "scrollZoom": False}
 
 
 def build_panels(analyses: list, comparison=None, title: str = "ckptrace report",
-                 notes: Sequence[str] = (), requests: list | None = None) -> list[tuple[str, panels.Panel]]:
+                 notes: Sequence[str] = (), requests: list | None = None) -> list[tuple[str, Panel]]:
     """(panel id, Panel) in page order: the answer, the breakdown, the header, then the rest.
     Panels without a figure are omitted ones.
 
@@ -55,7 +56,7 @@ def build_panels(analyses: list, comparison=None, title: str = "ckptrace report"
     first = [("answer", answer.answer_panel(comparison, title)), ("breakdown", answer.breakdown_panel(legs, comparison))]
     body = [
         ("comparison", panels.comparison_panel(comparison) if comparison is not None
-         else panels.Panel(None, "one label only: nothing to compare" if len({leg.label for leg in legs}) == 1
+         else Panel(None, "one label only: nothing to compare" if len({leg.label for leg in legs}) == 1
                            else "no comparison of these labels")),
         *([("requests", requests_panel(legs, requests))] if requests and any(t is not None for t in requests)
           else []),
@@ -66,8 +67,8 @@ def build_panels(analyses: list, comparison=None, title: str = "ckptrace report"
         ("memory", memory.memory_panel(legs)),
         ("whatif", whatif_panel(legs)),
         ("processes", memory.processes_panel(legs)),
-        ("summary", panels.summary_panel(legs)),
-        ("metadata", panels.metadata_panel(legs)),
+        ("summary", tables.summary_panel(legs)),
+        ("metadata", tables.metadata_panel(legs)),
     ]
     page_notes = [plain(n) for n in notes] + [n for _, p in first + body for n in p.notes]
     page_notes += [f"{leg.name}: " + gpu_hazard(s["fresh_copy_checkpoints"], s["fresh_copy_bytes"], s["checkpoints"])
@@ -76,10 +77,10 @@ def build_panels(analyses: list, comparison=None, title: str = "ckptrace report"
                    for leg in legs if leg.meta.complete is False]
     page_notes += [f"Panel '{pid}' omitted: {p.omitted}." for pid, p in first + body if p.figure is None]
     # The answer first (when there is a comparison), then where the time goes, then the header.
-    return first + [("header", panels.header_panel(title, legs, comparison, page_notes))] + body
+    return first + [("header", tables.header_panel(title, legs, comparison, page_notes))] + body
 
 
-def render_html(parts: list[tuple[str, panels.Panel]]) -> str:
+def render_html(parts: list[tuple[str, Panel]]) -> str:
     html = [_HEAD]
     first = True
     for pid, panel in parts:

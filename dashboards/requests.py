@@ -15,7 +15,7 @@ from plotly.subplots import make_subplots
 from ckptrace.core.units import ms
 
 from .legs import PHASE_COLOURS, Leg, plain, to_ms
-from .panels import ROW_PX, Panel, layout
+from .figure import ROW_PX, Panel, layout
 
 PARTS = {"ckpt_fill_ns": ("checkpoint fill", PHASE_COLOURS["fill"]),
          "ckpt_copy_ns": ("checkpoint copy", PHASE_COLOURS["copy"]),

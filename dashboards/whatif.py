@@ -18,7 +18,7 @@ from ckptrace.core.errors import AnalysisError
 from ckptrace.core.units import MIB
 
 from .legs import Leg
-from .panels import Panel, layout
+from .figure import Panel, layout
 
 
 def whatif_panel(legs: list[Leg]) -> Panel:

@@ -19,7 +19,7 @@ def check_targets(pids: tuple[int, ...], comm: str | None, verb: str) -> None:
         raise TargetError("give --pid PID (one or more) or --comm NAME")
     if comm and ("/" in comm or len(comm.encode()) > 255):
         raise TargetError(f"--comm takes a process name (as in /proc/PID/comm), got {printable(comm)!r}")
-    from ckptrace.probes.recorder import MAX_TARGETS  # the recorder (bcc's runtime) loads after the checks
+    from ckptrace.probes.loader import MAX_TARGETS  # the loader (bcc's runtime) loads after the checks
 
     if len(pids) > MAX_TARGETS:
         raise TargetError(f"{len(pids)} processes: {verb} follows at most {MAX_TARGETS} at once")

@@ -1,7 +1,7 @@
 """Live events for `ckptrace serve`: the recorder's BPF program on running processes, in batches.
 
 Nothing here is a second copy of the recorder: the program, its load, the probe resolution and
-the attach order are probes/recorder.py's. What this adds is
+the attach order are probes/loader.py's. What this adds is
 the long-running side: each batch is handed over and forgotten (memory stays flat), a span's
 fault time is computed as it arrives (probes/fault_time.py's rule and resident-time model, the
 calibration kept per size), and a process can be detached while the others go on.
@@ -18,7 +18,9 @@ import numpy as np
 from ckptrace.core.columns import KINDS
 from ckptrace.core.errors import CkptraceError, TargetError
 from ckptrace.core.heap import return_freed_memory
-from ckptrace.probes import fault_time, kernel, recorder
+from ckptrace.probes import drain, fault_time, kernel, loader
+from ckptrace.probes.record_session import RecordOptions
+from ckptrace.probes.targets import Targets, resolve_process
 from ckptrace.probes.target import alive, process_of
 from ckptrace.core.terminal import printable
 
@@ -69,13 +71,13 @@ class LiveProbes:
         that attaches its processes at once: about a quarter of a second less to start).
         `compile_line`: a compile is said in a line off a terminal too (top)."""
         # The recorder's machine checks, minus its output file: a failure is one line, before anything attaches.
-        recorder.machine_checks()
+        loader.machine_checks()
         # No RSS rows: serve has no series for them (the recorder's kmem:rss_stat program is left out).
-        self.opts = recorder.RecordOptions(output=Path(os.devnull), ringbuf_pages=ringbuf_pages, status=status,
-                                           rss_step_mib=0, compile_line=compile_line)
-        self.bpf = recorder.load_program(recorder.Targets([]), self.opts, preload=preload)
+        self.opts = RecordOptions(output=Path(os.devnull), ringbuf_pages=ringbuf_pages, status=status,
+                                  rss_step_mib=0, compile_line=compile_line)
+        self.bpf = loader.load_program(Targets([]), self.opts, preload=preload)
         self.sched_recorded = self.bpf.sched.recorded
-        # The ring buffer's records as they come (the recorder's _Session also streams them to its
+        # The ring buffer's records as they come (the recorder's drain also streams them to its
         # file; serve only needs the bytes): the record layout from the compiler, as the recorder.
         self.dtype = np.dtype(self.bpf[b"event_layout"].Leaf)
         self.chunks: list[bytes] = []
@@ -86,13 +88,13 @@ class LiveProbes:
         """Resolve the probe points in the live process and attach; a CkptraceError (TargetError,
         SymbolError, EbpfUnavailable) when it can't, also when it exits meanwhile, and nothing
         of it left attached."""
-        if len(self.bpf[b"targets"]) >= recorder.MAX_TARGETS:  # said before its symbols are read
-            raise TargetError(f"PID {pid}: serve follows at most {recorder.MAX_TARGETS} processes at once")
-        t = recorder.resolve_process(process_of(pid)[0])
-        kernel.open_files_for(recorder.uprobe_count(t.plan, gpu=False), f"PID {t.pid}")
-        recorder.trace_process(self.bpf, t.pid, t.plan)
+        if len(self.bpf[b"targets"]) >= loader.MAX_TARGETS:  # said before its symbols are read
+            raise TargetError(f"PID {pid}: serve follows at most {loader.MAX_TARGETS} processes at once")
+        t = resolve_process(process_of(pid)[0])
+        kernel.open_files_for(loader.uprobe_count(t.plan, gpu=False), f"PID {t.pid}")
+        loader.trace_process(self.bpf, t.pid, t.plan)
         try:
-            attached, _ = recorder.attach_probes(self.bpf, t.plan, t.pid, t.start, gpu=False)  # no CUDA series
+            attached, _ = loader.attach_probes(self.bpf, t.plan, t.pid, t.start, gpu=False)  # no CUDA series
         except BaseException:
             self._forget(t.pid)
             raise
@@ -117,7 +119,7 @@ class LiveProbes:
     def lost(self) -> int:
         """Events the kernel dropped so far, every process together (ring buffer or map full)."""
         counters = self.bpf[b"counters"]
-        return sum(int(counters[counters.Key(c)].value) for c in (recorder.C_LOST, recorder.C_MAP_FULL))
+        return sum(int(counters[counters.Key(c)].value) for c in (loader.C_LOST, loader.C_MAP_FULL))
 
     def detach(self, target: LiveTarget) -> None:
         """Stop matching its pid (it may be reused) and remove its probes. In this thread: bcc is
@@ -128,7 +130,7 @@ class LiveProbes:
         self.bpf.cleanup()  # closes the uprobes from 32 threads (bpf_runtime.Program._close_uprobes)
 
     def _forget(self, pid: int) -> None:
-        recorder.untrace_process(self.bpf, pid)
+        loader.untrace_process(self.bpf, pid)
         self.bpf.detach_process(pid)
 
     def _fault_ns(self, ev: np.ndarray) -> np.ndarray:
@@ -147,7 +149,7 @@ class LiveProbes:
             self._calibrate(ev["bytes"][rows])
             cpu = ev["cpu_ns"][rows].astype("float64")
             resident = fault_time.resident_ns(self.calibration[name], ev["bytes"][rows])
-            ok = (resident <= fault_time.RESIDENT_MAX_SHARE * cpu) & (ev["cpu_ns"][rows] != recorder.CPU_UNKNOWN)
+            ok = (resident <= fault_time.RESIDENT_MAX_SHARE * cpu) & (ev["cpu_ns"][rows] != drain.CPU_UNKNOWN)
             out[rows[ok]] = np.round(cpu[ok] - resident[ok]).astype(np.int64)
         return out
 

@@ -4,7 +4,7 @@ Only a target that maps the CUDA runtime or driver library (libcudart.so*, libcu
 symbols.py looks for these names in those libraries alone, so a CPU-only target has no CUDA point,
 no CUDA program attached and no CUDA column in its trace. Each point is a C function of the
 library, named as the library exports it; its role says which programs of checkpoint.bpf.c time it
-(probes/recorder.py PROGRAMS) and what it adds to the span it is called in.
+(probes/loader.py PROGRAMS) and what it adds to the span it is called in.
 """
 from __future__ import annotations
 

@@ -36,7 +36,7 @@ class Point:
     hints: tuple[str, ...] = ()  # parts of the name used to find candidates when it is missing
     probed: bool = True  # False: a marker that tells a generation apart, or a caller, never attached
     params: str = ""  # when set, the parameter list the demangled name must end with (one overload)
-    role: str = ""  # the probe point it is (recorder.PROGRAMS, the trace's probes); "" = name
+    role: str = ""  # the probe point it is (loader.PROGRAMS, the trace's probes); "" = name
 
     @property
     def point(self) -> str:

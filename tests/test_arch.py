@@ -7,9 +7,9 @@ import platform
 import re
 from pathlib import Path
 
-from ckptrace.probes import arch, recorder
+from ckptrace.probes import arch, loader
 
-SOURCE = Path(recorder.BPF_SOURCE).read_text()
+SOURCE = Path(loader.BPF_SOURCE).read_text()
 
 
 def test_llama_batch_is_read_where_each_abi_passes_it():

@@ -202,18 +202,18 @@ def test_a_changed_header_is_a_new_entry_and_headers_are_read_from_beside_the_so
     installed package has them: tests/test_install.py), here from a copy of the folder."""
     import shutil
 
-    from ckptrace.probes import bpf_cache, bpf_compile, recorder
+    from ckptrace.probes import bpf_cache, bpf_compile, loader
 
     copy = tmp_path / "probes"
     copy.mkdir()
-    for p in recorder.BPF_SOURCE.parent.iterdir():
+    for p in loader.BPF_SOURCE.parent.iterdir():
         if p.name.endswith((".bpf.c", ".h")):
             shutil.copy(p, copy / p.name)
-    source = copy / recorder.BPF_SOURCE.name
+    source = copy / loader.BPF_SOURCE.name
     headers = sorted(p.name for p in copy.glob("*.bpf.h"))
     assert headers == ["cuda.bpf.h", "emit.bpf.h", "memory.bpf.h", "tstate.bpf.h"]
     text = bpf_compile.assemble(source)
-    assert text == bpf_compile.assemble(recorder.BPF_SOURCE)
+    assert text == bpf_compile.assemble(loader.BPF_SOURCE)
     assert not re.search(r'^#include "', text, re.M)  # each inlined: bcc rewrites map calls only in its own file
     for name in [*headers, "checkpoint.h"]:
         assert text.count(f"/* ---- {name} ---- */") == 1, name

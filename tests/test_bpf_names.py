@@ -8,10 +8,11 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ckptrace.probes import bpf_compile, recorder
+from ckptrace.probes import bpf_compile, drain, loader
 
-PROBES = Path(recorder.__file__).parent
-PYTHON = [PROBES / "recorder.py", PROBES.parent / "live" / "session.py"]  # the modules that hold the loaded program
+PROBES = Path(loader.__file__).parent
+# The modules that hold the loaded program: the loader, the drain of a recording, the live session.
+PYTHON = [PROBES / "loader.py", PROBES / "drain.py", PROBES.parent / "live" / "session.py"]
 
 # Maps only the kernel side reads: no Python use expected.
 KERNEL_ONLY_MAPS = {
@@ -36,10 +37,10 @@ def c_names(text: str) -> tuple[set[str], set[str], set[str]]:
 
 def python_programs() -> set[str]:
     """Every program name the recorder loads or attaches by name."""
-    names = {fn for pair in recorder.PROGRAMS.values() for fn in pair if fn}
-    names |= {fn for pair in recorder.GPU_PROGRAMS.values() for fn in pair if fn}
-    names |= {recorder.GPU_FAULT_PROGRAM, recorder.GPU_FAULT_PERF_PROGRAM}
-    names |= {fn for _, fn in recorder.FAULT_PROGRAMS}
+    names = {fn for pair in loader.PROGRAMS.values() for fn in pair if fn}
+    names |= {fn for pair in loader.GPU_PROGRAMS.values() for fn in pair if fn}
+    names |= {loader.GPU_FAULT_PROGRAM, loader.GPU_FAULT_PERF_PROGRAM}
+    names |= {fn for _, fn in drain.FAULT_PROGRAMS}
     return names
 
 
@@ -75,7 +76,7 @@ def mismatches(c_text: str, py_texts: list[str]) -> list[str]:
 
 
 def _texts() -> tuple[str, list[str]]:
-    return bpf_compile.assemble(recorder.BPF_SOURCE), [p.read_text() for p in PYTHON]
+    return bpf_compile.assemble(loader.BPF_SOURCE), [p.read_text() for p in PYTHON]
 
 
 def test_every_name_python_uses_is_in_the_c_and_back():

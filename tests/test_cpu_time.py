@@ -143,7 +143,7 @@ def test_static_build_on_busy_cores(tmp_path, static_workload, require_root_ebpf
 def test_a_kernel_without_the_fields_records_with_the_columns_not_recorded(tmp_path, workload,
                                                                            require_root_ebpf, monkeypatch):
     from ckptrace.probes import bpf_cache, bpf_compile, kernel
-    from ckptrace.probes.recorder import RecordOptions, record
+    from ckptrace.probes.record_session import RecordOptions, record
 
     monkeypatch.setitem(kernel.SCHED_FIELDS, "run_delay", "task_struct.sched_info.no_such_field")
     # The offsets are read where the program compiles: in this process here (not the child, which

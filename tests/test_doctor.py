@@ -166,8 +166,8 @@ def test_compile_error_names_the_first_clang_error(require_root_ebpf):
 LLVM_FATAL = ("int f(void *ctx) { int n = bpf_get_prandom_u32() & 7; char b[n + 1]; b[0] = 1;\n"
               "  bpf_trace_printk(\"%d\", b[n]); return 0; }\n")
 # record with its BPF source swapped for another file (the recorder's own module attribute).
-WITH_BPF_SOURCE = [sys.executable, "-c", "import sys; from pathlib import Path; from ckptrace.probes import recorder; "
-                   "recorder.BPF_SOURCE = Path(sys.argv.pop(1)); from ckptrace.cli import main; main()"]
+WITH_BPF_SOURCE = [sys.executable, "-c", "import sys; from pathlib import Path; from ckptrace.probes import loader; "
+                   "loader.BPF_SOURCE = Path(sys.argv.pop(1)); from ckptrace.cli import main; main()"]
 
 
 @pytest.mark.ebpf

@@ -4,10 +4,10 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ckptrace.probes import recorder
+from ckptrace.probes import drain, loader
 from ckptrace.core.trace import KINDS, PHASES
 
-HEADER = Path(recorder.__file__).with_name("checkpoint.h")
+HEADER = Path(loader.__file__).with_name("checkpoint.h")
 
 
 def c_enum(name: str) -> dict[str, int]:
@@ -40,7 +40,7 @@ def test_phases_are_the_kernel_phases():
 
 def test_recorder_counter_and_kind_indices_match_the_header():
     counters, kinds = c_enum("ckpt_counter"), c_enum("ckpt_kind")
-    python = {k: v for k, v in vars(recorder).items() if re.fullmatch(r"[CK]_[A-Z_]+", k)}
+    python = {k: v for m in (loader, drain) for k, v in vars(m).items() if re.fullmatch(r"[CK]_[A-Z_]+", k)}
     assert {"C_LOST", "C_PARTIAL", "C_ABANDONED", "K_CHECKPOINT", "K_ITERATION"} <= set(python)
     for name, value in python.items():
         assert value == {**counters, **kinds}.get(name), name
@@ -49,7 +49,7 @@ def test_recorder_counter_and_kind_indices_match_the_header():
 
 def test_recorder_target_flags_match_the_header():
     flags = c_enum("ckpt_target_flag")
-    python = {k: v for k, v in vars(recorder).items() if re.fullmatch(r"TARGET_[A-Z_]+", k)}
+    python = {k: v for k, v in vars(loader).items() if re.fullmatch(r"TARGET_[A-Z_]+", k)}
     assert python == flags
 
 
@@ -57,4 +57,4 @@ def test_cpu_unknown_is_the_recorders():
     """A span's cpu_ns the probe found wrong (checkpoint.bpf.c) is the value the recorder nulls."""
     text = "".join(p.read_text() for p in sorted(HEADER.parent.glob("*.[ch]")))
     m = re.search(r"#define\s+CPU_UNKNOWN\s+(0x[0-9a-fA-F]+)ULL", text)
-    assert m and int(m.group(1), 16) == recorder.CPU_UNKNOWN
+    assert m and int(m.group(1), 16) == drain.CPU_UNKNOWN

@@ -129,7 +129,7 @@ def test_destination_faults_from_the_page_faults_perf_event(tmp_path, cuda_workl
     # arm64 has no exceptions:page_fault_* tracepoints: there the destination's faults come from the
     # `page-faults` software perf event, with the faulting address. The same program on this kernel,
     # held to the same stub: every figure as from the tracepoints.
-    from ckptrace.probes.recorder import RecordOptions, record
+    from ckptrace.probes.record_session import RecordOptions, record
 
     stub, truth = tmp_path / "p.stub.jsonl", tmp_path / "p.truth.jsonl"
     monkeypatch.setenv("CKPT_CUDA_STUB_TRUTH", str(stub))

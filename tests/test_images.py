@@ -31,11 +31,11 @@ def test_every_image_in_docs_is_stamped_and_matches_the_code_that_made_it():
 
 def test_a_change_to_what_the_dashboard_draws_makes_its_stamp_stale(monkeypatch):
     """The check fails on code that draws another picture (here, another plotly template)."""
-    from ckptrace.dashboards import panels
+    from ckptrace.dashboards import figure
 
     mi = make_images()
     stamps = json.loads(mi.STAMPS.read_text())
-    monkeypatch.setattr(panels, "TEMPLATE", "plotly_dark")
+    monkeypatch.setattr(figure, "TEMPLATE", "plotly_dark")
     assert mi.stale(stamps, ["docs/dashboard.png"]) == [
         "docs/dashboard.png: the code now renders a different dashboard file"]
     stamps["docs/export-devtools.png"]["inputs"]["samples/traces/1-pool-off.parquet"] = "0" * 64

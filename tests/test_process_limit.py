@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptrace.probes.recorder import MAX_TARGETS
+from ckptrace.probes.loader import MAX_TARGETS
 from helpers import CKPTRACE, assert_one_line_error, ckptrace, go, started, truth_count, wait_until
 
 # Small workloads: one slot, a 1 MiB checkpoint (its heap warning comes before `ready`), one

@@ -110,26 +110,26 @@ def test_the_fold_sums_on_cpu_fill_and_copy_as_analyze():
 
 
 def test_the_fold_keeps_an_unknown_on_cpu_figure_unknown():
-    """A fill or copy whose cpu_ns the probe found wrong (recorder.CPU_UNKNOWN) leaves its
+    """A fill or copy whose cpu_ns the probe found wrong (drain.CPU_UNKNOWN) leaves its
     checkpoint's on-CPU figure not recorded (-1), never a sum with 2**64 - 1 in it."""
-    from ckptrace.probes import recorder
+    from ckptrace.probes import drain, fold
     from ckptrace.probes.fold import ProcessFold
     from test_serve import SAMPLES, kernel_records
 
     tr = read_trace(SAMPLES / "1-pool-off.parquet")
     rec, fault = kernel_records(tr.events)
-    copies = np.flatnonzero(rec["kind"] == recorder.K_COPY)
-    rec["cpu_ns"][copies[0]] = recorder.CPU_UNKNOWN
+    copies = np.flatnonzero(rec["kind"] == fold.K_COPY)
+    rec["cpu_ns"][copies[0]] = drain.CPU_UNKNOWN
     out = ProcessFold().fold(rec, fault, sched_recorded=True).checkpoints
     ck = int(rec["ckpt"][copies[0]])
-    at = np.flatnonzero(np.isin(out["end_ns"], rec["end_ns"][(rec["kind"] == recorder.K_CHECKPOINT)
+    at = np.flatnonzero(np.isin(out["end_ns"], rec["end_ns"][(rec["kind"] == fold.K_CHECKPOINT)
                                                             & (rec["ckpt"] == ck)]))
     assert len(at) == 1 and out["copy_cpu_ns"][at[0]] == -1
     assert (np.delete(out["copy_cpu_ns"], at) >= 0).all()
     # Without a growth probe the fill is derived (the checkpoint's less its copies'): unknown too.
     rec, fault = kernel_records(tr.events)
-    cks = np.flatnonzero(rec["kind"] == recorder.K_CHECKPOINT)
-    rec["cpu_ns"][cks[0]] = recorder.CPU_UNKNOWN
+    cks = np.flatnonzero(rec["kind"] == fold.K_CHECKPOINT)
+    rec["cpu_ns"][cks[0]] = drain.CPU_UNKNOWN
     out = ProcessFold(False).fold(rec, fault, sched_recorded=True).checkpoints
     at = np.flatnonzero(out["end_ns"] == rec["end_ns"][cks[0]])
     assert len(at) == 1 and out["fill_cpu_ns"][at[0]] == -1 and out["cpu_ns"][at[0]] == -1

@@ -35,10 +35,10 @@ def untraced(program, mode: str) -> subprocess.CompletedProcess:
 
 def test_return_instructions_are_probed_not_the_return_address(program):
     """Every probed function of the program gets its returns as plain uprobes (no uretprobe)."""
-    from ckptrace.probes import recorder, symbols
+    from ckptrace.probes import loader, symbols
 
     plan = symbols.resolve_binary(str(program))
-    probed = {p.point: recorder.ends(p) for p in plan.points if recorder.PROGRAMS[p.point][1]}
+    probed = {p.point: loader.ends(p) for p in plan.points if loader.PROGRAMS[p.point][1]}
     assert set(probed) == {"update_tgt", "resize_grow", "state_copy", "update_slots"}, probed
     assert all(probed.values()), probed
 

@@ -187,7 +187,7 @@ def command(ctx, out_dir: Path | None, llama: bool, llama_version: str, model: s
                requests, warmup)
         return
     from ckptrace.analyzers import analyze_trace
-    from ckptrace.probes.recorder import RecordOptions, record
+    from ckptrace.probes.record_session import RecordOptions, record
     from ckptrace.samples import workload_binary
     from ckptrace.core.trace import read_trace
 

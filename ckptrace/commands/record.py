@@ -9,7 +9,7 @@ import click
 from ckptrace.options import seconds
 from ckptrace.core.terminal import printable
 
-from ckptrace.probes.recorder import FAULT_SAMPLE_CHOICES
+from ckptrace.probes.record_session import FAULT_SAMPLE_CHOICES
 
 
 @click.command(
@@ -82,7 +82,8 @@ def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, ma
     if sum(map(bool, (pids, comm, command))) != 1:
         raise click.UsageError("give exactly one of --pid PID, --comm NAME or -- COMMAND [ARGS...]")
     from ckptrace.core.errors import CkptraceError
-    from ckptrace.probes.recorder import Interrupted, RecordOptions, record
+    from ckptrace.probes.record_session import RecordOptions, record
+    from ckptrace.probes.stop import Interrupted
 
     opts = RecordOptions(output=output, label=label, duration_s=duration,
                          fault_sample=int(fault_sample), ringbuf_pages=ringbuf_pages, max_threads=max_threads,
