@@ -205,6 +205,10 @@ def _not_found(loader: str, exe: ElfObject, n: int) -> str:
             "with, or start it and use --pid)")
 
 
+# ggml's backends as a GGML_BACKEND_DL build (llama.cpp's official images) has them: shared
+# libraries libggml-NAME[-VARIANT].so that ggml_backend_load_all() dlopens at start from the
+# executable's folder (then the working folder), not DT_NEEDED. The CUDA one needs libcudart and
+# libcuda: a CUDA target's copy points (probes/cuda.py) are mapped only then.
 BACKEND_LIBRARY = re.compile(r"libggml-[A-Za-z0-9_.-]+\.so")
 
 
@@ -268,7 +272,7 @@ def objects_of_binary(path: str, notes: Notes) -> list[ElfObject]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Plans
+# The files a live process maps
 
 
 def maps_objects(pid: int, notes: Notes) -> list[str]:

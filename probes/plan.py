@@ -128,10 +128,6 @@ def _call_points_in(elf: ELFFile, obj: ElfObject, owners: list[ProbePoint], call
     return ends + begins
 
 
-# ---------------------------------------------------------------------------------------------
-# Which objects a program loads
-
-
 def _contained(notes: Notes, objects: list[ElfObject], read) -> list[ProbePoint]:
     """read(obj) for each object; one that fails (BadObject: it changed since, or its code is
     hostile) adds none and a note. ModuleNotFoundError (no capstone) passes to the caller."""

@@ -24,11 +24,6 @@ def _locate(path: str) -> str:
     return os.path.abspath(path)
 
 
-# ggml's backends as a GGML_BACKEND_DL build (llama.cpp's official images) has them: shared
-# libraries libggml-NAME[-VARIANT].so that ggml_backend_load_all() dlopens at start from the
-# executable's folder (then the working folder), not DT_NEEDED. The CUDA one needs libcudart and
-
-
 def resolve_binary(path: str, note=None) -> ProbePlan:
     """Resolve every probe point in an executable and the libraries it needs (DT_NEEDED). A
     library that can't be read is left out, said through note(text) (a line to print)."""
@@ -100,7 +95,3 @@ def verify_with_bcc(plan: ProbePlan, pid: int = -1) -> None:
             raise SymbolError(
                 f"bcc would probe {p.point} at file offset {off:#x} of {p.object}, not {p.offset:#x}"
                 f" (is /proc/{pid}/root readable?): run as root in the target's mount namespace")
-
-
-# ---------------------------------------------------------------------------------------------
-# Output
