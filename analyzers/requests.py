@@ -75,7 +75,7 @@ REQUEST_COLUMNS: dict[str, object] = {
 }
 # Summary distributions (p50 = median, p90, p99) over the requests with a breakdown.
 SUMMARY_FIGURES = ("ttft_ns", "stall_ns", "ckpt_ns", "ckpt_fill_ns", "restore_ns", "est_ttft_without_fill_ns")
-# Probe points whose presence means restores were watched (probes/symbols.py names).
+# Probe points whose presence means restores were watched (probes/points.py names).
 RESTORE_POINTS = frozenset({"load_tgt", "load_dft", "state_restore"})
 BLOCK = 4_000_000  # window x span cells per step: about 32 MB of overlaps at a time
 

@@ -336,11 +336,26 @@ def simulate(inp: ReplayInput, policy: Policy, where: str = "the trace") -> Repl
     """Replay `inp` against `policy` (the module docstring's rules)."""
     _check(policy)
     cap = policy.cap_bytes(inp.host_memory, where)
-    gets, rel = inp.gets, inp.releases
     trims = trim_times(inp, policy.trim_idle_ns)
-    # (time, order, what, index): gets at their mmap's return, releases at their munmap's entry,
-    # in trace order at one time; a trim after anything at its time; the exit last.
-    # Sorted as arrays and walked a chunk at a time: a tuple per event cost ~100 bytes (issue 39).
+    pool = _Pool(inp, policy, cap)
+    for t, what, i in _walk(*_events(inp, trims)):
+        if what == 0:
+            pool.get(t, i)
+        elif what == 1:
+            pool.release(t, i)
+        elif what == 2:
+            pool.trim(t)
+        elif pool.buffers:  # the process exited: its pool went with it
+            pool.n["released_at_exit_bytes"] = pool.drop_all(t, "exit")
+    return _replay(inp, policy, cap, pool)
+
+
+def _events(inp: ReplayInput, trims: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(time, what, index, order) of the replay's events. What: 0 a get, 1 a release, 2 a trim, 3
+    the exit. Gets at their mmap's return, releases at their munmap's entry, in trace order at one
+    time; a trim after anything at its time; the exit last. Sorted as arrays and walked a chunk at
+    a time: a tuple per event cost ~100 bytes (issue 39)."""
+    gets, rel = inp.gets, inp.releases
     ends = [inp.end_ns] if inp.exited else []
     ev_t = np.concatenate([gets["t_ns"].to_numpy("int64"), rel["t_ns"].to_numpy("int64"),
                            np.asarray(trims, "int64"), np.asarray(ends, "int64")])
@@ -348,106 +363,128 @@ def simulate(inp: ReplayInput, policy: Policy, where: str = "the trace") -> Repl
                            np.full(len(trims), 1 << 62, "int64"), np.full(len(ends), np.iinfo("int64").max)])
     ev_what = np.repeat(np.arange(4, dtype="int8"), [len(gets), len(rel), len(trims), len(ends)])
     ev_i = np.concatenate([np.arange(len(gets)), np.arange(len(rel)), np.zeros(len(trims) + len(ends), "int64")])
-    ev_order = np.lexsort((ev_i, ev_what, ev_s, ev_t))
+    return ev_t, ev_what, ev_i, np.lexsort((ev_i, ev_what, ev_s, ev_t))
 
-    size, mapped, ck_of = (_ints(gets[c]) for c in ("bytes", "mapped", "ckpt"))
-    rel_get, rel_grower = _ints(rel["get"]), _ints(rel["grower"])
-    rel_how = rel["how"].tolist()
-    pool: list[tuple[int, int, int]] = []  # (size, id, mapped), sorted: best fit is a bisect
-    live: dict[int, tuple[int, int, int]] = {}  # get -> (size, id, mapped) of the buffer it holds
-    outcome = [""] * len(gets)
-    hit_of_ckpt: dict[int, bool] = {}
-    n = {"hits": 0, "misses": 0, "puts": 0, "accepted": 0, "declined_floor": 0, "declined_cap": 0,
-         "declined_full": 0, "evictions": 0, "evicted_bytes": 0, "trims": 0, "trimmed_bytes": 0,
-         "freed_by_growth": 0, "released_at_exit_bytes": 0}
-    pooled = pooled_mapped = extra = 0
-    hwm = {"bytes": 0, "mapped": 0, "buffers": 0, "bytes_at_ns": None}
-    # The pool's changes, a column each (8 bytes a figure, not a tuple of objects per change).
-    log_cols = {c: array("q") for c in POOLED_COLUMNS if c != "event"}
-    log_event: list[str] = []
 
-    def log(t: int, event: str, b: int) -> None:
-        log_event.append(event)
-        for c, v in (("t_ns", t), ("bytes", b), ("pooled_bytes", pooled), ("pooled_mapped_bytes", pooled_mapped),
-                     ("pooled_buffers", len(pool)), ("extra_bytes", extra)):
-            log_cols[c].append(v)
+class _Pool:
+    """The pool as the replay goes: its buffers, the recording's live buffers, the counts, the
+    high-water marks and the log of its changes."""
 
-    def drop_all(t: int, event: str) -> int:
-        nonlocal pooled, pooled_mapped, extra
-        gone = pooled
-        extra -= pooled_mapped
-        pool.clear()
-        pooled = pooled_mapped = 0
-        log(t, event, gone)
+    def __init__(self, inp: ReplayInput, policy: Policy, cap: int):
+        gets, rel = inp.gets, inp.releases
+        self.policy, self.cap = policy, cap
+        self.size, self.mapped, self.ck_of = (_ints(gets[c]) for c in ("bytes", "mapped", "ckpt"))
+        self.rel_get, self.rel_grower = _ints(rel["get"]), _ints(rel["grower"])
+        self.rel_how = rel["how"].tolist()
+        self.buffers: list[tuple[int, int, int]] = []  # (size, id, mapped), sorted: best fit is a bisect
+        self.live: dict[int, tuple[int, int, int]] = {}  # get -> (size, id, mapped) of the buffer it holds
+        self.outcome = [""] * len(gets)
+        self.hit_of_ckpt: dict[int, bool] = {}
+        self.n = {"hits": 0, "misses": 0, "puts": 0, "accepted": 0, "declined_floor": 0, "declined_cap": 0,
+                  "declined_full": 0, "evictions": 0, "evicted_bytes": 0, "trims": 0, "trimmed_bytes": 0,
+                  "freed_by_growth": 0, "released_at_exit_bytes": 0}
+        self.pooled = self.pooled_mapped = self.extra = 0
+        self.hwm = {"bytes": 0, "mapped": 0, "buffers": 0, "bytes_at_ns": None}
+        # The pool's changes, a column each (8 bytes a figure, not a tuple of objects per change).
+        self.log_cols = {c: array("q") for c in POOLED_COLUMNS if c != "event"}
+        self.log_event: list[str] = []
+
+    def log(self, t: int, event: str, b: int) -> None:
+        self.log_event.append(event)
+        for c, v in (("t_ns", t), ("bytes", b), ("pooled_bytes", self.pooled),
+                     ("pooled_mapped_bytes", self.pooled_mapped), ("pooled_buffers", len(self.buffers)),
+                     ("extra_bytes", self.extra)):
+            self.log_cols[c].append(v)
+
+    def drop_all(self, t: int, event: str) -> int:
+        gone = self.pooled
+        self.extra -= self.pooled_mapped
+        self.buffers.clear()
+        self.pooled = self.pooled_mapped = 0
+        self.log(t, event, gone)
         return gone
 
-    for t, what, i in _walk(ev_t, ev_what, ev_i, ev_order):
-        if what == 0:  # get
-            want = size[i]
-            j = bisect.bisect_left(pool, (want, -1, -1))
-            if j < len(pool) and (policy.fit == "best" or pool[j][0] == want):
-                s, bid, m = pool.pop(j)
-                pooled -= s
-                pooled_mapped -= m
-                live[i] = (want, bid, m)  # the vector now holds `want` bytes of it
-                extra -= mapped[i]  # the recording mapped a fresh buffer here; the pool did not
-                outcome[i] = "hit"
-                n["hits"] += 1
-                log(t, "hit", s)
-            else:
-                live[i] = (want, i, mapped[i])
-                outcome[i] = "miss"
-                n["misses"] += 1
-            hit_of_ckpt[ck_of[i]] = outcome[i] == "hit"
-        elif what == 1:  # a buffer's end in the recording
-            g, how = rel_get[i], rel_how[i]
-            s, bid, m = live.pop(g)
-            extra += mapped[g]  # the recording returned its buffer here
-            if how == "own" and not hit_of_ckpt.get(rel_grower[i], False):
-                how = "free"  # a growth on a miss frees its old storage
-                n["freed_by_growth"] += 1
-            if how == "free":
-                extra -= m
-                continue
-            n["puts"] += 1
-            reason = _refuse(pool, pooled, s, cap, policy)
-            if reason:
-                n[f"declined_{reason}"] += 1
-                extra -= m
-                log(t, f"declined ({reason})", s)
-                continue
-            k, held = 0, pooled  # displace the smallest, only smaller ones, as few as make room
-            while (len(pool) - k >= policy.count or held + s > cap) and k < len(pool) and pool[k][0] < s:
-                held -= pool[k][0]
-                k += 1
-            for es, _, em in pool[:k]:
-                pooled -= es
-                pooled_mapped -= em
-                extra -= em
-                n["evictions"] += 1
-                n["evicted_bytes"] += es
-                log(t, "evicted", es)
-            del pool[:k]
-            bisect.insort(pool, (s, bid, m))
-            pooled += s
-            pooled_mapped += m
-            n["accepted"] += 1
-            log(t, "put", s)
-            if pooled > hwm["bytes"]:
-                hwm["bytes"], hwm["bytes_at_ns"] = pooled, t
-            hwm["mapped"] = max(hwm["mapped"], pooled_mapped)
-            hwm["buffers"] = max(hwm["buffers"], len(pool))
-        elif what == 2:  # idle trim
-            if pool:
-                n["trims"] += 1
-                n["trimmed_bytes"] += drop_all(t, "trim")
-        elif pool:  # the process exited: its pool went with it
-            n["released_at_exit_bytes"] = drop_all(t, "exit")
+    def get(self, t: int, i: int) -> None:
+        """Get `i` asks the pool for a buffer of its size."""
+        want, pool = self.size[i], self.buffers
+        j = bisect.bisect_left(pool, (want, -1, -1))
+        if j < len(pool) and (self.policy.fit == "best" or pool[j][0] == want):
+            s, bid, m = pool.pop(j)
+            self.pooled -= s
+            self.pooled_mapped -= m
+            self.live[i] = (want, bid, m)  # the vector now holds `want` bytes of it
+            self.extra -= self.mapped[i]  # the recording mapped a fresh buffer here; the pool did not
+            self.outcome[i] = "hit"
+            self.n["hits"] += 1
+            self.log(t, "hit", s)
+        else:
+            self.live[i] = (want, i, self.mapped[i])
+            self.outcome[i] = "miss"
+            self.n["misses"] += 1
+        self.hit_of_ckpt[self.ck_of[i]] = self.outcome[i] == "hit"
 
-    out = _outcomes(gets, outcome, inp)
-    pooled_df = pd.DataFrame({c: log_event if c == "event" else np.frombuffer(log_cols.pop(c), "int64")
-                              for c in POOLED_COLUMNS}).astype(POOLED_COLUMNS)
-    summary = _summary(inp, policy, cap, n, hwm, out, pooled, len(pool))
+    def release(self, t: int, i: int) -> None:
+        """Release `i`: a buffer's end in the recording, offered to the pool unless a growth frees it."""
+        g, how = self.rel_get[i], self.rel_how[i]
+        s, bid, m = self.live.pop(g)
+        self.extra += self.mapped[g]  # the recording returned its buffer here
+        if how == "own" and not self.hit_of_ckpt.get(self.rel_grower[i], False):
+            how = "free"  # a growth on a miss frees its old storage
+            self.n["freed_by_growth"] += 1
+        if how == "free":
+            self.extra -= m
+            return
+        self.n["puts"] += 1
+        reason = _refuse(self.buffers, self.pooled, s, self.cap, self.policy)
+        if reason:
+            self.n[f"declined_{reason}"] += 1
+            self.extra -= m
+            self.log(t, f"declined ({reason})", s)
+            return
+        self.put(t, s, bid, m)
+
+    def put(self, t: int, s: int, bid: int, m: int) -> None:
+        """A buffer the pool accepts: the smallest displaced, only smaller ones, as few as make room."""
+        pool, n, hwm = self.buffers, self.n, self.hwm
+        k, held = 0, self.pooled
+        while (len(pool) - k >= self.policy.count or held + s > self.cap) and k < len(pool) and pool[k][0] < s:
+            held -= pool[k][0]
+            k += 1
+        for es, _, em in pool[:k]:
+            self.pooled -= es
+            self.pooled_mapped -= em
+            self.extra -= em
+            n["evictions"] += 1
+            n["evicted_bytes"] += es
+            self.log(t, "evicted", es)
+        del pool[:k]
+        bisect.insort(pool, (s, bid, m))
+        self.pooled += s
+        self.pooled_mapped += m
+        n["accepted"] += 1
+        self.log(t, "put", s)
+        if self.pooled > hwm["bytes"]:
+            hwm["bytes"], hwm["bytes_at_ns"] = self.pooled, t
+        hwm["mapped"] = max(hwm["mapped"], self.pooled_mapped)
+        hwm["buffers"] = max(hwm["buffers"], len(pool))
+
+    def trim(self, t: int) -> None:
+        """An idle trim: everything pooled freed."""
+        if self.buffers:
+            self.n["trims"] += 1
+            self.n["trimmed_bytes"] += self.drop_all(t, "trim")
+
+    def pooled_frame(self) -> pd.DataFrame:
+        """The log of the pool's changes as POOLED_COLUMNS (its columns handed over, not copied twice)."""
+        return pd.DataFrame({c: self.log_event if c == "event" else np.frombuffer(self.log_cols.pop(c), "int64")
+                             for c in POOLED_COLUMNS}).astype(POOLED_COLUMNS)
+
+
+def _replay(inp: ReplayInput, policy: Policy, cap: int, pool: _Pool) -> Replay:
+    """The Replay of a finished walk: outcomes, the pool's log, the summary and held memory."""
+    out = _outcomes(inp.gets, pool.outcome, inp)
+    pooled_df = pool.pooled_frame()
+    summary = _summary(inp, policy, cap, pool.n, pool.hwm, out, pool.pooled, len(pool.buffers))
     r = Replay(inp.pid, inp.label, policy, cap, summary, out, pooled_df, input=inp)
     r.held = _held(inp, pooled_df)
     peak = r.held["predicted_bytes"].max() if len(r.held) else None

@@ -35,7 +35,7 @@ class ObjectInfo:
 @dataclass(frozen=True)
 class ProbeInfo:
     """One resolved probe point: where its uprobe was attached."""
-    point: str  # update_tgt, resize_grow, ... (probes/symbols.py)
+    point: str  # update_tgt, resize_grow, ... (probes/points.py)
     symbol: str  # demangled
     object: str
     vaddr: int
@@ -73,7 +73,7 @@ class FaultTime:
 
 @dataclass
 class ProfileInfo:
-    """The llama.cpp generation the target's probe points matched (probes/symbols.py PROFILES)."""
+    """The llama.cpp generation the target's probe points matched (probes/points.py PROFILES)."""
     name: str = "unknown"  # "llama_decode", "0.3.36", "11434", "ik-0.1.5" or "unknown"
     generation: str = "not matched"  # in words
     matched: list[str] = field(default_factory=list)  # the profile's points found ("fill": any growth)
@@ -128,7 +128,7 @@ class ProcessInfo:
     comm: str = ""
     executable: str | None = None
     build_id: str | None = None  # the executable's GNU build-id
-    profile: str | None = None  # the probe profile its generation matched (probes/symbols.py)
+    profile: str | None = None  # the probe profile its generation matched (probes/points.py)
     exited_ns: int | None = None  # CLOCK_MONOTONIC when the recorder saw it gone (None: ran to the end)
     # /proc/PID/stat starttime (clock ticks after boot): with `pid`, names this process and not a
     # later one the kernel gave the same pid (None: not recorded)

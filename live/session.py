@@ -35,7 +35,7 @@ class LiveTarget:
     executable: str
     build_id: str
     probes: int  # uprobes attached
-    plan: object = field(repr=False)  # symbols.ProbePlan
+    plan: object = field(repr=False)  # plan.ProbePlan
     start: int | None = None  # its start time: (pid, start) names it, a reused pid does not
 
     @property

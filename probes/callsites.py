@@ -8,7 +8,7 @@ in the third) and one on the instruction after it sees the fill end. The callee 
 the dynamic linker binds it: a PLT stub's GOT slot and its relocation (JUMP_SLOT; GLOB_DAT for
 -fno-plt calls; IRELATIVE for a static binary's IFUNC), or a function symbol at a direct call's
 target. The same finds the state copy of a prompt save inlined into its caller
-(symbols.Profile.save_callee).
+(points.Profile.save_callee).
 
 x86-64: `call rel32` (to a PLT stub: `endbr64; bnd jmp *slot(%rip)`) or `call *slot(%rip)`.
 aarch64: `bl` (to a PLT stub: `[bti c;] adrp x16, page; ldr x17, [x16, #off]; add; br x17`) or,

@@ -1,7 +1,7 @@
 """The CUDA copy path's probe points: what a state copy span's CUDA calls are, and where they live.
 
 Only a target that maps the CUDA runtime or driver library (libcudart.so*, libcuda.so*) gets them:
-symbols.py looks for these names in those libraries alone, so a CPU-only target has no CUDA point,
+elf_objects.py looks for these names in those libraries alone, so a CPU-only target has no CUDA point,
 no CUDA program attached and no CUDA column in its trace. Each point is a C function of the
 library, named as the library exports it; its role says which programs of checkpoint.bpf.c time it
 (probes/loader.py PROGRAMS) and what it adds to the span it is called in.

@@ -162,13 +162,13 @@ def test_symbols_on_a_generation_it_does_not_know_names_the_nearest(monkeypatch)
     nearest known generation is named with what was found of it, what the missing points cost, and
     no guess. Then the CLI, which knows ik: the profile and no missing point."""
     from ckptrace.core.errors import SymbolError
-    from ckptrace.probes import symbols
+    from ckptrace.probes import points, symbols
     from ckptrace.samples.llama_server import build_server
     from helpers import ckptrace
 
     binary = str(build_server(False, version="ik-0.1.5"))
-    known = tuple(p for p in symbols.PROFILES if p.family != "ik_llama.cpp")
-    monkeypatch.setattr(symbols, "PROFILES", known)
+    known = tuple(p for p in points.PROFILES if p.family != "ik_llama.cpp")
+    monkeypatch.setattr(points, "PROFILES", known)
     with pytest.raises(SymbolError) as e:
         symbols.resolve_binary(binary)
     msg = str(e.value)

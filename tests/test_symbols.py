@@ -14,8 +14,10 @@ import pytest
 from elftools.elf.elffile import ELFFile
 
 from ckptrace.core.errors import SymbolError, TargetError
-from ckptrace.probes import symbols
-from ckptrace.probes.symbols import format_plan, qualified_name, resolve_binary, resolve_pid
+from ckptrace.probes import elf_objects, points, symbols
+from ckptrace.probes.elf_objects import qualified_name
+from ckptrace.probes.symbols import resolve_binary, resolve_pid
+from ckptrace.probes.symbols_text import format_plan
 from helpers import AS_NOBODY, assert_one_line_error, ckptrace, waiting_workload, why_nobody_cannot_run_ckptrace
 
 REQUIRED = {"update_tgt", "resize_grow", "state_copy"}
@@ -296,7 +298,7 @@ def test_rpath_origin_and_shared_library_link_address(rpath_tree):
     assert plan.profile.name == "unknown" and "nearest: llama_decode" in plan.profile.generation
     assert plan.profile.matched == ["update_tgt", "fill", "state_copy"]
     assert plan.missing_optional == ["update_dft", "update_slots", "create_checkpoint", *LLAMA_DECODE_ERA_LACKS,
-                                     "llama_decode", symbols.NO_ITERATION_NOTE]
+                                     "llama_decode", points.NO_ITERATION_NOTE]
     text = format_plan(plan)
     assert "profile: unknown (no known generation agrees" in text
     assert "found: update_tgt, fill, state_copy" in text
@@ -351,7 +353,7 @@ def test_a_fork_without_its_copy_says_so_and_guesses_nothing(tmp_path):
         resolve_binary(str(exe))
     msg = str(e.value)
     assert msg.startswith("ik_state_copy: llama_state_seq_get_data not found in fork, ")
-    n = len(symbols.PROFILE["ik-0.1.5"].points)
+    n = len(points.PROFILE["ik-0.1.5"].points)
     assert f"nearest generation: ik-0.1.5 (3 of its {n} points found: ik_create_checkpoint, ik_state_size, fill)" in msg
     assert "without ik_state_copy no checkpoint is seen, nothing can be recorded" in msg
     assert "inlined" not in msg and "no .symtab in fork" not in msg
@@ -384,7 +386,7 @@ def test_numpy_scan_matches_pyelftools(pie):
         for sec in elf.iter_sections():
             if sec["sh_type"] not in ("SHT_SYMTAB", "SHT_DYNSYM"):
                 continue
-            ours = sorted((n, v) for n, v, *_ in symbols._defined_functions_matching(elf, sec, needles))
+            ours = sorted((n, v) for n, v, *_ in elf_objects.defined_functions_matching(elf, sec, needles))
             theirs = sorted(
                 (s.name, s["st_value"]) for s in sec.iter_symbols()
                 if s["st_info"]["type"] in ("STT_FUNC", "STT_LOOS")  # STT_LOOS == STT_GNU_IFUNC
@@ -522,5 +524,5 @@ def test_without_capstone_the_fill_is_derived_and_said(monkeypatch):
 
     monkeypatch.setitem(sys.modules, "capstone", None)  # as if not installed: import fails
     plan = resolve_binary(str(workload_binary(variant="inlined-memset")))
-    assert not plan.fill_probed and symbols.NO_DISASSEMBLER_NOTE in plan.missing_optional
+    assert not plan.fill_probed and points.NO_DISASSEMBLER_NOTE in plan.missing_optional
     assert "fill" in plan.costs()

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptrace.probes import callsites, symbols
+from ckptrace.probes import callsites, libraries, points
 from ckptrace.probes.symbols import resolve_binary
 from helpers import ckptrace
 
@@ -159,17 +159,17 @@ def test_library_search_follows_the_binarys_architecture(tmp_path, monkeypatch):
 
 
 def test_default_folders_and_ld_so_conf(tmp_path):
-    assert symbols.default_dirs("EM_AARCH64", 64)[:2] == ("/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
-    assert symbols.default_dirs("EM_X86_64", 64)[:2] == ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu")
-    assert symbols.default_dirs("EM_NONE", 32) == ("/lib", "/usr/lib")
+    assert libraries.default_dirs("EM_AARCH64", 64)[:2] == ("/lib/aarch64-linux-gnu", "/usr/lib/aarch64-linux-gnu")
+    assert libraries.default_dirs("EM_X86_64", 64)[:2] == ("/lib/x86_64-linux-gnu", "/usr/lib/x86_64-linux-gnu")
+    assert libraries.default_dirs("EM_NONE", 32) == ("/lib", "/usr/lib")
     (tmp_path / "conf.d").mkdir()
     (tmp_path / "conf.d" / "b.conf").write_text("# arm64 multiarch\n/usr/lib/aarch64-linux-gnu\n")
     (tmp_path / "conf.d" / "a.conf").write_text("/opt/a /opt/b\ninclude loop.conf\n")
     (tmp_path / "conf.d" / "loop.conf").write_text("include loop.conf\n/opt/loop\n")
     (tmp_path / "ld.so.conf").write_text("include conf.d/*.conf\n/usr/local/lib\nhwcap 0 nosegneg\n")
-    dirs = symbols.ld_so_conf(str(tmp_path / "ld.so.conf"))
+    dirs = libraries.ld_so_conf(str(tmp_path / "ld.so.conf"))
     assert dirs == ["/opt/a", "/opt/b", "/opt/loop", "/usr/lib/aarch64-linux-gnu", "/usr/local/lib"]
-    assert symbols.ld_so_conf(str(tmp_path / "missing.conf")) == []
+    assert libraries.ld_so_conf(str(tmp_path / "missing.conf")) == []
 
 
 def test_relocation_types_per_architecture():
@@ -214,8 +214,8 @@ def test_symbols_on_the_xllamacpp_aarch64_wheel(xllamacpp_aarch64):
     d = json.loads(r.stdout)
     assert d["profile"]["name"] == "11549" and "build 11549" in d["profile"]["generation"]
     assert d["profile"]["missing"] == []  # every point of its generation, fill and batches included
-    profile = symbols.PROFILE["11549"]
-    assert {p["point"] for p in d["points"]} >= {symbols.POINT[n].point for n in profile.points if n in symbols.POINT}
+    profile = points.PROFILE["11549"]
+    assert {p["point"] for p in d["points"]} >= {points.POINT[n].point for n in profile.points if n in points.POINT}
     assert {p["build_id"] for p in d["points"]} == {XLLAMACPP_BUILD_ID}
     build_id = re.search(r"Build ID: ([0-9a-f]+)", run("readelf", "-nW", so)).group(1)
     assert build_id == XLLAMACPP_BUILD_ID

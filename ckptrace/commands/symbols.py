@@ -26,7 +26,8 @@ def command(binary, pid, as_json):
     """
     if (binary is None) == (pid is None):
         raise click.UsageError("give exactly one of BINARY or --pid PID")
-    from ckptrace.probes.symbols import format_plan, resolve_binary, resolve_pid
+    from ckptrace.probes.symbols import resolve_binary, resolve_pid
+    from ckptrace.probes.symbols_text import format_plan
     from ckptrace.probes.target import process_of
 
     if pid is not None:
