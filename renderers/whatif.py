@@ -122,7 +122,7 @@ def _value(param: str, v) -> str:
     if param == "floor":
         return mib_text(v)
     if param == "trim-idle":
-        return "never" if v is None else f"{v / 1e9:g} s"
+        return "never" if v is None or v != v else f"{v / 1e9:g} s"  # the frame holds never as NaN
     return str(v)
 
 
@@ -141,7 +141,9 @@ def whatif_json(results: list[ProcessResult]) -> dict:
             if r.requests is not None:
                 doc["requests"] = {"summary": ttft_summary(r.requests), "rows": records(r.requests)}
         if p.sweep is not None:
-            doc["sweep"] = {"param": p.sweep_param,
-                            "rows": records(p.sweep.astype({"value": "object"})[list(SWEEP_COLUMNS)])}
+            rows = p.sweep.astype({"value": "object"})[list(SWEEP_COLUMNS)]
+            # trim-idle's `never` is no number (NaN in the frame): null in JSON, which has no NaN
+            rows["value"] = rows["value"].where(rows["value"].notna(), None)
+            doc["sweep"] = {"param": p.sweep_param, "rows": records(rows)}
         out.append(doc)
     return {"processes": out, "warnings": [w for p in out for w in p["warnings"]]}

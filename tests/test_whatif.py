@@ -436,3 +436,17 @@ def test_the_replay_holds_less_than_a_kib_per_buffer():
         tracemalloc.stop()
     assert r.summary["accepted"] == 50_000
     assert peak / 50_000 < 1024, peak / 50_000
+
+
+def test_a_trim_idle_sweep_with_never_is_json():
+    """`never` in a trim-idle sweep is null in --json (it had no number: a traceback on NaN), and
+    the text report says never; each value's row is the replay of that policy alone."""
+    trace = SAMPLES / "1-pool-off.parquet"
+    p = ckptrace("whatif", trace, "--json", "--sweep", "trim-idle=0.1,never")
+    assert p.returncode == 0, p.stderr
+    rows = json.loads(p.stdout)["processes"][0]["sweep"]["rows"]
+    assert [r["value"] for r in rows] == [1e8, None]
+    alone = json.loads(ckptrace("whatif", trace, "--json", "--trim-idle", "never").stdout)["processes"][0]
+    assert rows[1]["hits"] == alone["summary"]["hits"]
+    text = ckptrace("whatif", trace, "--sweep", "trim-idle=0.1,never")
+    assert text.returncode == 0 and "never" in text.stdout, text.stderr
