@@ -190,7 +190,8 @@ def test_rows_of_more_processes_than_a_recording_follows_are_refused(tmp_path):
     """No metadata entry, but 200 distinct pids in the rows: each would be analysed apart."""
     table = pq.read_table(OFF1)
     pids = pa.array([1000 + i % 200 for i in range(table.num_rows)], pa.int32())
-    table = table.append_column("pid", pids)  # a version 2 trace: no pid column yet
+    at = table.schema.get_field_index("pid")
+    table = table.set_column(at, "pid", pids) if at >= 0 else table.append_column("pid", pids)
     meta = _sample_meta()
     meta["processes"] = []
     md = dict(table.schema.metadata)

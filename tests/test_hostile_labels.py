@@ -100,10 +100,32 @@ def test_exports_hold_no_bidi_control_and_cut_track_names(legs, tmp_path, fmt):
         walk(json.loads(out.read_text()))
         assert_shown_safely("\n".join(strings).replace("x" * 300, "").replace("y" * 300, ""), "chrome")
         assert_shown_safely("\n".join(names), "chrome names")
-    else:  # protobuf strings are their UTF-8 bytes as they are
-        data = out.read_bytes()
-        assert not any(c.encode() in data for c in BIDI)
-        assert b"x" * LABEL_MAX not in data.replace(b"x" * 300, b"")  # the full label only as an argument
+    else:  # every string of the decoded protobuf (raw bytes: a 2-byte control like U+061C turns up by chance)
+        strings = perfetto_strings(out.read_bytes())
+        assert not any(c in x for x in strings for c in BIDI)
+        assert not any("x" * LABEL_MAX in x.replace("x" * 300, "") for x in strings)  # the full label only as an argument
+
+
+def perfetto_strings(data: bytes) -> list[str]:
+    """Every string field anywhere in a Perfetto trace, decoded by its own proto."""
+    from google.protobuf.descriptor import FieldDescriptor
+    from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
+
+    trace = pb.Trace()
+    trace.ParseFromString(data)
+    out: list[str] = []
+
+    def walk(msg):
+        for field, value in msg.ListFields():
+            values = value if field.is_repeated else [value]
+            for v in values:
+                if field.type == FieldDescriptor.TYPE_MESSAGE:
+                    walk(v)
+                elif field.type == FieldDescriptor.TYPE_STRING:
+                    out.append(v)
+    walk(trace)
+    assert out, "no string in the trace"
+    return out
 
 
 # --- in a real browser: the SVG text plotly.js draws ----------------------------------------
