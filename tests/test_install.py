@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from ckptrace.cli import COMMANDS
-from helpers import assert_one_line_error
+from helpers import assert_one_line_error, ckptrace
 
 REPO = Path(__file__).resolve().parent.parent
 NOT_SOURCE = shutil.ignore_patterns(".git", ".venv", "build", "dist", "*.egg-info", "__pycache__",
@@ -152,11 +152,12 @@ def test_analyze_compare_dashboard_on_the_installed_samples(installed, tmp_path)
     text = run([exe, "analyze", legs[0]], cwd=cwd).stdout
     assert "checkpoints" in text
     cmp = json.loads(run([exe, "compare", *legs, "--json"], cwd=cwd).stdout)
-    fill = next(m for m in cmp["metrics"] if m["metric"] == "checkpoint_fill_ns")
-    busy = any("waiting for a CPU" in w for w in cmp["warnings"])  # the samples were recorded on a busy VM
     cpu_fill = next(m for m in cmp["metrics"] if m["metric"] == "checkpoint_fill_cpu_ns")
     assert cmp["baseline"] == "pool-off" and cmp["candidate"] == "pool-on" and cpu_fill["verdict"] == "faster"
-    assert fill["verdict"] == ("not judged" if busy else "faster")
+    # every verdict as the checkout's own compare gives it on the checkout's copy of the samples
+    mine = json.loads(ckptrace("compare", *(REPO / "samples" / "traces" / leg.name for leg in legs), "--json").stdout)
+    verdicts = lambda doc: {m["metric"]: m["verdict"] for m in doc["metrics"]}  # noqa: E731
+    assert verdicts(cmp) == verdicts(mine) and len(verdicts(mine)) > 5
     report = tmp_path / "report.html"
     run([exe, "dashboard", *legs, "-o", report], cwd=cwd)
     html = report.read_text()
