@@ -330,7 +330,7 @@ def test_a_finished_build_that_no_longer_runs_is_built_again(tmp_path):
 
     from ckptrace.samples.llama_server import BUILD_SH
 
-    build = tmp_path / "llama-server" / "0.3.36-off"
+    build = tmp_path / "llama-server" / "0.3.36-off-dl"  # build.sh's key: GGML_BACKEND_DL as the images
     (build / "build" / "bin").mkdir(parents=True)
     binary = build / "build" / "bin" / "llama-server"
     binary.write_text("#!/bin/sh\nexit 127\n")  # a library gone since: the loader's status
