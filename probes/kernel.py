@@ -407,6 +407,11 @@ def btf_cflags() -> tuple[list[str], bool, str]:
     return flags, sched is not None, note
 
 
+def _libc_fflush() -> None:
+    """fflush(NULL): every C stdio stream of this process written out now."""
+    ctypes.CDLL(None).fflush(None)
+
+
 @contextlib.contextmanager
 def captured_output():
     """Send fds 1 and 2 to an anonymous file while the block runs (libbcc and clang print
@@ -427,6 +432,9 @@ def captured_output():
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
+            # libbcc prints with C stdio: its stdout is block-buffered when not a terminal, and what
+            # sat in that buffer would reach the real stdout at exit, after the fds are restored
+            _libc_fflush()
             for fd, copy in zip((1, 2), saved):
                 os.dup2(copy, fd)
                 os.close(copy)
