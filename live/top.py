@@ -23,9 +23,9 @@ from ckptrace.probes.fold import ProcessFold
 from ckptrace.probes.target import processes_named, start_time
 from ckptrace.core.terminal import printable
 from ckptrace.live.lifecycle import LiveSession, check_targets
+from ckptrace.renderers.top import WINDOW_COLUMNS
 
 DRAIN_S = 0.25  # the ring buffer is drained this often (and `q` read), whatever the interval
-WINDOW_COLUMNS = ("fill_cpu_ns", "copy_cpu_ns", "fault_ns", "wait_ns")
 MAX_WINDOW_CHECKPOINTS = 100_000  # per process: the window's memory stays bounded at any rate
 NOTES_SHOWN = 3
 # Plain ANSI (VT100) only: home, clear to end of line, clear below; the cursor hidden while drawing.

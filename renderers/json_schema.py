@@ -194,7 +194,7 @@ def whatif_schema() -> dict:
 
 
 def top_schema() -> dict:
-    from ckptrace.live.top import WINDOW_COLUMNS
+    from ckptrace.renderers.top import WINDOW_COLUMNS
 
     stat = strict({"count": COUNT, "p50": NUMBER, "p99": NUMBER})
     process = strict({

@@ -13,6 +13,8 @@ from ckptrace.core.units import ms_short
 
 WIDTH = 79  # a line never reaches the 80th column (some terminals wrap there)
 COLUMNS = ("{:>7} {:<10} {:>6} {:>4} {:<11} {:<11} {:<11} {:>5} {:>6}")
+# The window's per-checkpoint figures (percentiles in the frame and in --json), which live/top.py keeps.
+WINDOW_COLUMNS = ("fill_cpu_ns", "copy_cpu_ns", "fault_ns", "wait_ns")
 HEADER = ("PID", "COMM", "CKPT/S", "HIT%", "FILL", "COPY", "FAULT", "WAIT", "HELD")
 
 
