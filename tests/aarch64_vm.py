@@ -355,8 +355,27 @@ def boot(image: Path, src: Path, out: Path, job: str, timeout: float, smp: int =
             "-drive", f"file={image / 'disk.img'},format=raw,if=virtio",
             "-virtfs", f"local,path={src},mount_tag=src,security_model=none,readonly=on",
             "-virtfs", f"local,path={out},mount_tag=out,security_model=none"]
-    return subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                          errors="replace", timeout=timeout)
+    with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True, errors="replace") as p:
+        _booted.add(p)
+        try:
+            stdout, stderr = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+            raise
+        finally:
+            _booted.discard(p)
+    return subprocess.CompletedProcess(argv, p.returncode, stdout, stderr)
+
+
+_booted: set[subprocess.Popen] = set()
+
+
+def stop_guests() -> None:
+    """Kills every guest still running (the session ended before the test that waits for it)."""
+    for p in list(_booted):
+        p.kill()
 
 
 if __name__ == "__main__":  # build (or find) the image: python3 tests/aarch64_vm.py

@@ -104,8 +104,9 @@ def nobody_dir():
 #
 # A cold llama-server build costs about 11 minutes of CPU, and the llama tests need several. Each
 # llama test module lists the builds it needs (LLAMA_BUILDS: run_legs/build_argv keywords); when
-# the session has llama tests, they run last and one background process (nice 10, so the tests
-# around it keep the CPU they ask for) builds what they need, in the order they need it. A test's
+# the session has llama tests, they run last and one background process builds what they need, in
+# the order they need it, at the tests' own priority: at nice 10, beside a busy loop at nice 0 (a
+# busy machine), the scheduler's weights (110 against 1024) leave the builds a tenth of a core. A test's
 # own build_server call then finds the build done, or waits on build.sh's per-build lock for the
 # one in progress, or (when a background build failed) builds it itself: each test still gets
 # everything it needs on its own. CKPTRACE_PREBUILD=0 turns the background builds off.
@@ -114,8 +115,9 @@ _prebuild: dict = {}
 
 
 def pytest_collection_modifyitems(config, items) -> None:
-    """llama tests last (stable): the background builds get the rest of the suite's time."""
-    items.sort(key=lambda item: "llama" in item.keywords)
+    """llama tests last (stable): the background builds get the rest of the suite's time; the arm64
+    VM's just before them, its guest having run beside the tests before (prestart)."""
+    items.sort(key=lambda item: ("llama" in item.keywords, "aarch64_vm" in item.keywords))
 
 
 def _llama_builds(items) -> list[dict]:
@@ -129,7 +131,26 @@ def _llama_builds(items) -> list[dict]:
     return builds
 
 
+# A test module may start its slow, self-contained work (the arm64 VM's boot) when the session's
+# tests are collected: its `prestart()` runs then, its `prestop()` when the session ends.
+_prestarted: list = []
+
+
+def _prestart(session: pytest.Session) -> None:
+    if session.config.option.collectonly:
+        return
+    for module in dict.fromkeys(item.module for item in session.items if hasattr(item, "module")):
+        if hasattr(module, "prestart"):
+            module.prestart()
+            _prestarted.append(module)
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
+    _prestart(session)
+    _start_prebuild(session)
+
+
+def _start_prebuild(session: pytest.Session) -> None:
     import shlex
     import subprocess
     import sys
@@ -150,13 +171,21 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         f"echo \"prebuild: {' '.join(f'{k}={v}' for k, v in spec.items())}: $((SECONDS - s)) s\"; "
         for spec in builds) + "echo prebuild: times; times; exit $rc"
     fd, log = tempfile.mkstemp(prefix="ckptrace-prebuild-", suffix=".log")
-    proc = subprocess.Popen(["nice", "-n", "10", "bash", "-c", script], stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(["bash", "-c", script], stdin=subprocess.DEVNULL,
                             stdout=fd, stderr=subprocess.STDOUT, start_new_session=True,
                             env={**os.environ, "CKPTRACE_PYTHON": sys.executable})
     os.close(fd)
     _prebuild.update(proc=proc, log=log, start=time.monotonic(), builds=len(builds))
-    threading.Thread(target=lambda: (proc.wait(), _prebuild.update(end=time.monotonic())), daemon=True,
-                     name="prebuild-wait").start()
+    threading.Thread(target=_wait_prebuild, args=(proc,), daemon=True, name="prebuild-wait").start()
+
+
+def _wait_prebuild(proc) -> None:
+    """Reaps the background builds with their CPU (wait4), so the per-file CPU can leave it out."""
+    import time
+
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    _prebuild.update(end=time.monotonic(), cpu=usage.ru_utime + usage.ru_stime)
 
 
 def _stop_prebuild() -> str | None:
@@ -200,6 +229,23 @@ def _prebuild_times(log: str) -> str:
 # Where the suite's time went, per test file (setup, call and teardown summed): printed at the end
 # so a slow CI run shows its breakdown without a second run.
 _file_seconds: dict[str, float] = {}
+_file_cpu: dict[str, float] = {}
+
+
+def _cpu_now() -> float:
+    """CPU of pytest and every process it has waited for, less the background builds'."""
+    import resource
+
+    me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime - _prebuild.get("cpu", 0.0)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    before = _cpu_now()
+    yield
+    path = item.nodeid.split("::", 1)[0]
+    _file_cpu[path] = _file_cpu.get(path, 0.0) + _cpu_now() - before
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -216,6 +262,9 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _prebuild["outcome"] = _stop_prebuild()
+    for module in _prestarted:
+        if hasattr(module, "prestop"):
+            module.prestop()
     if REQUIRE_EBPF and exitstatus == pytest.ExitCode.OK and (_ebpf_skipped or not _ebpf_ran):
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
@@ -226,17 +275,23 @@ def _time_breakdown(terminalreporter, top: int = 25) -> None:
     if not _file_seconds:
         return
     total = sum(_file_seconds.values())
-    terminalreporter.section("time per test file (s, setup + call + teardown)")
-    for path, s in sorted(_file_seconds.items(), key=lambda kv: -kv[1])[:top]:
-        terminalreporter.line(f"{s:8.1f}  {100 * s / total:4.1f}%  {path}")
-    rest = sorted(_file_seconds.values(), reverse=True)[top:]
+    terminalreporter.section("time per test file (wall s: setup + call + teardown; CPU s of the processes it waited for)")
+    ranked = sorted(_file_seconds.items(), key=lambda kv: -kv[1])
+    for path, s in ranked[:top]:
+        terminalreporter.line(f"{s:8.1f}  {100 * s / total:4.1f}%  CPU {_file_cpu.get(path, 0.0):7.1f}  {path}")
+    rest = ranked[top:]
     if rest:
-        terminalreporter.line(f"{sum(rest):8.1f}  {100 * sum(rest) / total:4.1f}%  the other {len(rest)} files")
+        walls, cpus = sum(s for _, s in rest), sum(_file_cpu.get(p, 0.0) for p, _ in rest)
+        terminalreporter.line(f"{walls:8.1f}  {100 * walls / total:4.1f}%  CPU {cpus:7.1f}  the other {len(rest)} files")
+    if _file_cpu:
+        terminalreporter.line("CPU per file, most first: " + ", ".join(
+            f"{p.removeprefix('tests/')} {c:.0f}" for p, c in sorted(_file_cpu.items(), key=lambda kv: -kv[1])[:top]))
     # CPU of pytest and of every process it has waited for (the tests' targets, recorders and,
     # once finished, the background builds): what the suite asked of the machine's cores.
     me, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = me.ru_utime + me.ru_stime + kids.ru_utime + kids.ru_stime
-    terminalreporter.line(f"{total:8.1f}  in tests; CPU {cpu:.0f} s (pytest and the processes it waited for)")
+    terminalreporter.line(f"{total:8.1f}  in tests; CPU {cpu:.0f} s (pytest and the processes it waited for,"
+                          f" the background builds' {_prebuild.get('cpu', 0.0):.0f} s included)")
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

@@ -9,8 +9,10 @@ cached outside the checkout; a warm run is one boot. It is an `ebpf` test: in CI
 """
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import shutil
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -83,13 +85,14 @@ class GuestRun:
         return (f"job log:\n{self.text('job.log')}\nserial console (last 4000 chars):\n{self.console[-4000:]}")
 
 
-@pytest.fixture(scope="module")
-def guest() -> Iterator[GuestRun]:
+def _skip_reason() -> str | None:
     if os.geteuid() != 0:
-        pytest.skip("the arm64 VM test needs root (the image's files are unpacked owned by root)")
+        return "the arm64 VM test needs root (the image's files are unpacked owned by root)"
     missing = aarch64_vm.missing_host_tools()
-    if missing:
-        pytest.skip(f"the arm64 VM test needs: apt-get install {' '.join(missing)}")
+    return f"the arm64 VM test needs: apt-get install {' '.join(missing)}" if missing else None
+
+
+def _run_guest() -> tuple[GuestRun, subprocess.CompletedProcess]:
     # Not under pytest's basetemp: another pytest run on the machine may prune it while the guest runs.
     out = Path(tempfile.mkdtemp(prefix="ckptrace-aarch64-vm-"))
     with aarch64_vm.image_lock():
@@ -99,12 +102,37 @@ def guest() -> Iterator[GuestRun]:
         t = time.monotonic()
         run = aarch64_vm.boot(image, REPO, out, JOB, timeout=BOOT_TIMEOUT_S)
         boot_s = time.monotonic() - t
-    g = GuestRun(out, run.stdout + run.stderr, image, build_s, boot_s)
+    return GuestRun(out, run.stdout + run.stderr, image, build_s, boot_s), run
+
+
+# The guest's run (minutes of emulation: the image when it is not cached, then one boot) starts
+# when the session's tests are collected (conftest calls prestart), in a thread beside the other
+# tests, and the fixture takes its result; conftest kills a guest still running when the session
+# ends. Without prestart (the file imported some other way) the fixture runs it.
+_background: concurrent.futures.Future | None = None
+
+
+def prestart() -> None:
+    global _background
+    if _background is None and _skip_reason() is None:
+        _background = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="aarch64-vm").submit(_run_guest)
+
+
+def prestop() -> None:
+    aarch64_vm.stop_guests()
+
+
+@pytest.fixture(scope="module")
+def guest() -> Iterator[GuestRun]:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    g, run = _background.result() if _background is not None else _run_guest()
     try:
         assert g.text("job.rc") == "0", f"the guest's job failed (QEMU exit {run.returncode})\n{g.explain()}"
         yield g
     finally:
-        shutil.rmtree(out, ignore_errors=True)
+        shutil.rmtree(g.out, ignore_errors=True)
 
 
 def test_the_guest_is_an_arm64_kernel(guest, capsys):
