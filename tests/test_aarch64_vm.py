@@ -22,10 +22,11 @@ from typing import Iterator
 import pytest
 
 import aarch64_vm
+import aarch64_vm_llama
 import pandas as pd
 
 from ckptrace.core.trace import read_trace
-from ckptrace.samples.llama_server import cached_model, logged_checkpoints
+from ckptrace.samples.llama_server import cached_model, logged_checkpoints, server_argv
 from helpers import clock_tolerance, load_truth
 from llama_checks import checkpoint_rows
 from test_record import spans
@@ -99,7 +100,7 @@ llama() {{
 t=$(up)
 llama
 echo $? >/out/llama.rc
-cp $L/leg/1-pool-off.parquet $L/leg/1-pool-off.log /out/ 2>/dev/null
+cp $L/leg/1-pool-off.parquet $L/leg/1-pool-off.log $L/leg/1-pool-off.record.err /out/ 2>/dev/null
 echo "llama: xllamacpp served and recorded: exit $(cat /out/llama.rc) after $(awk "BEGIN {{ print $(up) - $t }}") s"
 """
 
@@ -298,13 +299,20 @@ def test_growing_buffers_never_hit(guest, capsys):
     assert m["has_fill"].all() and m["bytes"].is_monotonic_increasing
 
 
+def test_the_guest_starts_the_server_as_run_legs_does():
+    """The guest's driver (no pandas: see its docstring) writes the server's command line itself."""
+    model = Path("/m/model.gguf")
+    assert aarch64_vm_llama.server_command("/usr/bin/python3", model, 8080, 1) == \
+        server_argv(Path("/usr/bin/python3"), model, 8080, slots=1, version="11549")
+
+
 def test_xllamacpp_wheel_every_logged_checkpoint_is_recorded_with_its_size_fill_and_copy(guest, capsys):
     """PyPI's aarch64 build 11549 in the guest's python: each `created context checkpoint` line
     of its log (-lv 4) is a recorded checkpoint of the size it prints, in its order, with a
     measured fill (the growth behind resize(), _M_default_append) and copy, as on x86
     (test_llama_python.py)."""
     assert guest.llama_error is None, f"no model or wheel for the guest: {guest.llama_error}"
-    err = guest.text("llama.err")
+    err = f"{guest.text('llama.err')}\nckptrace record's stderr:\n{guest.text('1-pool-off.record.err')}"
     assert guest.text("llama.rc") == "0", f"the llama leg failed in the guest:\n{err}\n{guest.explain()}"
     trace = read_trace(guest.out / "1-pool-off.parquet")
     logged = logged_checkpoints(guest.out / "1-pool-off.log")
@@ -330,7 +338,12 @@ def test_xllamacpp_wheel_every_logged_checkpoint_is_recorded_with_its_size_fill_
     assert len(ck) == len(logged), f"{len(ck)} recorded, {len(logged)} logged"
     assert (side["MiB"] == side["log_size_text"]).all()
     assert (ck["create_bytes"] == ck["bytes"]).all()  # no draft model, no speculative state
-    assert (ck["fill_source"] == "measured").all() and (ck["fill_ns"] > 0).all() and (ck["fill_faults"] > 0).all()
+    assert (ck["fill_source"] == "measured").all() and (ck["fill_ns"] > 0).all()
+    # Below glibc's mmap threshold once it has risen (a freed checkpoint raises it to its size), a
+    # buffer can be heap memory an erased checkpoint left resident: no fault (seen: 2 of 6). The
+    # fault counter still works in this process (some fill faults) and never counts past the pages.
+    pages = -(-ck["bytes"] // meta.page_size) + 1
+    assert (ck["fill_faults"] > 0).any() and (ck["fill_faults"] <= pages).all()
     assert (ck["copy_ns"] > 0).all() and (ck["iter"] > 0).all() and not ck["on_device"].any()
     copies = trace.events.query("kind == 'copy' and ckpt > 0")
     assert (copies["state_flags"] == 1).all()  # PARTIAL_ONLY: the server's checkpoints go to host memory
