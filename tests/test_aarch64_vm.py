@@ -1,7 +1,9 @@
 """`ckptrace record` in a real arm64 kernel: a Debian 12 arm64 virtual machine (tests/aarch64_vm.py,
 qemu-system-aarch64 under TCG) boots once, builds the sample workload with its own g++ and records
 it from this working tree in its fresh, pooled and growing modes; here, on the host, each recording
-is held to the workload's own account exactly as tests/test_record.py holds the x86 ones.
+is held to the workload's own account exactly as tests/test_record.py holds the x86 ones. The same
+boot then serves a tiny hybrid model with PyPI's xllamacpp aarch64 wheel (tests/aarch64_vm_llama.py)
+and records it by --pid, held to the server's log as tests/test_llama_python.py holds the x86 wheel.
 
 The image is built once (a few minutes: unpacked from Debian's packages, see docs/tests.md) and
 cached outside the checkout; a warm run is one boot. It is an `ebpf` test: in CI
