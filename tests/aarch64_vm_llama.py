@@ -41,7 +41,8 @@ def server_command(python: str, model: Path, port: int, slots: int) -> list[str]
 
 def lap(name: str) -> float:
     t = round(time.monotonic() - T0, 1)
-    print(f"llama: {name} at {t} s", file=sys.stderr, flush=True)
+    # and the guest's uptime (CLOCK_MONOTONIC: no suspend in the VM), to set beside the job's lines
+    print(f"llama: {name} at {t} s (uptime {time.monotonic():.1f})", file=sys.stderr, flush=True)
     return t
 
 
@@ -55,6 +56,7 @@ def get(url: str, timeout: float) -> int:
 
 
 def main() -> int:
+    lap("driver's standard-library imports done")
     ap = argparse.ArgumentParser()
     ap.add_argument("model", type=Path)
     ap.add_argument("trace", type=Path)

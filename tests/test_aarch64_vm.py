@@ -96,12 +96,14 @@ llama() {{
     same /mnt/models/$M $L/$M || {{ rm -f $L/*.gguf $L/m.tmp && cp /mnt/models/$M $L/m.tmp && mv $L/m.tmp $L/$M; }} || return 12
     echo "llama: wheel and model on the disk in $(awk "BEGIN {{ print $(up) - $c }}") s"
     rm -rf $L/leg && mkdir -p $L/leg || return 12
+    echo "llama: driver started at uptime $(up)"
     PYTHONPATH=$L:$PYTHONPATH timeout 1500 python3 /src/tests/aarch64_vm_llama.py $L/$M $L/leg/1-pool-off.parquet \\
         --requests {LLAMA_REQUESTS} >/out/llama.json 2>/out/llama.err
 }}
 t=$(up)
 llama
 echo $? >/out/llama.rc
+echo "llama: driver ended at uptime $(up)"
 cp $L/leg/1-pool-off.parquet $L/leg/1-pool-off.log $L/leg/1-pool-off.record.err /out/ 2>/dev/null
 echo "llama: xllamacpp served and recorded: exit $(cat /out/llama.rc) after $(awk "BEGIN {{ print $(up) - $t }}") s"
 """
