@@ -344,9 +344,11 @@ def image_lock():
 
 
 def boot(image: Path, src: Path, out: Path, job: str, timeout: float, smp: int = 2,
-         mem_mib: int = 2048) -> subprocess.CompletedProcess:
+         mem_mib: int = 2048, shares: dict[str, Path] | None = None) -> subprocess.CompletedProcess:
     """Boots the image once: `job` (a shell script) runs as root in the guest with the working tree
-    at /src (read-only) and `out` at /out; returns QEMU's run (its output: the serial console)."""
+    at /src (read-only) and `out` at /out; returns QEMU's run (its output: the serial console).
+    `shares`: more host folders, read-only, by tag; the job mounts the ones it uses (`mount -t 9p
+    -o trans=virtio,version=9p2000.L,ro TAG DIR`), so they are no part of the image."""
     (out / "job.sh").write_text(job)
     argv = [QEMU, "-M", "virt", "-accel", "tcg,thread=multi", "-cpu", "max,pauth-impdef=on",
             "-smp", str(smp), "-m", str(mem_mib), "-nographic", "-no-reboot", "-nic", "none",
@@ -355,6 +357,8 @@ def boot(image: Path, src: Path, out: Path, job: str, timeout: float, smp: int =
             "-drive", f"file={image / 'disk.img'},format=raw,if=virtio",
             "-virtfs", f"local,path={src},mount_tag=src,security_model=none,readonly=on",
             "-virtfs", f"local,path={out},mount_tag=out,security_model=none"]
+    for tag, path in (shares or {}).items():
+        argv += ["-virtfs", f"local,path={path},mount_tag={tag},security_model=none,readonly=on"]
     with subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                           text=True, errors="replace") as p:
         _booted.add(p)
@@ -376,6 +380,28 @@ def stop_guests() -> None:
     """Kills every guest still running (the session ended before the test that waits for it)."""
     for p in list(_booted):
         p.kill()
+
+
+XLLAMACPP = "xllamacpp==2026.10.11549"
+
+
+def xllamacpp_wheel() -> Path:
+    """PyPI's xllamacpp manylinux aarch64 wheel (llama.cpp build 11549), downloaded once into
+    `${CKPTRACE_CACHE:-/var/cache/ckptrace}/wheels/` and unpacked there: the folder holding its
+    `xllamacpp` package (a PYTHONPATH entry). Pure extension module: it needs no other package."""
+    where = cache_root().parent / "wheels" / "xllamacpp-2026.10.11549-aarch64"
+    if not (where / "xllamacpp" / "xllamacpp.abi3.so").exists():
+        where.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform",
+                        "manylinux2014_aarch64", "--python-version", "3.12", "--implementation", "cp", XLLAMACPP,
+                        "-d", str(where)], check=True, capture_output=True, timeout=600)
+        wheel = next(where.glob("xllamacpp-*aarch64*.whl"))
+        partial = where / "unpacked"
+        shutil.rmtree(partial, ignore_errors=True)
+        subprocess.run(["python3", "-m", "zipfile", "-e", str(wheel), str(partial)], check=True)
+        os.replace(partial / "xllamacpp", where / "xllamacpp")
+        shutil.rmtree(partial)
+    return where
 
 
 if __name__ == "__main__":  # build (or find) the image: python3 tests/aarch64_vm.py

@@ -1,7 +1,9 @@
 """`ckptrace record` in a real arm64 kernel: a Debian 12 arm64 virtual machine (tests/aarch64_vm.py,
 qemu-system-aarch64 under TCG) boots once, builds the sample workload with its own g++ and records
 it from this working tree in its fresh, pooled and growing modes; here, on the host, each recording
-is held to the workload's own account exactly as tests/test_record.py holds the x86 ones.
+is held to the workload's own account exactly as tests/test_record.py holds the x86 ones. The same
+boot then serves a tiny hybrid model with PyPI's xllamacpp aarch64 wheel (tests/aarch64_vm_llama.py)
+and records it by --pid, held to the server's log as tests/test_llama_python.py holds the x86 wheel.
 
 The image is built once (a few minutes: unpacked from Debian's packages, see docs/tests.md) and
 cached outside the checkout; a warm run is one boot. It is an `ebpf` test: in CI
@@ -22,10 +24,13 @@ from typing import Iterator
 import pytest
 
 import aarch64_vm
+import aarch64_vm_llama
 import pandas as pd
 
 from ckptrace.core.trace import read_trace
+from ckptrace.samples.llama_server import cached_model, logged_checkpoints, server_argv
 from helpers import clock_tolerance, load_truth
+from llama_checks import checkpoint_rows
 from test_record import spans
 
 pytestmark = [pytest.mark.ebpf, pytest.mark.aarch64_vm]
@@ -39,6 +44,13 @@ MODES = {
     "pooled": ["--iterations", "15", "--pool", "on"],
     "growing": ["--iterations", "12", "--pool", "on", "--grow-mib", "4"],
 }
+# The llama leg: PyPI's xllamacpp aarch64 wheel (build 11549) serving a make_model.py qwen35 hybrid
+# in the guest's python, pool off (no patched aarch64 build exists). 3 delta-net layers of 16
+# heads of 64: 0.820 MiB checkpoints. A delta-net's per-token cost grows with its state: x86's
+# test_llama_python.py shape (39.26 MiB) took 66 to 340 ms a token on x86, this one 0.2 to 3 ms,
+# which emulation can afford. 1 client, 3 prompts of 48 words: 2 checkpoints each.
+LLAMA_MODEL = {"arch": "qwen35", "d_model": 64, "layers": 4, "d_state": 64, "heads": 16}
+LLAMA_REQUESTS = 3
 BOOT_TIMEOUT_S = 3600  # a bound for a hung guest; a cold guest run (one BPF compile) takes ~10 minutes
 
 # Runs in the guest as root. The workload's build and the BPF cache stay on the image's disk, so
@@ -66,6 +78,34 @@ for mode in {' '.join(MODES)}; do
     cp /var/lib/ckptrace-vm/$mode.parquet /out/ 2>/dev/null
     echo "$mode: ckptrace record exit $(cat /out/$mode.rc) after $(awk "BEGIN {{ print $(up) - $t }}") s"
 done
+# The llama leg; its failure is llama.rc's, not the job's (the workload's tests stand alone). The
+# wheel's module and the model are copied from their read-only shares onto the guest's disk once
+# (again when the share's size differs), then loaded from there on every boot.
+L=/var/lib/ckptrace-vm/llama
+same() {{ [ -f "$2" ] && [ "$(stat -c %s "$1")" = "$(stat -c %s "$2")" ]; }}
+llama() {{
+    [ -s /out/llama-model ] || return 13  # the host could not provide the model or the wheel
+    M=$(cat /out/llama-model)
+    mkdir -p $L /mnt/xllamacpp /mnt/models || return 11
+    mount -t 9p -o trans=virtio,version=9p2000.L,ro xllamacpp /mnt/xllamacpp || return 11
+    mount -t 9p -o trans=virtio,version=9p2000.L,ro models /mnt/models || return 11
+    busybox ifconfig lo 127.0.0.1 up || return 11  # the server and its clients talk over loopback
+    c=$(up)
+    same /mnt/xllamacpp/xllamacpp/xllamacpp.abi3.so $L/xllamacpp/xllamacpp.abi3.so || {{
+        rm -rf $L/xllamacpp $L/x.tmp && cp -r /mnt/xllamacpp/xllamacpp $L/x.tmp && mv $L/x.tmp $L/xllamacpp; }} || return 12
+    same /mnt/models/$M $L/$M || {{ rm -f $L/*.gguf $L/m.tmp && cp /mnt/models/$M $L/m.tmp && mv $L/m.tmp $L/$M; }} || return 12
+    echo "llama: wheel and model on the disk in $(awk "BEGIN {{ print $(up) - $c }}") s"
+    rm -rf $L/leg && mkdir -p $L/leg || return 12
+    echo "llama: driver started at uptime $(up)"
+    PYTHONPATH=$L:$PYTHONPATH timeout 1500 python3 /src/tests/aarch64_vm_llama.py $L/$M $L/leg/1-pool-off.parquet \\
+        --requests {LLAMA_REQUESTS} >/out/llama.json 2>/out/llama.err
+}}
+t=$(up)
+llama
+echo $? >/out/llama.rc
+echo "llama: driver ended at uptime $(up)"
+cp $L/leg/1-pool-off.parquet $L/leg/1-pool-off.log $L/leg/1-pool-off.record.err /out/ 2>/dev/null
+echo "llama: xllamacpp served and recorded: exit $(cat /out/llama.rc) after $(awk "BEGIN {{ print $(up) - $t }}") s"
 """
 
 
@@ -76,6 +116,7 @@ class GuestRun:
     image: Path
     build_s: float
     boot_s: float
+    llama_error: str | None  # why the host could not give the guest the wheel or the model
 
     def text(self, name: str) -> str:
         p = self.out / name
@@ -95,14 +136,22 @@ def _skip_reason() -> str | None:
 def _run_guest() -> tuple[GuestRun, subprocess.CompletedProcess]:
     # Not under pytest's basetemp: another pytest run on the machine may prune it while the guest runs.
     out = Path(tempfile.mkdtemp(prefix="ckptrace-aarch64-vm-"))
+    # The llama leg's inputs, shared read-only: failing here fails its test only.
+    shares, llama_error = {}, None
+    try:
+        model = cached_model(**LLAMA_MODEL)
+        shares = {"xllamacpp": aarch64_vm.xllamacpp_wheel(), "models": model.parent}
+        (out / "llama-model").write_text(model.name)
+    except Exception as e:  # noqa: BLE001 (reported by the llama test)
+        llama_error = f"{type(e).__name__}: {e}"
     with aarch64_vm.image_lock():
         t = time.monotonic()
         image = aarch64_vm.ensure_image()
         build_s = time.monotonic() - t
         t = time.monotonic()
-        run = aarch64_vm.boot(image, REPO, out, JOB, timeout=BOOT_TIMEOUT_S)
+        run = aarch64_vm.boot(image, REPO, out, JOB, timeout=BOOT_TIMEOUT_S, shares=shares)
         boot_s = time.monotonic() - t
-    return GuestRun(out, run.stdout + run.stderr, image, build_s, boot_s), run
+    return GuestRun(out, run.stdout + run.stderr, image, build_s, boot_s, llama_error), run
 
 
 # The guest's run (minutes of emulation: the image when it is not cached, then one boot) starts
@@ -139,7 +188,7 @@ def test_the_guest_is_an_arm64_kernel(guest, capsys):
     assert guest.text("machine") == "aarch64", guest.explain()
     with capsys.disabled():
         print(f"\naarch64 VM: image {guest.image.name} ready in {guest.build_s:.0f} s (0 when cached); "
-              f"one boot, the workload built and recorded three times: {guest.boot_s:.0f} s; "
+              f"one boot, the workload built and recorded three times, the llama leg: {guest.boot_s:.0f} s; "
               f"kernel {guest.text('kernel')}, page size {guest.text('pagesize')}, transparent huge pages "
               f"{guest.text('thp')}\n{guest.text('job.log')}")
 
@@ -252,3 +301,53 @@ def test_pooled_buffers_have_no_fill_faults_or_mmaps_after_warmup(guest, capsys)
 def test_growing_buffers_never_hit(guest, capsys):
     _, _, m = recorded(guest, "growing", capsys)
     assert m["has_fill"].all() and m["bytes"].is_monotonic_increasing
+
+
+def test_the_guest_starts_the_server_as_run_legs_does():
+    """The guest's driver (no pandas: see its docstring) writes the server's command line itself."""
+    model = Path("/m/model.gguf")
+    assert aarch64_vm_llama.server_command("/usr/bin/python3", model, 8080, 1) == \
+        server_argv(Path("/usr/bin/python3"), model, 8080, slots=1, version="11549")
+
+
+def test_xllamacpp_wheel_every_logged_checkpoint_is_recorded_with_its_size_fill_and_copy(guest, capsys):
+    """PyPI's aarch64 build 11549 in the guest's python: each `created context checkpoint` line
+    of its log (-lv 4) is a recorded checkpoint of the size it prints, in its order, with a
+    measured fill (the growth behind resize(), _M_default_append) and copy, as on x86
+    (test_llama_python.py)."""
+    assert guest.llama_error is None, f"no model or wheel for the guest: {guest.llama_error}"
+    err = f"{guest.text('llama.err')}\nckptrace record's stderr:\n{guest.text('1-pool-off.record.err')}"
+    assert guest.text("llama.rc") == "0", f"the llama leg failed in the guest:\n{err}\n{guest.explain()}"
+    trace = read_trace(guest.out / "1-pool-off.parquet")
+    logged = logged_checkpoints(guest.out / "1-pool-off.log")
+    ck = checkpoint_rows({"trace": trace})
+    meta = trace.meta
+    side = pd.concat([
+        logged[["n", "pos_max", "n_tokens", "size_text"]].rename(columns=lambda c: f"log_{c}"),
+        pd.DataFrame({"ckpt": ck["ckpt"], "iter": ck["iter"], "MiB": [f"{b / 2**20:.3f}" for b in ck["bytes"]],
+                      "bytes": ck["bytes"], "create_bytes": ck["create_bytes"], "fill_source": ck["fill_source"],
+                      "fill_ms": ck["fill_ns"] / 1e6, "fill_faults": ck["fill_faults"], "copy_ms": ck["copy_ns"] / 1e6,
+                      "copy_faults": ck["copy_faults"], "total_ms": ck["total_ns"] / 1e6})], axis=1)
+    with capsys.disabled():  # ckptrace's figures beside the server's own log lines, in the CI log
+        print(f"\naarch64 VM, xllamacpp {meta.profile.name} ({meta.kernel}, {meta.arch}, page {meta.page_size}): "
+              f"ckptrace against the server's log; the guest's phases: {guest.text('llama.json')}\n"
+              f"{side.to_string()}")
+    assert meta.profile.name == "11549", meta.profile
+    assert meta.kernel == guest.text("kernel") and meta.arch == "aarch64"
+    assert meta.executable and "python" in meta.executable.rsplit("/", 1)[-1]
+    where = {p.object.rsplit("/", 1)[-1] for p in meta.probes if p.point in ("update_tgt", "state_copy")}
+    assert where == {"xllamacpp.abi3.so"}, where
+    assert meta.lost_events == 0
+    assert len(logged) >= 2 * LLAMA_REQUESTS, f"the server made only {len(logged)} checkpoints:\n{err}"
+    assert len(ck) == len(logged), f"{len(ck)} recorded, {len(logged)} logged"
+    assert (side["MiB"] == side["log_size_text"]).all()
+    assert (ck["create_bytes"] == ck["bytes"]).all()  # no draft model, no speculative state
+    assert (ck["fill_source"] == "measured").all() and (ck["fill_ns"] > 0).all()
+    # Below glibc's mmap threshold once it has risen (a freed checkpoint raises it to its size), a
+    # buffer can be heap memory an erased checkpoint left resident: no fault (seen: 2 of 6). The
+    # fault counter still works in this process (some fill faults) and never counts past the pages.
+    pages = -(-ck["bytes"] // meta.page_size) + 1
+    assert (ck["fill_faults"] > 0).any() and (ck["fill_faults"] <= pages).all()
+    assert (ck["copy_ns"] > 0).all() and (ck["iter"] > 0).all() and not ck["on_device"].any()
+    copies = trace.events.query("kind == 'copy' and ckpt > 0")
+    assert (copies["state_flags"] == 1).all()  # PARTIAL_ONLY: the server's checkpoints go to host memory

@@ -16,6 +16,7 @@ import pytest
 
 from ckptrace.probes import callsites, libraries, points
 from ckptrace.probes.symbols import resolve_binary
+import aarch64_vm
 from helpers import ckptrace
 
 CXX = "aarch64-linux-gnu-g++"
@@ -40,7 +41,6 @@ extern "C" __attribute__((noipa)) size_t llama_state_seq_get_data_ext(llama_cont
 int main(int c, char **) { common_prompt_checkpoint k; k.update_tgt(0, c * 4096, 0); k.update_dft(0, c, 0);
     return k.p[0]; }
 """
-XLLAMACPP = "xllamacpp==2026.10.11549"
 XLLAMACPP_BUILD_ID = "cc4e17f68d1088e0a7bf80ef07ef9965944285ae"
 
 
@@ -188,21 +188,9 @@ def cache() -> Path:
 
 @pytest.fixture(scope="module")
 def xllamacpp_aarch64() -> Path:
-    """xllamacpp.abi3.so from PyPI's manylinux aarch64 wheel, downloaded once into the cache."""
-    where = cache() / "xllamacpp-2026.10.11549-aarch64"
-    so = where / "xllamacpp" / "xllamacpp.abi3.so"
-    if not so.exists():
-        where.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform",
-                        "manylinux2014_aarch64", "--python-version", "3.12", "--implementation", "cp", XLLAMACPP,
-                        "-d", str(where)], check=True, capture_output=True, timeout=600)
-        wheel = next(where.glob("xllamacpp-*aarch64*.whl"))
-        partial = where / "unpacked"
-        shutil.rmtree(partial, ignore_errors=True)
-        subprocess.run(["python3", "-m", "zipfile", "-e", str(wheel), str(partial)], check=True)
-        os.replace(partial / "xllamacpp", where / "xllamacpp")
-        shutil.rmtree(partial)
-    return so
+    """xllamacpp.abi3.so from PyPI's manylinux aarch64 wheel, downloaded once into the cache
+    (the arm64 VM's test serves with the same wheel)."""
+    return aarch64_vm.xllamacpp_wheel() / "xllamacpp" / "xllamacpp.abi3.so"
 
 
 def test_symbols_on_the_xllamacpp_aarch64_wheel(xllamacpp_aarch64):
