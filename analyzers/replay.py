@@ -5,7 +5,7 @@ cgroup memory limit (memory_limit.py).
 A trace file is read batch by batch (events.KindRows) and only what the replay reads is made of
 it (`ReplaySource`): the checkpoint table, the update_slots spans and the memory rows; not the
 iteration table, summary or state-path tables `analyze` makes (the iteration table alone is
-about 200 bytes per iteration: 610 MiB of whatif's 1991 at 10M events, issue 39). Once a
+about 200 bytes per iteration: some 600 MiB at 10M events, issue 39). Once a
 process's replay input is made, its source keeps only the trace's first and last times."""
 from __future__ import annotations
 
