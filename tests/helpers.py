@@ -351,3 +351,28 @@ def ckptrace_peak(*args, timeout: float = 120) -> tuple[subprocess.CompletedProc
     lines = r.stderr.splitlines()
     r.stderr = "\n".join(lines[:-1]) + ("\n" if len(lines) > 1 else "")
     return r, int(lines[-1])
+
+
+# --- memory against trace length (issue 39) -----------------------------------------------------
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+
+
+def bench_trace(path: Path, n: int) -> Path:
+    """benchmarks/bench_memory.py's synthetic trace of `n` events (what its figures are measured on)."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from pathlib import Path; import bench_memory as b; "
+            "b.synthetic_trace(Path(sys.argv[2]), int(sys.argv[3]))")
+    subprocess.run([sys.executable, "-c", code, str(BENCHMARKS), str(path), str(n)], check=True)
+    return path
+
+
+def traced_peak(code: str, *args) -> int:
+    """The peak of Python's and numpy's allocations (tracemalloc) while `code` runs in a fresh
+    child (sys.argv[1:] = `args`), after its imports: deterministic, unlike RSS, which a busy
+    machine's allocator retention moves. Arrow's own pool is not traced (the reader's batches: a
+    fixed part)."""
+    run = ("import sys, tracemalloc\nimport ckptrace.api, ckptrace.renderers.perfetto, ckptrace.renderers.chrome\n"
+           f"tracemalloc.start()\n{code}\nprint(tracemalloc.get_traced_memory()[1])\n")
+    p = subprocess.run([sys.executable, "-c", run, *map(str, args)], capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    return int(p.stdout.split()[-1])

@@ -450,3 +450,28 @@ def test_a_trim_idle_sweep_with_never_is_json():
     assert rows[1]["hits"] == alone["summary"]["hits"]
     text = ckptrace("whatif", trace, "--sweep", "trim-idle=0.1,never")
     assert text.returncode == 0 and "never" in text.stdout, text.stderr
+
+
+WHATIF_PEAK = """\
+import dataclasses
+from ckptrace.analyzers.replay import ReplaySource, predict
+from ckptrace.analyzers.whatif import POLICIES
+(r,) = predict(sys.argv[1], dataclasses.replace(POLICIES["pr201"], cap=4 << 30))
+assert isinstance(r.analysis, ReplaySource) and r.analysis.checkpoints is None and not r.analysis.rows.frames
+"""
+
+
+def test_whatif_memory_against_trace_length(tmp_path):
+    """Issue 39: whatif of a trace file makes only what its replay reads (analyzers/replay.py), not
+    analyze's iteration table (about 200 bytes an iteration). Its traced peak (tracemalloc: Python
+    and numpy, deterministic) at 50,000 and 200,000 events of bench_memory's trace grows by about
+    110 bytes an event (the kept rows, the checkpoint table, the replay's input), against 173 with
+    the whole analysis: held under 140. Not flat: the bound grows with the checkpoints and
+    iterations (docs/performance.md, "Memory against trace length")."""
+    from helpers import bench_trace, traced_peak
+
+    small, large = 50_000, 200_000
+    peaks = [traced_peak(WHATIF_PEAK, bench_trace(tmp_path / f"{n}.parquet", n)) for n in (small, large)]
+    per_event = (peaks[1] - peaks[0]) / (large - small)
+    assert per_event < 140, (peaks, per_event)
+    assert peaks[0] < 12 << 20, peaks  # 6.5 MB at 50,000 events (9.8 with the whole analysis)
