@@ -148,6 +148,14 @@ def _prestart(session: pytest.Session) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     _prestart(session)
     _start_prebuild(session)
+    if _prestarted or _prebuild:
+        # The builds run in a session of their own and the guest in a thread: a SIGTERM (a CI
+        # runner's timeout) must end them too, so it ends the session as Ctrl-C does.
+        signal.signal(signal.SIGTERM, _interrupt)
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _start_prebuild(session: pytest.Session) -> None:
