@@ -27,6 +27,19 @@ class Interrupted(KeyboardInterrupt):
         self.exit_code = stopping.exit_code(signum)
 
 
+def interruption(exc: BaseException) -> Interrupted | None:
+    """The Interrupted behind `exc`, if any: a signal handler's raise inside library code can come
+    out wrapped (Python 3.11 wraps one raised during a class body's `__set_name__`, as in a
+    dataclass defined by a lazy import, in a RuntimeError)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        if isinstance(exc, Interrupted):
+            return exc
+        seen.add(id(exc))
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
 class Stopping:
     """The stop signals of one recording, from its first instant. While it starts, the first one
     raises Interrupted where the start is (a compile, an attach, a wait for --comm: each undoes

@@ -111,3 +111,21 @@ def test_a_fifo_with_a_reader_gets_the_trace(tmp_path, workload):
                 reader.wait()
     tr = read_trace(copy)
     assert tr.meta.complete and (tr.events["kind"] == "checkpoint").sum() == truth_count(truth) > 0
+
+
+def test_a_stop_raised_inside_a_class_definition_is_still_a_stop():
+    """A signal handler's raise can land in a lazy import's class body: Python 3.11 wraps what
+    `__set_name__` raises in a RuntimeError (the run of 1340410's CI: a traceback, not one line)."""
+    import signal as _signal
+
+    from ckptrace.probes.stop import Interrupted, interruption
+
+    class Descriptor:
+        def __set_name__(self, owner, name):
+            raise Interrupted(_signal.SIGINT, True)
+
+    with pytest.raises(BaseException) as caught:
+        type("Plan", (), {"field": Descriptor()})
+    stop = interruption(caught.value)
+    assert isinstance(stop, Interrupted) and stop.exit_code == 130
+    assert interruption(RuntimeError("unrelated")) is None

@@ -83,7 +83,7 @@ def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, ma
         raise click.UsageError("give exactly one of --pid PID, --comm NAME or -- COMMAND [ARGS...]")
     from ckptrace.core.errors import CkptraceError
     from ckptrace.probes.record_session import RecordOptions, record
-    from ckptrace.probes.stop import Interrupted
+    from ckptrace.probes.stop import Interrupted, interruption
 
     opts = RecordOptions(output=output, label=label, duration_s=duration,
                          fault_sample=int(fault_sample), ringbuf_pages=ringbuf_pages, max_threads=max_threads,
@@ -92,9 +92,12 @@ def command(pids, comm, output, label, duration, fault_sample, ringbuf_pages, ma
     try:
         result = record(opts, pid=_pid_list(pids) if pids else None, command=list(command) if command else None,
                         comm=comm)
-    except Interrupted as e:  # stopped while starting: one line, a shell's status for the signal
-        err = CkptraceError(str(e))
-        err.exit_code = e.exit_code
+    except (Interrupted, Exception) as e:  # stopped while starting: one line, a shell's status for the signal
+        stop = interruption(e)
+        if stop is None:
+            raise
+        err = CkptraceError(str(stop))
+        err.exit_code = stop.exit_code
         raise err from None
     if as_json:
         from ckptrace.renderers.json import versioned
