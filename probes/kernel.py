@@ -293,8 +293,9 @@ def _struct(name: str) -> dict | None:
     return None
 
 
-def _u64_offset(path: str) -> int | str:
-    """Byte offset of the 8-byte field or pointer `struct.member[.member...]`, or why there is none."""
+def _u64_offset(path: str, size: int = 8) -> int | str:
+    """Byte offset of the `size`-byte field (8: or pointer) `struct.member[.member...]`, or why
+    there is none."""
     name, *parts = path.split(".")
     types, t, bits = btf_types(), _struct(name), 0
     if t is None:
@@ -307,9 +308,9 @@ def _u64_offset(path: str) -> int | str:
         bits += more
         if bitfield:
             return f"{path} is a bitfield in this kernel's BTF"
-    # The recorder reads these as u64: refuse anything else rather than misread.
-    if bits % 8 or (t["kind"] != "PTR" and t.get("size") != 8):
-        return f"{path} is not an 8-byte field in this kernel's BTF"
+    # The recorder reads these as u64 (or u32): refuse anything else rather than misread.
+    if bits % 8 or (not (t["kind"] == "PTR" and size == 8) and t.get("size") != size):
+        return f"{path} is not a {size}-byte field in this kernel's BTF"
     return bits // 8
 
 
@@ -322,6 +323,9 @@ SCHED_FIELDS = {"sum_exec_runtime": "task_struct.se.sum_exec_runtime",
                 "nvcsw": "task_struct.nvcsw", "nivcsw": "task_struct.nivcsw",
                 "se_cfs_rq": "task_struct.se.cfs_rq", "cfs_rq_rq": "cfs_rq.rq",
                 "rq_clock": "rq.clock", "rq_clock_task": "rq.clock_task"}
+# The rq lock's word (4 bytes): held by another CPU updating the thread's counters (a read of
+# /proc/PID/stat runs update_curr remotely), which writes exec_start before sum_exec_runtime.
+SCHED_LOCK_FIELD = ("rq_lock", "rq.__lock.raw_lock")
 
 
 @functools.cache
@@ -351,6 +355,11 @@ def sched_offsets() -> tuple[dict[str, int] | None, str]:
         if isinstance(off, str):
             return None, f"{off}: on-CPU time, run-queue wait and switches are not recorded"
         offsets[field] = off
+    field, path = SCHED_LOCK_FIELD
+    off = _u64_offset(path, size=4)
+    if isinstance(off, str):
+        return None, f"{off}: on-CPU time, run-queue wait and switches are not recorded"
+    offsets[field] = off
     return offsets, ("the thread's task_struct se.sum_exec_runtime (plus the part not yet accounted, "
                      "since se.exec_start), sched_info.run_delay, nvcsw and nivcsw, read at span "
                      "entry and return")
