@@ -121,6 +121,12 @@ build_sample() {
     step "sample workload: $binary"
 }
 
+# The suite runs as two pytest sessions at once, one per CPU of a 2-core machine: the tests of
+# real llama-servers and of the arm64 VM (their builds and the guest start in the background as
+# that session begins; the VM's tests first, while the builds go) and all the others. Neither
+# waits for the other's builds or guest. Each prints its own per-file times at its end.
+SLOW_TESTS="llama or aarch64_vm"
+
 run_tests() {
     cd "$REPO"
     if [[ ${CI:-} == true ]]; then
@@ -129,15 +135,30 @@ run_tests() {
         step "tests: CI=true, eBPF tests must run (CKPTRACE_REQUIRE_EBPF=1)"
     fi
     # --durations=15: the slowest tests, where the time of a fresh machine's run goes
-    step "tests: $VENV/bin/python -m pytest -q -ra --durations=15"
-    local rc=0 start=$SECONDS
-    "$VENV/bin/python" -m pytest -q -ra --durations=15 || rc=$?
+    local pytest=("$VENV/bin/python" -m pytest -q -ra --durations=15)
+    local log rest rc=0 rest_rc=0 start=$SECONDS
+    log=$(mktemp --tmpdir ckptrace-tests-XXXXXX.log)
+    step "tests: two sessions at once: ${pytest[*]} -m \"not ($SLOW_TESTS)\" (its output when it ends:" \
+         "$log), and ${pytest[*]} -m \"$SLOW_TESTS\" (here, as it goes)"
+    "${pytest[@]}" -m "not ($SLOW_TESTS)" >"$log" 2>&1 &
+    rest=$!
+    # A stop of this script (Ctrl-C, a CI runner's SIGTERM) stops the other session too.
+    trap 'kill -TERM $rest 2>/dev/null' EXIT
+    "${pytest[@]}" -m "$SLOW_TESTS" || rc=$?
+    step "tests: the llama-server and arm64 VM tests took $((SECONDS - start)) s (exit code $rc); the others:"
+    wait $rest || rest_rc=$?
+    trap - EXIT
+    cat "$log"
+    rm -f "$log"
     step "tests: the suite took $((SECONDS - start)) s"
-    case $rc in
-        0) step "tests: passed" ;;
-        5) die "pytest collected no tests" ;;
-        *) die "tests failed (pytest exit code $rc)" ;;
-    esac
+    for code in $rc $rest_rc; do
+        case $code in
+            0) ;;
+            5) die "pytest collected no tests" ;;
+            *) die "tests failed (pytest exit codes $rc and $rest_rc)" ;;
+        esac
+    done
+    step "tests: passed"
 }
 
 main() {
