@@ -35,6 +35,7 @@ SUFFIX = ".bpfobj"
 MAX_BYTES = 32 << 20
 MAX_ENTRIES = 32  # oldest removed past this (one per kernel x option set in use)
 BTF = Path("/sys/kernel/btf/vmlinux")
+FIELDS_CODE = Path(__file__).with_name("kernel.py")  # which BTF fields become -D flags (key)
 BCC_ENV = ("BCC_KERNEL_SOURCE", "BCC_KERNEL_MODULES_SUFFIX", "BCC_LINUX_VERSION_CODE")
 
 
@@ -59,8 +60,10 @@ def _digest(*paths: Path) -> str:
 def key(source: Path, cflags: list[str], headers: Path, bcc_version: str) -> str:
     """What the compiled object depends on, hashed: the source and every header beside it, the
     -D flags, the running kernel (release, build, BTF), its headers folder, bcc's version and
-    the environment bcc reads. The kernel-derived offsets are not inputs: the BTF they come from is."""
-    local = sorted(p for p in source.parent.iterdir() if p.suffix == ".h")
+    the environment bcc reads. The kernel-derived offsets are not inputs: the BTF they come from
+    is, and so is the code that chooses which fields to take from it (kernel.py: a field added
+    there, with no change of the C source, must not find an object compiled without it)."""
+    local = sorted(p for p in source.parent.iterdir() if p.suffix == ".h") + [FIELDS_CODE]
     try:
         btf = _digest(BTF)
     except OSError:

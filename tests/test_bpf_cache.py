@@ -196,7 +196,7 @@ def test_an_object_with_a_bad_relocation_or_map_is_refused():
     assert json.loads(bpf_compile.encode(obj))["functions"]["f"]["relocs"] == [[0, 0]]
 
 
-def test_a_changed_header_is_a_new_entry_and_headers_are_read_from_beside_the_source(tmp_path):
+def test_a_changed_header_is_a_new_entry_and_headers_are_read_from_beside_the_source(tmp_path, monkeypatch):
     """The key covers every header the program includes, so an edited .bpf.h never reuses the
     object compiled from the old one; assemble() inlines them from beside the source (where an
     installed package has them: tests/test_install.py), here from a copy of the folder."""
@@ -227,3 +227,11 @@ def test_a_changed_header_is_a_new_entry_and_headers_are_read_from_beside_the_so
         assert bpf_cache.key(source, *args) != before, f"{name} changed, the key did not"
         (copy / name).write_text(old)
     assert bpf_cache.key(source, *args) == before
+    # The code that picks the kernel's fields (a field added there changes the -D flags the
+    # compile takes from BTF, with no change of the C source).
+    fields = tmp_path / "kernel.py"
+    shutil.copy(bpf_cache.FIELDS_CODE, fields)
+    monkeypatch.setattr(bpf_cache, "FIELDS_CODE", fields)
+    assert bpf_cache.key(source, *args) == before
+    fields.write_text(fields.read_text() + "\n# changed\n")
+    assert bpf_cache.key(source, *args) != before, "kernel.py changed, the key did not"
