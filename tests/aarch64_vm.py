@@ -389,7 +389,7 @@ def xllamacpp_wheel() -> Path:
     """PyPI's xllamacpp manylinux aarch64 wheel (llama.cpp build 11549), downloaded once into
     `${CKPTRACE_CACHE:-/var/cache/ckptrace}/wheels/` and unpacked there: the folder holding its
     `xllamacpp` package (a PYTHONPATH entry). Pure extension module: it needs no other package."""
-    where = cache_root().parent / "wheels" / "xllamacpp-2026.10.11549-aarch64"
+    where = cache_root().parent / "wheels" / f"{XLLAMACPP.replace('==', '-')}-aarch64"
     if not (where / "xllamacpp" / "xllamacpp.abi3.so").exists():
         where.mkdir(parents=True, exist_ok=True)
         subprocess.run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform",
