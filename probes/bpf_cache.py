@@ -63,7 +63,11 @@ def key(source: Path, cflags: list[str], headers: Path, bcc_version: str) -> str
     the environment bcc reads. The kernel-derived offsets are not inputs: the BTF they come from
     is, and so is the code that chooses which fields to take from it (kernel.py: a field added
     there, with no change of the C source, must not find an object compiled without it)."""
-    local = sorted(p for p in source.parent.iterdir() if p.suffix == ".h") + [FIELDS_CODE]
+    local = sorted(p for p in source.parent.iterdir() if p.suffix == ".h")
+    try:
+        fields = _digest(FIELDS_CODE)
+    except OSError:  # an install without .py sources: keyed on the rest, as before kernel.py was
+        fields = "none"
     try:
         btf = _digest(BTF)
     except OSError:
@@ -73,7 +77,7 @@ def key(source: Path, cflags: list[str], headers: Path, bcc_version: str) -> str
         headers_id = f"{real}:{(real / 'include').stat().st_mtime_ns}"
     except OSError:
         headers_id = str(real)
-    doc = {"format": MAGIC.decode().strip(), "source": _digest(source, *local), "cflags": list(cflags),
+    doc = {"format": MAGIC.decode().strip(), "source": _digest(source, *local), "fields": fields, "cflags": list(cflags),
            "kernel": [platform.release(), platform.version(), platform.machine()], "btf": btf,
            "headers": headers_id, "bcc": bcc_version, "env": {k: os.environ.get(k) for k in BCC_ENV}}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()

@@ -293,9 +293,8 @@ def _struct(name: str) -> dict | None:
     return None
 
 
-def _u64_offset(path: str, size: int = 8) -> int | str:
-    """Byte offset of the `size`-byte field (8: or pointer) `struct.member[.member...]`, or why
-    there is none."""
+def _field(path: str) -> tuple[int, dict] | str:
+    """(bit offset, resolved type) of `struct.member[.member...]`, or why there is none."""
     name, *parts = path.split(".")
     types, t, bits = btf_types(), _struct(name), 0
     if t is None:
@@ -308,10 +307,33 @@ def _u64_offset(path: str, size: int = 8) -> int | str:
         bits += more
         if bitfield:
             return f"{path} is a bitfield in this kernel's BTF"
-    # The recorder reads these as u64 (or u32): refuse anything else rather than misread.
-    if bits % 8 or (not (t["kind"] == "PTR" and size == 8) and t.get("size") != size):
-        return f"{path} is not a {size}-byte field in this kernel's BTF"
+    return bits, t
+
+
+def _u64_offset(path: str) -> int | str:
+    """Byte offset of the 8-byte field or pointer `struct.member[.member...]`, or why there is none."""
+    found = _field(path)
+    if isinstance(found, str):
+        return found
+    bits, t = found
+    # The recorder reads these as u64: refuse anything else rather than misread.
+    if bits % 8 or (t["kind"] != "PTR" and t.get("size") != 8):
+        return f"{path} is not an 8-byte field in this kernel's BTF"
     return bits // 8
+
+
+def _rq_lock_offset() -> int | None:
+    """The offset of the run-queue lock's word where it is a 4-byte qspinlock (x86-64, arm64:
+    nonzero while held, which the probe tests); None elsewhere (a ticket lock is nonzero while
+    free), and then the probe does not look at the lock."""
+    for path in ("rq.__lock.raw_lock", "rq.lock.raw_lock"):  # `lock` before Linux 5.14
+        found = _field(path)
+        if isinstance(found, str):
+            continue
+        bits, t = found
+        if t["kind"] == "STRUCT" and t.get("name") == "qspinlock" and t.get("size") == 4 and not bits % 8:
+            return bits // 8
+    return None
 
 
 # Field -> path. Fault counters are what getrusage(RUSAGE_THREAD) reports; the scheduler fields
@@ -323,9 +345,6 @@ SCHED_FIELDS = {"sum_exec_runtime": "task_struct.se.sum_exec_runtime",
                 "nvcsw": "task_struct.nvcsw", "nivcsw": "task_struct.nivcsw",
                 "se_cfs_rq": "task_struct.se.cfs_rq", "cfs_rq_rq": "cfs_rq.rq",
                 "rq_clock": "rq.clock", "rq_clock_task": "rq.clock_task"}
-# The rq lock's word (4 bytes): held by another CPU updating the thread's counters (a read of
-# /proc/PID/stat runs update_curr remotely), which writes exec_start before sum_exec_runtime.
-SCHED_LOCK_FIELD = ("rq_lock", "rq.__lock.raw_lock")
 
 
 @functools.cache
@@ -355,14 +374,15 @@ def sched_offsets() -> tuple[dict[str, int] | None, str]:
         if isinstance(off, str):
             return None, f"{off}: on-CPU time, run-queue wait and switches are not recorded"
         offsets[field] = off
-    field, path = SCHED_LOCK_FIELD
-    off = _u64_offset(path, size=4)
-    if isinstance(off, str):
-        return None, f"{off}: on-CPU time, run-queue wait and switches are not recorded"
-    offsets[field] = off
+    # The rq lock's word: another CPU updating the thread's counters (a read of /proc/PID/stat
+    # runs update_curr remotely) holds it, and writes exec_start before sum_exec_runtime.
+    lock = _rq_lock_offset()
+    if lock is not None:
+        offsets["rq_lock"] = lock
     return offsets, ("the thread's task_struct se.sum_exec_runtime (plus the part not yet accounted, "
                      "since se.exec_start), sched_info.run_delay, nvcsw and nivcsw, read at span "
-                     "entry and return")
+                     "entry and return" + ("" if lock is not None else "; a reading is not checked against "
+                                           "another CPU's update (no 4-byte qspinlock rq lock in BTF)"))
 
 
 @functools.cache
@@ -407,7 +427,7 @@ def btf_cflags() -> tuple[list[str], bool, str]:
     offsets = task_struct_offsets()
     sched, note = sched_offsets()
     flags = [f"-DMIN_FLT_OFF={int(offsets['min_flt'])}", f"-DMAJ_FLT_OFF={int(offsets['maj_flt'])}",
-             f"-DSCHED_COUNTERS={int(sched is not None)}"]
+             f"-DSCHED_COUNTERS={int(sched is not None)}", f"-DRQ_LOCK_CHECK={int('rq_lock' in (sched or {}))}"]
     flags += [f"-D{name.upper()}_OFF={int(off)}" for name, off in (sched or {}).items()]
     rss = rss_counters()  # without them RSS is recorded only per fault (record --rss-per-fault)
     if not isinstance(rss, str):
