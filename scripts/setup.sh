@@ -136,28 +136,29 @@ run_tests() {
     fi
     # --durations=15: the slowest tests, where the time of a fresh machine's run goes
     local pytest=("$VENV/bin/python" -m pytest -q -ra --durations=15)
-    local log rest rc=0 rest_rc=0 start=$SECONDS
+    local log slow rest rc=0 rest_rc=0 start=$SECONDS
     log=$(mktemp --tmpdir ckptrace-tests-XXXXXX.log)
     step "tests: two sessions at once: ${pytest[*]} -m \"not ($SLOW_TESTS)\" (its output when it ends:" \
          "$log), and ${pytest[*]} -m \"$SLOW_TESTS\" (here, as it goes)"
+    # Both in the background (a background job ignores SIGINT: conftest.py's handler for it
+    # makes it a no-op in pytest), so a Ctrl-C or SIGTERM here reaches this shell, which ends
+    # both with SIGTERM (each session's teardowns run: conftest.py) and waits for them.
     "${pytest[@]}" -m "not ($SLOW_TESTS)" >"$log" 2>&1 &
     rest=$!
-    # A stop of this script (Ctrl-C, a CI runner's SIGTERM) stops the other session too.
-    trap 'kill -TERM $rest 2>/dev/null' EXIT
-    "${pytest[@]}" -m "$SLOW_TESTS" || rc=$?
+    "${pytest[@]}" -m "$SLOW_TESTS" &
+    slow=$!
+    trap 'kill -TERM $slow $rest 2>/dev/null; wait; cat "$log"; rm -f "$log"; die "tests: stopped"' INT TERM
+    wait $slow || rc=$?
     step "tests: the llama-server and arm64 VM tests took $((SECONDS - start)) s (exit code $rc); the others:"
     wait $rest || rest_rc=$?
-    trap - EXIT
+    trap - INT TERM
     cat "$log"
     rm -f "$log"
     step "tests: the suite took $((SECONDS - start)) s"
-    for code in $rc $rest_rc; do
-        case $code in
-            0) ;;
-            5) die "pytest collected no tests" ;;
-            *) die "tests failed (pytest exit codes $rc and $rest_rc)" ;;
-        esac
-    done
+    if ((rc != 0 && rc != 5)) || ((rest_rc != 0 && rest_rc != 5)); then
+        die "tests failed (pytest exit codes $rc and $rest_rc)"
+    fi
+    ((rc == 0 && rest_rc == 0)) || die "pytest collected no tests (exit codes $rc and $rest_rc)"
     step "tests: passed"
 }
 

@@ -148,10 +148,10 @@ def _prestart(session: pytest.Session) -> None:
 def pytest_collection_finish(session: pytest.Session) -> None:
     _prestart(session)
     _start_prebuild(session)
-    if _prestarted or _prebuild:
-        # The builds run in a session of their own and the guest in a thread: a SIGTERM (a CI
-        # runner's timeout) must end them too, so it ends the session as Ctrl-C does.
-        signal.signal(signal.SIGTERM, _interrupt)
+    # A SIGTERM (a CI runner's timeout; scripts/setup.sh stopping the other session) ends the
+    # session as Ctrl-C does: teardowns run, so the builds (a session of their own), the guest (a
+    # thread) and every process a test started end with it.
+    signal.signal(signal.SIGTERM, _interrupt)
 
 
 def _interrupt(signum, frame):
