@@ -390,17 +390,23 @@ def xllamacpp_wheel() -> Path:
     `${CKPTRACE_CACHE:-/var/cache/ckptrace}/wheels/` and unpacked there: the folder holding its
     `xllamacpp` package (a PYTHONPATH entry). Pure extension module: it needs no other package."""
     where = cache_root().parent / "wheels" / f"{XLLAMACPP.replace('==', '-')}-aarch64"
-    if not (where / "xllamacpp" / "xllamacpp.abi3.so").exists():
-        where.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform",
-                        "manylinux2014_aarch64", "--python-version", "3.12", "--implementation", "cp", XLLAMACPP,
-                        "-d", str(where)], check=True, capture_output=True, timeout=600)
-        wheel = next(where.glob("xllamacpp-*aarch64*.whl"))
-        partial = where / "unpacked"
-        shutil.rmtree(partial, ignore_errors=True)
-        subprocess.run(["python3", "-m", "zipfile", "-e", str(wheel), str(partial)], check=True)
-        os.replace(partial / "xllamacpp", where / "xllamacpp")
-        shutil.rmtree(partial)
+    if (where / "xllamacpp" / "xllamacpp.abi3.so").exists():
+        return where
+    where.mkdir(parents=True, exist_ok=True)
+    # One download and unpack at a time: CI's two pytest sessions may both want it (the guest's
+    # prestart, test_symbols_aarch64.py).
+    with open(where.parent / f"{where.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (where / "xllamacpp" / "xllamacpp.abi3.so").exists():
+            subprocess.run(["python3", "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--platform",
+                            "manylinux2014_aarch64", "--python-version", "3.12", "--implementation", "cp",
+                            XLLAMACPP, "-d", str(where)], check=True, capture_output=True, timeout=600)
+            wheel = next(where.glob("xllamacpp-*aarch64*.whl"))
+            partial = Path(tempfile.mkdtemp(prefix="unpacked-", dir=where))
+            subprocess.run(["python3", "-m", "zipfile", "-e", str(wheel), str(partial)], check=True)
+            shutil.rmtree(where / "xllamacpp", ignore_errors=True)  # a copy cut short, without its .so
+            os.replace(partial / "xllamacpp", where / "xllamacpp")
+            shutil.rmtree(partial)
     return where
 
 
