@@ -98,6 +98,9 @@ def _source(trace: Trace, rows: KindRows) -> ReplaySource:
     try:
         spans = iteration_spans(rows)
         rows.drop("iteration", "decode")
+        # Only what checkpoint_table (assign_iterations) and the replay read of the spans: the
+        # others are about 40 bytes an iteration while the checkpoint table is made (issue 39).
+        spans = spans[["iter", "tid", "start_ns", "end_ns", "boundary"]]
         checkpoints = checkpoint_table(rows, spans, fill_probed(trace))
     except SumOutOfRange as e:
         raise e.at(printable(trace.path) if trace.path else None) from None
