@@ -65,9 +65,10 @@ def _replays(sources, label: str, path, policy: Policy | None) -> list[Replay]:
     out = []
     for info, source, first in sources:
         info = dataclasses.replace(info, label=info.label or label)
-        r = simulate(replay_input(source, info, first), policy or POLICIES["pr201"], where)
+        inp = replay_input(source, info, first)
         if isinstance(source, ReplaySource):
-            source.done()
+            source.done()  # before the replay: its tables and rows are not held while it runs (issue 39)
+        r = simulate(inp, policy or POLICIES["pr201"], where)
         r.limit = memory_limit_check(r.input, r)
         r.analysis = source
         out.append(r)
