@@ -10,8 +10,8 @@ likewise. The writers then take each thread's slices from a merge of the runs (h
 small batch per run in memory), nested as `nest` nests them. Checkpoint and iteration slices come
 from the analysis' tables (as in build_timeline), sorted and turned into slices a chunk at a time.
 
-Memory: the analysis (what `analyze` keeps: its tables and the memory rows, whose held and RSS
-series are the counters) plus one batch being sorted (trace.BATCH_ROWS rows), plus one record
+Memory: the analysis (stream_analysis': the kept rows while read, then the checkpoint table, the
+iteration table's shown columns and the counters' held and RSS series; not analyze's whole) plus one batch being sorted (trace.BATCH_ROWS rows), plus one record
 batch of MERGE_ROWS rows per run (a run per BATCH_ROWS rows of the trace), plus the slices that
 would cross another's boundary (none in a recording: the kernel emits nested calls per thread).
 The runs go to two temporary files under TMPDIR (about 78 bytes per event), unlinked as they are
