@@ -53,13 +53,17 @@ ITERATION_COLUMNS: dict[str, object] = {
 }
 
 
-def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoints: pd.DataFrame) -> pd.DataFrame:
+def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoints: pd.DataFrame,
+                    columns: set[str] | None = None) -> pd.DataFrame:
     """One row per iteration (ITERATION_COLUMNS), sorted by start_ns, from iteration_spans(rows)
     and checkpoint_table(rows, spans). The spans' own columns are shared as Series, not copied (pandas 3
-    copies them on write: copy-on-write)."""
+    copies them on write: copy-on-write). `columns`: only these of the summed clocks' columns
+    (and every other) are made (export's: issue 39, 9 bytes an iteration each)."""
     rows = kind_rows(rows)
+    table = ITERATION_COLUMNS if columns is None else \
+        {c: t for c, t in ITERATION_COLUMNS.items() if c in columns or c not in NA_SUMS}
     if not len(spans):
-        return empty_frame(ITERATION_COLUMNS)
+        return empty_frame(table)
     n = len(spans)
     ids = Ids(spans["iter"].to_numpy())
 
@@ -72,8 +76,7 @@ def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoi
             for c in ("fill_ns", "copy_ns", "bytes", "faults")}
     saved = g.any(~checkpoints["spec"].to_numpy())  # made a checkpoint not for a speculative round
     recorded, everywhere = spans["cpu_ns"].notna().to_numpy(), np.ones(n, bool)
-    for c in ("fault_ns", "fill_fault_ns", "copy_fault_ns", "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns",
-              "copy_wait_ns"):
+    for c in [c for c in NA_SUMS if c in table]:
         # no checkpoint: no fault time; no fill or copy time on or off CPU where the span's was recorded
         out[c] = g.sum_na(checkpoints[c].array, everywhere if "fault" in c else recorded, f"the checkpoints' {c}")
     out["fill_ns"], out["copy_ns"] = sums["fill_ns"], sums["copy_ns"]
@@ -96,10 +99,13 @@ def iteration_table(rows: KindRows | pd.DataFrame, spans: pd.DataFrame, checkpoi
         out[c] = spans[c]
     decode = ~(saved | (spans["prompt_tokens"].to_numpy() > 0))
     out["kind"] = pd.Categorical.from_codes(decode.view("int8"), dtype=ITERATION_COLUMNS["kind"])  # prefill 0, decode 1
-    t = pd.DataFrame({c: out[c] for c in ITERATION_COLUMNS}, copy=False)
+    t = pd.DataFrame({c: out[c] for c in table}, copy=False)
     bound_table(t, SUMMED, "iterations")
     return t
 
+
+# The checkpoints' nullable figures summed per iteration.
+NA_SUMS = ("fault_ns", "fill_fault_ns", "copy_fault_ns", "fill_cpu_ns", "copy_cpu_ns", "fill_wait_ns", "copy_wait_ns")
 
 # The columns later sums read that are not sums of the checkpoints' (bounded above): sums.py.
 # (other_ns = span_ns - fill_ns - copy_ns: span_ns <= 2^62 and those two sums <= 2^62 each, so it

@@ -65,9 +65,10 @@ def _replays(sources, label: str, path, policy: Policy | None) -> list[Replay]:
     out = []
     for info, source, first in sources:
         info = dataclasses.replace(info, label=info.label or label)
-        r = simulate(replay_input(source, info, first), policy or POLICIES["pr201"], where)
+        inp = replay_input(source, info, first)
         if isinstance(source, ReplaySource):
-            source.done()
+            source.done()  # before the replay: its tables and rows are not held while it runs (issue 39)
+        r = simulate(inp, policy or POLICIES["pr201"], where)
         r.limit = memory_limit_check(r.input, r)
         r.analysis = source
         out.append(r)
@@ -98,6 +99,9 @@ def _source(trace: Trace, rows: KindRows) -> ReplaySource:
     try:
         spans = iteration_spans(rows)
         rows.drop("iteration", "decode")
+        # Only what checkpoint_table (assign_iterations) and the replay read of the spans: the
+        # others are about 40 bytes an iteration while the checkpoint table is made (issue 39).
+        spans = spans[["iter", "tid", "start_ns", "end_ns", "boundary"]]
         checkpoints = checkpoint_table(rows, spans, fill_probed(trace))
     except SumOutOfRange as e:
         raise e.at(printable(trace.path) if trace.path else None) from None

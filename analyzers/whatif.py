@@ -185,7 +185,8 @@ def replay_input(analysis, info: ProcessInfo | None = None, first_fills: pd.Seri
     large = others[others["bytes"] > MMAP_THRESHOLD_MAX]
     hit_cost, source = _hit_cost(large)
     iters = analysis.iterations
-    slots = iters[iters["boundary"].astype(str) == "update_slots"] if len(iters) else iters
+    # On the codes: astype(str) made a string per iteration (about 60 bytes each, issue 39).
+    slots = iters[(iters["boundary"] == "update_slots").to_numpy()] if len(iters) else iters
     spans = slots if len(slots) else ck
     activity = np.column_stack([spans["start_ns"].to_numpy("int64"), spans["end_ns"].to_numpy("int64")]) \
         if len(spans) else np.zeros((0, 2), "int64")
@@ -245,7 +246,16 @@ def _lifetimes(kind, phase, t, ckpt, addr, nbytes, old: dict, gets: np.ndarray) 
     old_addr = old.get("old_addr", np.zeros(len(kind), "uint64"))
     old_bytes = old.get("old_bytes", np.zeros(len(kind), "int64"))
     live: dict[int, tuple[int, int]] = {}  # start -> (end, get index)
-    out = []
+    # A column each, 8 bytes a row: a tuple of ints per release was about 200 (issue 39).
+    out_t, out_seq, out_get, out_grower = (array("q") for _ in range(4))
+    out_how: list[str] = []
+
+    def release(ts: int, i: int, g: int, how: str, grower: int) -> None:
+        out_t.append(ts)
+        out_seq.append(i)
+        out_get.append(g)
+        out_how.append(how)
+        out_grower.append(grower)
     # Only rows that can touch a buffer's range are walked (a long recording maps much else); a
     # buffer moved by mremap may land anywhere an mremap put something (as memory.py's walk).
     end = addr + nbytes.astype("uint64")
@@ -260,7 +270,7 @@ def _lifetimes(kind, phase, t, ckpt, addr, nbytes, old: dict, gets: np.ndarray) 
         k = kind[i]
         if k == "mmap" and is_get[i]:
             for s in [s for s, (e, _) in live.items() if s < b and e > a]:  # placed over one: gone
-                out.append((int(t[i]), int(i), live.pop(s)[1], "free", 0))
+                release(int(t[i]), int(i), live.pop(s)[1], "free", 0)
             live[a] = (b, int(np.searchsorted(gets, i)))
             continue
         if k == "mremap" and old_addr[i]:
@@ -276,8 +286,10 @@ def _lifetimes(kind, phase, t, ckpt, addr, nbytes, old: dict, gets: np.ndarray) 
             e, g = live.pop(s)
             whole = k == "munmap" and s == a and e == b
             how = ("own" if phase[i] == "fill" else "put") if whole else "free"
-            out.append((int(t[i]), int(i), g, how, int(ckpt[i]) if how == "own" else 0))
-    return pd.DataFrame(out, columns=["t_ns", "seq", "get", "how", "grower"]).astype(
+            release(int(t[i]), int(i), g, how, int(ckpt[i]) if how == "own" else 0)
+    return pd.DataFrame({"t_ns": np.array(out_t, "int64"), "seq": np.array(out_seq, "int64"),
+                         "get": np.array(out_get, "int64"), "how": np.array(out_how, dtype=object),
+                         "grower": np.array(out_grower, "int64")}).astype(
         {"t_ns": "int64", "seq": "int64", "get": "int64", "how": "object", "grower": "int64"})
 
 

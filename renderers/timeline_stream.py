@@ -10,8 +10,8 @@ likewise. The writers then take each thread's slices from a merge of the runs (h
 small batch per run in memory), nested as `nest` nests them. Checkpoint and iteration slices come
 from the analysis' tables (as in build_timeline), sorted and turned into slices a chunk at a time.
 
-Memory: the analysis (what `analyze` keeps: its tables and the memory rows, whose held and RSS
-series are the counters) plus one batch being sorted (trace.BATCH_ROWS rows), plus one record
+Memory: the analysis (stream_analysis': the kept rows while read, then the checkpoint table, the
+iteration table's shown columns and the counters' held and RSS series; not analyze's whole) plus one batch being sorted (trace.BATCH_ROWS rows), plus one record
 batch of MERGE_ROWS rows per run (a run per BATCH_ROWS rows of the trace), plus the slices that
 would cross another's boundary (none in a recording: the kernel emits nested calls per thread).
 The runs go to two temporary files under TMPDIR (about 78 bytes per event), unlinked as they are
@@ -30,9 +30,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from ckptrace.analyzers.analysis import Analysis, analyze_file, fill_probed
+from ckptrace.analyzers.checkpoints import checkpoint_table
+from ckptrace.analyzers.events import KindRows
+from ckptrace.analyzers.iterations import iteration_table
 from ckptrace.analyzers.memory import held_series, rss_series
+from ckptrace.analyzers.spans import iteration_spans
+from ckptrace.analyzers.sums import SumOutOfRange
 from ckptrace.core.terminal import printable, shown_label
-from ckptrace.core.trace import BATCH_ROWS, KINDS, PHASES, iter_record_batches, opened
+from ckptrace.core.trace import BATCH_ROWS, KINDS, PHASES, Trace, iter_record_batches, opened
 
 from .timeline import (CHECKPOINT_ARGS, DEFAULT_ARGS, FAULT_SPANS, FROM_ANALYSIS, ITERATION_ARGS, NEST_RANK,
                        POINT_KINDS, RAW_ARGS, SLICE_NAMES, SYNTHETIC_BASE, Counter, Process, Slice, Thread, Timeline,
@@ -296,15 +302,48 @@ def stream_timeline(traces, analyses, batch_rows: int = BATCH_ROWS) -> StreamTim
         raise
 
 
+def stream_analysis(path) -> Analysis:
+    """What the timeline reads of a trace file's analysis (analyze_file's), made without the rest
+    of it (issue 39): the checkpoint table, the iteration table's shown columns and the counters'
+    series (in `series`), each group of rows dropped after its last reader; no summary, state-path
+    or GPU tables, no per-process analyses. A cut-short recording: analyze_file's analysis."""
+    with opened(path) as f:
+        if f.stream:
+            return analyze_file(f)
+        trace = Trace(events=None, meta=f.meta, path=f.path)
+        rows = KindRows.from_file(f)
+    try:
+        spans = iteration_spans(rows)
+        rows.drop("iteration", "decode")
+        checkpoints = checkpoint_table(rows, spans, fill_probed(trace))
+        rows.drop("fill", "copy", "checkpoint")
+        # The series before the iteration table: their making's peak then holds one table less.
+        memory = _with_pids(rows.of_group("memory"), trace.meta)
+        series = held_series(memory), rss_series(memory)
+        del memory
+        iterations = iteration_table(rows, spans, checkpoints, columns={*ITERATION_ARGS, "kind"})
+    except SumOutOfRange as e:
+        raise e.at(printable(trace.path) if trace.path else None) from None
+    del spans
+    rows.drop("memory")
+    a = Analysis(trace, checkpoints, iterations, {}, {}, rows)
+    a.series = series
+    return a
+
+
 def _consume(analysis) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The counters' series (held checkpoint memory, RSS) of an analysis, made before its memory
-    rows are dropped (about 110 bytes a row against 24 a point); and its checkpoint and iteration
-    tables cut to the columns their slices show, in place (issue 39: 8 of the iteration table's
-    27 columns, about 60 bytes an iteration)."""
-    memory = _with_pids(analysis.rows.of_group("memory"), analysis.trace.meta)
-    series = held_series(memory), rss_series(memory)
-    del memory
-    analysis.rows.drop("memory")
+    rows are dropped (about 110 bytes a row against 24 a point; stream_analysis' made already);
+    and its checkpoint and iteration tables cut to the columns their slices show, in place
+    (issue 39: 8 of the iteration table's 27 columns, about 60 bytes an iteration)."""
+    series = getattr(analysis, "series", None)
+    if series is None:
+        memory = _with_pids(analysis.rows.of_group("memory"), analysis.trace.meta)
+        series = held_series(memory), rss_series(memory)
+        del memory
+        analysis.rows.drop("memory")
+    else:
+        del analysis.series
     for frame, shown in ((analysis.checkpoints, {*CHECKPOINT_ARGS, "draft"}),
                          (analysis.iterations, {*ITERATION_ARGS, "kind"})):
         for c in [c for c in frame.columns if c not in {"tid", "start_ns", "end_ns", *shown}]:

@@ -604,11 +604,10 @@ def test_export_killed_while_spilling_leaves_nothing_in_tmpdir(tmp_path):
 
 EXPORT_PEAK = """\
 import os
-from ckptrace.analyzers import analyze_file
 from ckptrace.renderers.chrome import chrome_writer
 from ckptrace.renderers.perfetto import perfetto_writer
-from ckptrace.renderers.timeline_stream import stream_timeline
-a = analyze_file(sys.argv[1])
+from ckptrace.renderers.timeline_stream import stream_analysis, stream_timeline
+a = stream_analysis(sys.argv[1])
 timeline = stream_timeline([sys.argv[1]], [a])
 assert a.rows.frames == {} and "fill_fault_ns" not in a.iterations
 with open(os.devnull, "wb") as f:
@@ -619,15 +618,40 @@ timeline.close()
 
 @pytest.mark.parametrize("fmt", ["perfetto", "chrome"])
 def test_export_memory_against_trace_length(tmp_path, fmt):
-    """Issue 39: the streamed export (renderers/timeline_stream.py) keeps of the analysis only what
-    its slices and counters show: the memory rows go once the counters' series are made, the tables
-    lose the columns no slice shows. Its traced peak (tracemalloc: Python and numpy, deterministic)
-    at 50,000 and 200,000 events of bench_memory's trace grows by about 90 bytes an event in both
-    formats (the analysis' own peak: its kept rows and tables), against 135 before: held under 112.
-    Not flat (docs/performance.md, "Memory against trace length")."""
+    """Issue 39: the streamed export (renderers/timeline_stream.py) makes of the analysis only what
+    its slices and counters show (stream_analysis, as the CLI): the memory rows go once the
+    counters' series are made, the iteration table is made with its shown columns only. Its traced
+    peak (tracemalloc: Python and numpy, deterministic) at 50,000 and 200,000 events of
+    bench_memory's trace grows by about 87 bytes an event in both formats (the kept rows and the
+    tables while they are made), against 90 with analyze_file's analysis and 135 before that: held
+    under 105. Not flat (docs/performance.md, "Memory against trace length")."""
     from helpers import bench_trace, traced_peak
 
     small, large = 50_000, 200_000
     peaks = [traced_peak(EXPORT_PEAK, bench_trace(tmp_path / f"{n}.parquet", n), fmt) for n in (small, large)]
     per_event = (peaks[1] - peaks[0]) / (large - small)
-    assert per_event < 112, (peaks, per_event)
+    assert per_event < 105, (peaks, per_event)
+
+
+@pytest.mark.parametrize("name", ["1-pool-off", "2-pool-on", "5-upstream", "6-llama-pool-off"])
+def test_stream_analysis_makes_the_tables_of_the_whole_analysis(name):
+    """Issue 39: export's stream_analysis makes the checkpoint table, the iteration table's shown
+    columns and the counters' series without the rest of analyze's analysis: the same values as
+    analyze_file's tables and the series made from its memory rows."""
+    import pandas as pd
+    from ckptrace.analyzers import analyze_file
+    from ckptrace.analyzers.memory import held_series, rss_series
+    from ckptrace.renderers.timeline import ITERATION_ARGS
+    from ckptrace.renderers.timeline_stream import _with_pids, stream_analysis
+
+    path = TRACES / f"{name}.parquet"
+    whole, part = analyze_file(path), stream_analysis(path)
+    pd.testing.assert_frame_equal(part.checkpoints, whole.checkpoints)
+    shown = [c for c in whole.iterations.columns if c in {*ITERATION_ARGS, "kind", "tid", "start_ns", "end_ns",
+                                                           "span_faults", "boundary"}]
+    assert list(part.iterations.columns) == shown
+    pd.testing.assert_frame_equal(part.iterations, whole.iterations[shown])
+    memory = _with_pids(whole.rows.of_group("memory"), whole.trace.meta)
+    for made, want in zip(part.series, (held_series(memory), rss_series(memory))):
+        pd.testing.assert_frame_equal(made, want)
+    assert part.rows.frames == {}

@@ -466,12 +466,12 @@ def test_whatif_memory_against_trace_length(tmp_path):
     analyze's iteration table (about 200 bytes an iteration). Its traced peak (tracemalloc: Python
     and numpy, deterministic) at 50,000 and 200,000 events of bench_memory's trace grows by about
     110 bytes an event (the kept rows, the checkpoint table, the replay's input), against 173 with
-    the whole analysis: held under 140. Not flat: the bound grows with the checkpoints and
+    the whole analysis: held under 132. Not flat: the bound grows with the checkpoints and
     iterations (docs/performance.md, "Memory against trace length")."""
     from helpers import bench_trace, traced_peak
 
     small, large = 50_000, 200_000
     peaks = [traced_peak(WHATIF_PEAK, bench_trace(tmp_path / f"{n}.parquet", n)) for n in (small, large)]
     per_event = (peaks[1] - peaks[0]) / (large - small)
-    assert per_event < 140, (peaks, per_event)
+    assert per_event < 132, (peaks, per_event)
     assert peaks[0] < 12 << 20, peaks  # 6.5 MB at 50,000 events (9.8 with the whole analysis)

@@ -54,7 +54,7 @@ def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...
     """Write TRACE files as a timeline for Perfetto or Chrome's trace viewers."""
     from ckptrace.api import open as open_trace
     from ckptrace.renderers.timeline import build_timeline, process_count, recording_notes, slice_count
-    from ckptrace.renderers.timeline_stream import stream_timeline
+    from ckptrace.renderers.timeline_stream import stream_analysis, stream_timeline
     from ckptrace.core.requests_file import leg_requests, request_pid_choices, requests_path
 
     fmt = fmt or ("chrome" if output.suffix.lower() == ".json" else "perfetto")
@@ -62,13 +62,15 @@ def command(traces: tuple[str, ...], output: Path, request_files: tuple[str, ...
     check_output(output, what="export")
     with ExitStack() as stack:
         opened = [stack.enter_context(open_trace(p)) for p in traces]
-        analyses = [t.analysis for t in opened]  # batch by batch: what analyze keeps
         if leg_requests(traces, request_files) is None:
+            # Batch by batch, only the tables the timeline reads (issue 39: not analyze's whole analysis).
+            analyses = [stream_analysis(t.file) for t in opened]
             request_pid_choices(traces, None, requests_pid)  # refused without a request file, as below
             # Every event a slice, made while the file is written: memory stays what the analysis keeps.
             timeline = stream_timeline([t.file for t in opened], analyses)
             stack.callback(timeline.close)
         else:  # the request split reads rows the batched analysis does not keep: each trace read whole
+            analyses = [t.analysis for t in opened]
             for t in opened:
                 t.events()
             timeline = build_timeline(analyses, traces, *_request_tables(analyses, traces, request_files,
