@@ -17,8 +17,7 @@
  *   SCHED_COUNTERS  1: read the scheduler counters below (0 on a kernel without them)
  *   MAX_THREADS     entries of the per-thread map; a thread's entry goes when it exits
  *   SUM_EXEC_RUNTIME_OFF, EXEC_START_OFF, RUN_DELAY_OFF, NVCSW_OFF, NIVCSW_OFF   task_struct offsets
- *   SE_CFS_RQ_OFF, CFS_RQ_RQ_OFF, RQ_CLOCK_OFF, RQ_CLOCK_TASK_OFF   the thread's rq
- *   RQ_LOCK_CHECK   1: the rq lock is a 4-byte qspinlock at RQ_LOCK_OFF (tstate.bpf.h sched_try)
+ *   SE_CFS_RQ_OFF, CFS_RQ_RQ_OFF, RQ_CLOCK_OFF, RQ_CLOCK_TASK_OFF       to find the thread's rq
  *   BATCH_TOKENS_OFF, BATCH_OUTPUT_OFF   llama_batch_ext's token vector: its offset in the struct,
  *                   and offsetof(token, output)
  *   TOKEN_SIZE_STDCXX, TOKEN_SIZE_LIBCXX  sizeof(llama_batch_ext::token) by standard library

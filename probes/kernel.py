@@ -293,8 +293,8 @@ def _struct(name: str) -> dict | None:
     return None
 
 
-def _field(path: str) -> tuple[int, dict] | str:
-    """(bit offset, resolved type) of `struct.member[.member...]`, or why there is none."""
+def _u64_offset(path: str) -> int | str:
+    """Byte offset of the 8-byte field or pointer `struct.member[.member...]`, or why there is none."""
     name, *parts = path.split(".")
     types, t, bits = btf_types(), _struct(name), 0
     if t is None:
@@ -307,33 +307,10 @@ def _field(path: str) -> tuple[int, dict] | str:
         bits += more
         if bitfield:
             return f"{path} is a bitfield in this kernel's BTF"
-    return bits, t
-
-
-def _u64_offset(path: str) -> int | str:
-    """Byte offset of the 8-byte field or pointer `struct.member[.member...]`, or why there is none."""
-    found = _field(path)
-    if isinstance(found, str):
-        return found
-    bits, t = found
     # The recorder reads these as u64: refuse anything else rather than misread.
     if bits % 8 or (t["kind"] != "PTR" and t.get("size") != 8):
         return f"{path} is not an 8-byte field in this kernel's BTF"
     return bits // 8
-
-
-def _rq_lock_offset() -> int | None:
-    """The offset of the run-queue lock's word where it is a 4-byte qspinlock (x86-64, arm64:
-    nonzero while held, which the probe tests); None elsewhere (a ticket lock is nonzero while
-    free), and then the probe does not look at the lock."""
-    for path in ("rq.__lock.raw_lock", "rq.lock.raw_lock"):  # `lock` before Linux 5.14
-        found = _field(path)
-        if isinstance(found, str):
-            continue
-        bits, t = found
-        if t["kind"] == "STRUCT" and t.get("name") == "qspinlock" and t.get("size") == 4 and not bits % 8:
-            return bits // 8
-    return None
 
 
 # Field -> path. Fault counters are what getrusage(RUSAGE_THREAD) reports; the scheduler fields
@@ -374,15 +351,9 @@ def sched_offsets() -> tuple[dict[str, int] | None, str]:
         if isinstance(off, str):
             return None, f"{off}: on-CPU time, run-queue wait and switches are not recorded"
         offsets[field] = off
-    # The rq lock's word: another CPU updating the thread's counters (a read of /proc/PID/stat
-    # runs update_curr remotely) holds it, and writes exec_start before sum_exec_runtime.
-    lock = _rq_lock_offset()
-    if lock is not None:
-        offsets["rq_lock"] = lock
     return offsets, ("the thread's task_struct se.sum_exec_runtime (plus the part not yet accounted, "
                      "since se.exec_start), sched_info.run_delay, nvcsw and nivcsw, read at span "
-                     "entry and return" + ("" if lock is not None else "; a reading is not checked against "
-                                           "another CPU's update (no 4-byte qspinlock rq lock in BTF)"))
+                     "entry and return")
 
 
 @functools.cache
@@ -427,7 +398,7 @@ def btf_cflags() -> tuple[list[str], bool, str]:
     offsets = task_struct_offsets()
     sched, note = sched_offsets()
     flags = [f"-DMIN_FLT_OFF={int(offsets['min_flt'])}", f"-DMAJ_FLT_OFF={int(offsets['maj_flt'])}",
-             f"-DSCHED_COUNTERS={int(sched is not None)}", f"-DRQ_LOCK_CHECK={int('rq_lock' in (sched or {}))}"]
+             f"-DSCHED_COUNTERS={int(sched is not None)}"]
     flags += [f"-D{name.upper()}_OFF={int(off)}" for name, off in (sched or {}).items()]
     rss = rss_counters()  # without them RSS is recorded only per fault (record --rss-per-fault)
     if not isinstance(rss, str):

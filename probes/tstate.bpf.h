@@ -114,40 +114,17 @@ static __always_inline u64 kread(u64 addr)
 }
 
 #if SCHED_COUNTERS
-static __always_inline u32 kread32(u64 addr)
-{
-    u32 v = 0;
-    bpf_probe_read_kernel(&v, sizeof(v), (void *)addr);
-    return v;
-}
-
-/* One try of sched_read: 1 when no tick or switch moved exec_start or clock_task between the
- * reads, and no other CPU could be halfway through updating them. Another CPU updates the
- * thread's counters under its rq lock (task_sched_runtime, for a read of /proc/PID/stat; an
- * enqueue on its rq): update_rq_clock, then exec_start = clock_task, then sum_exec_runtime +=
- * the time since the last update; a read between the last two is low by that time (8.5 ms seen
- * in an arm64 guest whose vCPU the host preempted there). */
+/* One try of sched_read: 1 when no tick or switch moved exec_start or clock_task between the reads. */
 static __always_inline int sched_try(u64 task, u64 *sum, u64 *e2, u64 *now, u64 *steal)
 {
-    u64 rq = kread(kread(task + SE_CFS_RQ_OFF) + CFS_RQ_RQ_OFF);
-#if RQ_LOCK_CHECK
-    u32 locked = kread32(rq + RQ_LOCK_OFF);
-#endif
     u64 e1 = kread(task + EXEC_START_OFF);
+    u64 rq = kread(kread(task + SE_CFS_RQ_OFF) + CFS_RQ_RQ_OFF);
     *sum = kread(task + SUM_EXEC_RUNTIME_OFF);
     u64 ct = kread(rq + RQ_CLOCK_TASK_OFF);
     *steal = kread(rq + RQ_CLOCK_OFF) - ct;
     *now = bpf_ktime_get_ns();
     *e2 = kread(task + EXEC_START_OFF);
-    if (e1 != *e2 || ct != kread(rq + RQ_CLOCK_TASK_OFF))
-        return 0;
-#if RQ_LOCK_CHECK
-    /* Held, with exec_start equal to the rq's clock_task: the holder may have written exec_start
-     * and not yet sum. Held with them apart, it has not touched them yet: the pair is whole. */
-    if ((locked || kread32(rq + RQ_LOCK_OFF)) && e1 == ct)
-        return 0;
-#endif
-    return 1;
+    return e1 == *e2 && ct == kread(rq + RQ_CLOCK_TASK_OFF);
 }
 #endif
 
